@@ -1,0 +1,28 @@
+"""logkit: Apache Kafka's log semantics as an embeddable Python library.
+
+The public API is exactly what this module exports (DESIGN §6). Everything else in the
+package is private and may change.
+"""
+
+from .broker import Broker
+from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, ConfigError,
+                     CorruptRecordError, IllegalStateError, IncompatibleFormatError,
+                     InvalidTopicError, LogkitError, LogkitTimeoutError,
+                     NoOffsetForPartitionError, NotEnoughReplicasError,
+                     OffsetOutOfRangeError, RecordTooLargeError, TopicExistsError,
+                     UnknownTopicError)
+from .murmur2 import murmur2
+from .records import Record, RecordMetadata
+from .topic import Partition, Topic, TopicPartition
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
+    "murmur2",
+    "LogkitError", "ConfigError", "InvalidTopicError", "TopicExistsError",
+    "UnknownTopicError", "OffsetOutOfRangeError", "CorruptRecordError",
+    "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",
+    "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
+    "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
+]

@@ -1,0 +1,93 @@
+"""The exception tree: every operating error logkit raises is a `LogkitError`.
+
+Owns: the names users catch. Invariant: library code raises one of these for bad input,
+bad bytes and bad states; `assert` is kept for programmer errors inside logkit.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LogkitError", "ConfigError", "InvalidTopicError", "TopicExistsError",
+    "UnknownTopicError", "OffsetOutOfRangeError", "CorruptRecordError",
+    "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",
+    "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
+    "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
+]
+
+
+class LogkitError(Exception):
+    """Base of every error logkit raises on purpose."""
+
+
+class ConfigError(LogkitError, ValueError):
+    """An unknown config key, or a value of the wrong type or out of range."""
+
+
+class InvalidTopicError(LogkitError, ValueError):
+    """A topic name outside Kafka's rule: [a-zA-Z0-9._-], 1-249 chars, not '.' or '..'."""
+
+
+class TopicExistsError(LogkitError):
+    """create_topic() on a name that already exists."""
+
+
+class UnknownTopicError(LogkitError):
+    """A topic (or partition) that does not exist."""
+
+
+class OffsetOutOfRangeError(LogkitError):
+    """A read or seek outside [log_start_offset, log_end_offset]."""
+
+
+class CorruptRecordError(LogkitError):
+    """Stored bytes failed validation. Carries the file path and byte position."""
+
+    def __init__(self, message: str, *, path: str = "", position: int = -1,
+                 expected: object = None, actual: object = None) -> None:
+        detail = message
+        if path:
+            detail += f" (file {path}, position {position}"
+            if expected is not None or actual is not None:
+                detail += f", expected {expected!r}, actual {actual!r}"
+            detail += ")"
+        super().__init__(detail)
+        self.path = path
+        self.position = position
+        self.expected = expected
+        self.actual = actual
+
+
+class RecordTooLargeError(LogkitError):
+    """A record or batch bigger than max.message.bytes (or the producer's limit)."""
+
+
+class CommitFailedError(LogkitError):
+    """An offset commit from a stale generation or for a partition not assigned."""
+
+
+class NotEnoughReplicasError(LogkitError):
+    """acks='all' with fewer in-sync replicas than min.insync.replicas."""
+
+
+class LogkitTimeoutError(LogkitError, TimeoutError):
+    """A bounded wait ran out (Kafka's KafkaTimeoutError)."""
+
+
+class ClosedError(LogkitError):
+    """An operation on a closed broker, producer or consumer."""
+
+
+class CodecUnavailableError(LogkitError):
+    """A compression codec whose Python package is not installed; names the package."""
+
+
+class IncompatibleFormatError(LogkitError):
+    """logkit.json names a format major version this build cannot read."""
+
+
+class NoOffsetForPartitionError(LogkitError):
+    """auto_offset_reset='none' and the group has no committed offset for a partition."""
+
+
+class IllegalStateError(LogkitError):
+    """A client call that the client's current state does not allow."""

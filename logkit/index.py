@@ -1,0 +1,156 @@
+"""Sparse, mmap'd segment indexes in Kafka's formats.
+
+Owns: `OffsetIndex` (8-byte entries: relative offset int32, position int32) and
+`TimeIndex` (12-byte entries: timestamp int64, relative offset int32), both big-endian
+like Kafka's. Files are preallocated to `segment.index.bytes` while their segment is
+active and trimmed to their entries when it rolls.
+
+Invariant: entries are strictly increasing in offset (and, for the time index, in
+timestamp); only the first `entries` are meaningful. For an active segment the entry
+count is published in the partition's tail state (see log.py), because several
+processes share these files; for a sealed segment it is file size / entry size.
+
+Thread-safety: one appender at a time (the partition lock); readers may look up
+concurrently because they never read past the published entry count.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+__all__ = ["OffsetIndex", "TimeIndex"]
+
+
+class _Index:
+    ENTRY = struct.Struct(">ii")
+
+    def __init__(self, path: str, base_offset: int, *, writable: bool,
+                 entries: int | None = None, create_bytes: int = 0) -> None:
+        """Map an index file. `create_bytes` > 0 creates it preallocated to that size
+        (the appender does this under the partition lock); otherwise it must exist."""
+        self.path = path
+        self.base_offset = base_offset
+        self.entry_size = self.ENTRY.size
+        self._mmap: mmap.mmap | None = None
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        if create_bytes:
+            flags |= os.O_CREAT | os.O_TRUNC
+        fd = os.open(path, flags, 0o644)
+        try:
+            if create_bytes:
+                os.ftruncate(fd, create_bytes - create_bytes % self.entry_size)
+            size = os.fstat(fd).st_size
+            self.capacity = size // self.entry_size
+            if size:
+                access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+                self._mmap = mmap.mmap(fd, size, access=access)
+        finally:
+            os.close(fd)
+        self.entries = self.capacity if entries is None else min(entries, self.capacity)
+
+    @property
+    def is_full(self) -> bool:
+        return self.entries >= self.capacity
+
+    def close(self) -> None:
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+
+    def flush(self) -> None:
+        if self._mmap is not None:
+            self._mmap.flush()
+
+    def trim(self) -> None:
+        """Cut the file to its entries (the segment is sealed)."""
+        valid = self.entries * self.entry_size
+        self.close()
+        os.truncate(self.path, valid)
+        self.capacity = self.entries
+        if valid:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                self._mmap = mmap.mmap(fd, valid, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)
+
+    def entry(self, n: int) -> tuple[int, int]:
+        assert 0 <= n < self.entries and self._mmap is not None
+        return self.ENTRY.unpack_from(self._mmap, n * self.entry_size)
+
+    def _write(self, a: int, b: int) -> None:
+        assert self._mmap is not None and not self.is_full
+        self.ENTRY.pack_into(self._mmap, self.entries * self.entry_size, a, b)
+        self.entries += 1
+
+    def _search(self, key: int, field: int) -> int:
+        """Index of the last entry whose `field` <= key, or -1."""
+        lo, hi = 0, self.entries - 1
+        unpack = self.ENTRY.unpack_from
+        mm = self._mmap
+        size = self.entry_size
+        found = -1
+        while lo <= hi:
+            mid = (lo + hi) >> 1
+            if unpack(mm, mid * size)[field] <= key:
+                found = mid
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return found
+
+
+class OffsetIndex(_Index):
+    """offset -> position, every `index.interval.bytes` of log."""
+
+    ENTRY = struct.Struct(">ii")
+
+    def append(self, offset: int, position: int) -> None:
+        relative = offset - self.base_offset
+        assert 0 <= relative < 2**31 and 0 <= position < 2**31
+        if self.entries:
+            last_offset, _ = self.entry(self.entries - 1)
+            assert relative > last_offset, (relative, last_offset)
+        self._write(relative, position)
+
+    def last_position(self) -> int:
+        return self.entry(self.entries - 1)[1] if self.entries else 0
+
+    def lookup(self, offset: int) -> int:
+        """Byte position from which to scan for `offset` (0 if before the first entry)."""
+        found = self._search(offset - self.base_offset, 0)
+        return 0 if found < 0 else self.entry(found)[1]
+
+    def truncate_to_position(self, position: int) -> None:
+        """Drop entries pointing at `position` or beyond (the log was cut there)."""
+        while self.entries and self.entry(self.entries - 1)[1] >= position:
+            self.entries -= 1
+
+
+class TimeIndex(_Index):
+    """max timestamp so far -> offset, for offset_for_timestamp()."""
+
+    ENTRY = struct.Struct(">qi")
+
+    def append(self, timestamp: int, offset: int) -> None:
+        relative = offset - self.base_offset
+        if self.entries:
+            last_ts, last_rel = self.entry(self.entries - 1)
+            if timestamp <= last_ts or relative <= last_rel:
+                return                                    # not newer: nothing to index
+        if not self.is_full:
+            self._write(timestamp, relative)
+
+    def last_timestamp(self) -> int:
+        return self.entry(self.entries - 1)[0] if self.entries else -1
+
+    def lookup(self, timestamp: int) -> int:
+        """Offset from which to scan for the first record with ts >= timestamp."""
+        found = self._search(timestamp - 1, 0)
+        return self.base_offset if found < 0 else self.base_offset + self.entry(found)[1]
+
+    def truncate_to_offset(self, offset: int) -> None:
+        while self.entries and self.base_offset + self.entry(self.entries - 1)[1] >= offset:
+            self.entries -= 1

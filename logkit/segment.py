@@ -1,0 +1,321 @@
+"""One log segment: a `.log` file of record batches plus its offset and time indexes.
+
+Owns: Kafka's file names (`%020d.log`, `.index`, `.timeindex`), appending a stamped
+batch at a byte position, finding and decoding the batches at or after an offset, the
+time lookup, and recovery of this one file (validate each batch, rebuild both indexes,
+truncate at the first bad byte, report the bytes cut).
+
+Invariant: bytes [0, size) of the `.log` file are whole, CRC-valid batches with
+strictly increasing offsets starting at `base_offset`. `size` comes from the caller
+(the partition's tail state for the active segment, the file size for sealed ones), so a
+reader never looks at bytes an appender in another process is still writing.
+
+Readers map the file with mmap and remap only when asked to read past the mapped length.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+from .errors import CorruptRecordError
+from .index import OffsetIndex, TimeIndex
+from .records import (BatchHeader, LOG_OVERHEAD, Record, _HEADER, check_batch,
+                      decode_batch, read_header)
+
+__all__ = ["LogSegment", "segment_file_name", "parse_segment_name"]
+
+_unpack_header = _HEADER.unpack_from
+_make_header = BatchHeader._make
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """Base offset of a `.log` file name, or None if it is not one."""
+    if len(name) == 24 and name.endswith(".log") and name[:20].isdigit():
+        return int(name[:20])
+    return None
+
+
+class LogSegment:
+    """A `.log` file and its two indexes. Not thread-safe; the partition log serialises."""
+
+    def __init__(self, directory: str, base_offset: int, *, active: bool,
+                 index_entries: int | None = None, timeindex_entries: int | None = None,
+                 create_index_bytes: int = 0) -> None:
+        """Open a segment. `active` maps its indexes writable with entry counts given
+        by the tail state; a sealed segment's entries are its index file sizes.
+        `create_index_bytes` > 0 creates all three files (appender, under the lock)."""
+        self.directory = directory
+        self.base_offset = base_offset
+        self.path = os.path.join(directory, segment_file_name(base_offset, ".log"))
+        self.index_path = os.path.join(directory, segment_file_name(base_offset, ".index"))
+        self.timeindex_path = os.path.join(directory,
+                                           segment_file_name(base_offset, ".timeindex"))
+        self.active = active
+        self._index_entries = index_entries
+        self._timeindex_entries = timeindex_entries
+        self._offset_index: OffsetIndex | None = None
+        self._time_index: TimeIndex | None = None
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create_index_bytes else 0)
+        self._fd = os.open(self.path, flags, 0o644)
+        self._mmap: mmap.mmap | None = None
+        self._mapped = 0
+        self.sealed_size = -1 if active else self.file_size()
+        if create_index_bytes:
+            self._create_indexes(create_index_bytes)
+
+    # ---- files ---------------------------------------------------------------------
+
+    def file_size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def indexes_present(self) -> bool:
+        return os.path.exists(self.index_path) and os.path.exists(self.timeindex_path)
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        if self._offset_index is None:
+            self._offset_index = OffsetIndex(self.index_path, self.base_offset,
+                                             writable=self.active,
+                                             entries=self._index_entries)
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        if self._time_index is None:
+            self._time_index = TimeIndex(self.timeindex_path, self.base_offset,
+                                         writable=self.active,
+                                         entries=self._timeindex_entries)
+        return self._time_index
+
+    def _create_indexes(self, index_bytes: int) -> None:
+        self._close_indexes()
+        self._offset_index = OffsetIndex(self.index_path, self.base_offset, writable=True,
+                                         entries=0, create_bytes=index_bytes)
+        self._time_index = TimeIndex(self.timeindex_path, self.base_offset, writable=True,
+                                     entries=0, create_bytes=index_bytes)
+        self._index_entries = self._timeindex_entries = 0
+
+    def index_entry_counts(self) -> tuple[int, int]:
+        return self.offset_index.entries, self.time_index.entries
+
+    def seal(self, max_timestamp: int, max_timestamp_offset: int, size: int) -> None:
+        """The segment stops being active: final time entry, indexes trimmed."""
+        self.time_index.append(max_timestamp, max_timestamp_offset)
+        self.offset_index.trim()
+        self.time_index.trim()
+        self.active = False
+        self.sealed_size = size
+
+    def set_index_entries(self, offset_entries: int, time_entries: int) -> None:
+        """Adopt entry counts published by the appender (active segment only)."""
+        self._index_entries = offset_entries
+        self._timeindex_entries = time_entries
+        if self._offset_index is not None:
+            self._offset_index.entries = min(offset_entries, self._offset_index.capacity)
+        if self._time_index is not None:
+            self._time_index.entries = min(time_entries, self._time_index.capacity)
+
+    def view(self, size: int) -> Any:
+        """The mmap covering at least [0, size)."""
+        if size > self._mapped:
+            if self._mmap is not None:
+                self._mmap.close()
+            length = self.file_size()
+            if length < size:
+                raise CorruptRecordError("segment file is shorter than its committed size",
+                                         path=self.path, position=length, expected=size,
+                                         actual=length)
+            self._mmap = mmap.mmap(self._fd, length, access=mmap.ACCESS_READ)
+            self._mapped = length
+        return self._mmap
+
+    def close(self) -> None:
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.close()
+        self._offset_index = self._time_index = None
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+            self._mapped = 0
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # ---- write ---------------------------------------------------------------------
+
+    def write(self, batch: Any, position: int) -> None:
+        """Write a stamped batch at `position` (the committed end of this segment)."""
+        written = os.pwrite(self._fd, batch, position)
+        if written != len(batch):   # a short write to a regular file: disk full
+            raise OSError(f"short write to {self.path}: {written} of {len(batch)} bytes")
+
+    def index_batch(self, last_offset: int, position: int, interval_bytes: int,
+                    max_timestamp: int, max_timestamp_offset: int) -> None:
+        """Add index entries for a batch just written at `position`, Kafka's way: when
+        more than `interval_bytes` passed since the last entry, an offset entry for this
+        batch and a time entry for the segment's max timestamp so far (if it grew)."""
+        index = self.offset_index
+        if not index.is_full and position - index.last_position() > interval_bytes:
+            index.append(last_offset, position)
+            self.time_index.append(max_timestamp, max_timestamp_offset)
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.flush()
+
+    def truncate(self, size: int) -> None:
+        """Cut bytes past `size` (garbage left by a writer that died mid-write)."""
+        self._release_view()
+        os.ftruncate(self._fd, size)
+
+    # ---- read ----------------------------------------------------------------------
+
+    def headers(self, start: int, size: int) -> Any:
+        """Yield (position, header) for batches in [start, size); header CRC unchecked."""
+        buf = self.view(size)
+        pos = start
+        while pos < size:
+            header = read_header(buf, pos, size, self.path)
+            if header is None:
+                raise CorruptRecordError("batch runs past the committed end of the segment",
+                                         path=self.path, position=pos, expected=size)
+            yield pos, header
+            pos += LOG_OVERHEAD + header.batch_length
+
+    def find(self, offset: int, size: int) -> int:
+        """Position of the first batch whose last offset >= offset, or `size`."""
+        if size == 0:
+            return 0
+        buf = self.view(size)
+        pos = self._index_position(offset)
+        path = self.path
+        while pos < size:
+            if size - pos < 61:
+                raise CorruptRecordError("truncated batch header", path=path, position=pos)
+            fields = _unpack_header(buf, pos)
+            # fields: baseOffset, batchLength, epoch, magic, crc, attrs, lastOffsetDelta...
+            if fields[3] != 2 or fields[1] < 49:
+                read_header(buf, pos, size, path)          # raises the precise error
+            if fields[0] + fields[6] >= offset:
+                return pos
+            pos += LOG_OVERHEAD + fields[1]
+        return size
+
+    def _index_position(self, offset: int) -> int:
+        try:
+            return self.offset_index.lookup(offset)
+        except FileNotFoundError:      # a reader meeting a lost index scans from 0
+            return 0
+
+    def read(self, offset: int, size: int, topic: str, partition: int, *,
+             max_records: int, max_bytes: int, upto_offset: int) -> list[Record]:
+        """Records from `offset` (below upto_offset), up to max_records and about
+        max_bytes of batches (always at least one batch)."""
+        pos = self.find(offset, size)
+        out: list[Record] = []
+        buf = self.view(size)
+        budget = max_bytes
+        path = self.path
+        while pos < size and len(out) < max_records:
+            header = read_header(buf, pos, size, path)
+            if header is None:
+                raise CorruptRecordError("batch runs past the committed end of the segment",
+                                         path=path, position=pos, expected=size)
+            if header.base_offset >= upto_offset:
+                break
+            if not header.attributes & 0x20:               # control batches: not data
+                records = decode_batch(buf, pos, header, topic, partition,
+                                       min_offset=offset, path=path)
+                if header.last_offset >= upto_offset:
+                    records = [r for r in records if r.offset < upto_offset]
+                out.extend(records)
+            budget -= header.size
+            pos += header.size
+            if budget <= 0:
+                break
+        if len(out) > max_records:
+            del out[max_records:]
+        return out
+
+    def last_offset_from(self, position: int, size: int) -> int | None:
+        """Last offset of the final batch in [position, size), None if empty."""
+        last = None
+        for _, header in self.headers(position, size):
+            last = header.last_offset
+        return last
+
+    def offset_for_timestamp(self, timestamp: int, size: int) -> int | None:
+        """First offset whose record timestamp >= timestamp, None if none here."""
+        try:
+            start_offset = self.time_index.lookup(timestamp)
+        except FileNotFoundError:
+            start_offset = self.base_offset
+        pos = self.find(start_offset, size)
+        buf = self.view(size)
+        for pos, header in self.headers(pos, size):
+            if header.max_timestamp >= timestamp and not header.is_control:
+                for record in decode_batch(buf, pos, header, "", 0, path=self.path):
+                    if record.timestamp >= timestamp:
+                        return record.offset
+        return None
+
+    # ---- recovery ------------------------------------------------------------------
+
+    def recover(self, *, max_message_bytes: int, interval_bytes: int, index_bytes: int,
+                start_offset: int) -> tuple[int, int, int, int, int]:
+        """Validate every batch, rebuild both indexes, truncate at the first bad byte.
+
+        Returns (valid size, bytes cut, next offset, max timestamp, its offset). The
+        indexes are left writable and preallocated; the caller seals the segment if it
+        is not the last. Must be called with the partition lock held."""
+        length = self.file_size()
+        self._create_indexes(index_bytes)                 # derived data: rebuilt below
+        self._release_view()
+        buf = self.view(length) if length else b""
+        pos = 0
+        next_offset = start_offset
+        max_timestamp = max_timestamp_offset = -1
+        while pos < length:
+            try:
+                header = read_header(buf, pos, length, self.path)
+                if header is None or header.size > max_message_bytes + LOG_OVERHEAD \
+                        or header.base_offset < next_offset:
+                    break
+                check_batch(buf, pos, header, self.path)
+            except CorruptRecordError:
+                break
+            if header.max_timestamp > max_timestamp:
+                max_timestamp = header.max_timestamp
+                max_timestamp_offset = header.last_offset
+            self.index_batch(header.last_offset, pos, interval_bytes, max_timestamp,
+                             max_timestamp_offset)
+            next_offset = header.last_offset + 1
+            pos += header.size
+        self._release_view()
+        if pos < length:
+            os.ftruncate(self._fd, pos)
+        self.active = True
+        self._index_entries, self._timeindex_entries = self.index_entry_counts()
+        return pos, length - pos, next_offset, max_timestamp, max_timestamp_offset
+
+    def _close_indexes(self) -> None:
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.close()
+        self._offset_index = self._time_index = None
+
+    def _release_view(self) -> None:
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+            self._mapped = 0
+
