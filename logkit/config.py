@@ -9,7 +9,7 @@ an unknown key or a bad value raises `ConfigError` naming the key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from .errors import ConfigError
 
@@ -185,4 +185,3 @@ def snake_to_kafka(name: str) -> str:
     return name.replace("_", ".")
 
 
-Validator = Callable[[Any], Any]
