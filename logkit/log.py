@@ -543,6 +543,13 @@ class PartitionLog:
         are available, even when that batch is bigger than `max_bytes`."""
         if max_records <= 0:
             raise ValueError("max_records must be positive")
+        with self._thread_lock:        # segments and their maps are shared by threads
+            return self._read(offset, max_records, max_bytes, upto_offset)
+
+    def _read(self, offset: int, max_records: int, max_bytes: int,
+              upto_offset: int | None) -> list[Record]:
+        if self._closed:
+            raise ClosedError(f"partition {self.topic}-{self.partition} is closed")
         tail = self._tail_file.read() or self.tail()
         if tail.segments_version != self._segments_version:
             self._refresh(tail)
@@ -560,8 +567,7 @@ class PartitionLog:
                 segment = self._segment(base)
             except FileNotFoundError:      # retention removed it since we listed
                 self._segments_version = -1
-                return self.read(offset, max_records=max_records, max_bytes=max_bytes,
-                                 upto_offset=upto_offset)
+                return self._read(offset, max_records, max_bytes, upto_offset)
             if segment.active:
                 segment.set_index_entries(tail.index_entries, tail.timeindex_entries)
                 size = tail.active_size
@@ -579,6 +585,10 @@ class PartitionLog:
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """Earliest offset whose timestamp >= timestamp_ms, None if there is none."""
+        with self._thread_lock:
+            return self._offset_for_timestamp(timestamp_ms)
+
+    def _offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         tail = self.tail()
         self._refresh(tail)
         for base in list(self._bases):
