@@ -561,27 +561,33 @@ class PartitionLog:
                 f"{tail.high_watermark}] of {self.topic}-{self.partition}")
         bases = self._bases
         i = max(0, bisect.bisect_right(bases, offset) - 1)
-        while offset < end and i < len(bases):
+        out: list[Record] = []
+        while offset < end and i < len(bases) and len(out) < max_records and max_bytes > 0:
             base = bases[i]
             try:
                 segment = self._segment(base)
             except FileNotFoundError:      # retention removed it since we listed
                 self._segments_version = -1
-                return self._read(offset, max_records, max_bytes, upto_offset)
+                return out or self._read(offset, max_records, max_bytes, upto_offset)
             if segment.active:
                 segment.set_index_entries(tail.index_entries, tail.timeindex_entries)
                 size = tail.active_size
             else:
                 size = segment.sealed_size
-            records = segment.read(offset, size, self.topic, self.partition,
-                                   max_records=max_records, max_bytes=max_bytes,
-                                   upto_offset=end)
+            records, used = segment.read(offset, size, self.topic, self.partition,
+                                         max_records=max_records - len(out),
+                                         max_bytes=max_bytes, upto_offset=end)
             if records:
-                return records
+                if not out:
+                    out = records
+                else:
+                    out.extend(records)
+                offset = records[-1].offset + 1
+            max_bytes -= used
             i += 1
             if i < len(bases):
                 offset = max(offset, bases[i])
-        return []
+        return out
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """Earliest offset whose timestamp >= timestamp_ms, None if there is none."""
@@ -653,16 +659,16 @@ class PartitionLog:
                                      segments_version=tail.segments_version + 1)
                 self._publish(tail)
                 self._refresh(tail)
-            self._unlink_deleted(now_ms)
+            self._unlink_deleted()
         return deleted
 
-    def _unlink_deleted(self, now_ms: int) -> None:
+    def _unlink_deleted(self) -> None:
         delay_s = self.config["file.delete.delay.ms"] / 1000
         for name in os.listdir(self.directory):
             if name.endswith(DELETED_SUFFIX):
                 path = os.path.join(self.directory, name)
                 try:
-                    if now_ms / 1000 - os.stat(path).st_ctime >= delay_s:
+                    if time.time() - os.stat(path).st_ctime >= delay_s:
                         os.unlink(path)
                 except FileNotFoundError:
                     pass

@@ -217,9 +217,9 @@ class LogSegment:
             return 0
 
     def read(self, offset: int, size: int, topic: str, partition: int, *,
-             max_records: int, max_bytes: int, upto_offset: int) -> list[Record]:
+             max_records: int, max_bytes: int, upto_offset: int) -> tuple[list[Record], int]:
         """Records from `offset` (below upto_offset), up to max_records and about
-        max_bytes of batches (always at least one batch)."""
+        max_bytes of batches (always at least one batch); also the batch bytes read."""
         pos = self.find(offset, size)
         out: list[Record] = []
         buf = self.view(size)
@@ -244,7 +244,7 @@ class LogSegment:
                 break
         if len(out) > max_records:
             del out[max_records:]
-        return out
+        return out, max_bytes - budget
 
     def last_offset_from(self, position: int, size: int) -> int | None:
         """Last offset of the final batch in [position, size), None if empty."""
