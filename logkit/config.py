@@ -176,6 +176,8 @@ def resolve_topic_config(given: Mapping[str, Any] | None,
 
 def overrides_only(given: Mapping[str, Any] | None) -> dict[str, Any]:
     """Validate `given` and return just its typed entries (what a topic stores)."""
+    if given is not None and not isinstance(given, Mapping):
+        raise ConfigError(f"topic config must be a dict, got {type(given).__name__}")
     return {key: coerce(TOPIC_CONFIG, key, value, where="topic")
             for key, value in (given or {}).items()}
 
