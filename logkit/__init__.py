@@ -5,6 +5,9 @@ package is private and may change.
 """
 
 from .broker import Broker
+from .consumer import Consumer, OffsetAndTimestamp
+from .group import ConsumerGroup, MemberInfo, OffsetAndMetadata
+from .producer import FutureRecordMetadata, Producer
 from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, ConfigError,
                      CorruptRecordError, IllegalStateError, IncompatibleFormatError,
                      InvalidTopicError, LogkitError, LogkitTimeoutError,
@@ -19,7 +22,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
-    "murmur2",
+    "Producer", "FutureRecordMetadata", "Consumer", "OffsetAndTimestamp", "ConsumerGroup",
+    "MemberInfo", "OffsetAndMetadata", "murmur2",
     "LogkitError", "ConfigError", "InvalidTopicError", "TopicExistsError",
     "UnknownTopicError", "OffsetOutOfRangeError", "CorruptRecordError",
     "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",

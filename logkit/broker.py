@@ -24,6 +24,7 @@ from .config import LONG_MAX, overrides_only, resolve_broker_config, resolve_top
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, UnknownTopicError)
 from .log import PartitionLog
 from .meta import MetaStore
+from .notify import Doorbell
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
 
 __all__ = ["Broker", "FORMAT_VERSION"]
@@ -69,6 +70,7 @@ class Broker:
         os.makedirs(self.path, exist_ok=True)
         _check_format(self.path)
         self.meta = MetaStore(os.path.join(self.path, "meta"))
+        self.doorbell = Doorbell(self.path)
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -135,7 +137,8 @@ class Broker:
             if cached is not None:                    # deleted and re-created elsewhere
                 self._topics.pop(name).close()
             config = resolve_topic_config(record["config"], self.config)
-            logs = [PartitionLog(partition_dir(self.path, name, n), name, n, config)
+            logs = [PartitionLog(partition_dir(self.path, name, n), name, n, config,
+                                 doorbell=self.doorbell)
                     for n in range(record["partitions"])]
             topic = Topic(name, logs, config, record["topic_id"])
             self._topics[name] = topic
@@ -267,3 +270,4 @@ class Broker:
                 topic.close()
             self._topics.clear()
         self.meta.close()
+        self.doorbell.close()

@@ -161,8 +161,9 @@ class PartitionLog:
     """One partition directory. Thread-safe; process-safe through the tail file."""
 
     def __init__(self, directory: str, topic: str, partition: int,
-                 config: Mapping[str, Any]) -> None:
+                 config: Mapping[str, Any], *, doorbell: Any = None) -> None:
         self.directory = directory
+        self._doorbell = doorbell      # rung after each append (notify.Doorbell)
         self.topic = topic
         self.partition = partition
         self.config = dict(config)
@@ -437,6 +438,8 @@ class PartitionLog:
                                      first_unflushed_ms=-1)
             self._publish(tail)
             self._dirty = True
+        if self._doorbell is not None:
+            self._doorbell.ring()
         return base_offset
 
     def _first_append(self, segment: LogSegment, tail: Tail) -> None:

@@ -1,0 +1,585 @@
+/* logkit._speedups: optional compiled versions of the three hottest loops.
+ *
+ * Owns: encoding the records section of a magic-2 batch (`encode_records`), decoding it
+ * into `Record` tuples (`decode_records`), and Kafka's murmur2 (`murmur2`). Each mirrors
+ * a pure-Python function in records.py / murmur2.py exactly: same bytes out, same
+ * records out, and an exception (ValueError or UnicodeDecodeError) wherever the Python
+ * version raises on malformed input. records.py turns those into CorruptRecordError.
+ *
+ * Invariant: no read goes past `end`, which the caller has already bounded by the
+ * batch's length field and the buffer's length. The module holds no state; the GIL is
+ * held throughout (the loops allocate Python objects).
+ *
+ * Built by setup.py as an optional extension: when it does not compile, logkit runs on
+ * the pure-Python code and tests/test_speedups.py is skipped.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- varints --------------------------------------------------------------------- */
+
+/* Read a zig-zag varint at *pos (< end). Returns 0 on success, -1 with ValueError set. */
+static int
+read_varint(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int64_t *out)
+{
+    uint64_t raw = 0;
+    int shift = 0;
+    Py_ssize_t p = *pos;
+    for (;;) {
+        if (p >= end) {
+            PyErr_SetString(PyExc_ValueError, "varint runs past the end of the batch");
+            return -1;
+        }
+        unsigned char byte = buf[p++];
+        if (shift == 63 && byte > 1) {
+            PyErr_SetString(PyExc_ValueError, "varint does not fit 64 bits");
+            return -1;
+        }
+        raw |= (uint64_t)(byte & 0x7F) << shift;
+        if (byte < 0x80) {
+            *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+            *pos = p;
+            return 0;
+        }
+        shift += 7;
+        if (shift > 63) {
+            PyErr_SetString(PyExc_ValueError, "varint longer than 10 bytes");
+            return -1;
+        }
+    }
+}
+
+#define READ_VARINT(var)                                                      \
+    do {                                                                      \
+        if (pos < end && buf[pos] < 0x80) {                                   \
+            unsigned char b_ = buf[pos++];                                    \
+            (var) = (int64_t)(b_ >> 1) ^ -(int64_t)(b_ & 1);                  \
+        } else if (read_varint(buf, &pos, end, &(var)) < 0) {                 \
+            goto error;                                                       \
+        }                                                                     \
+    } while (0)
+
+/* a + b as a Python int, exact even past int64 (the pure-Python code never overflows). */
+static PyObject *
+add_as_long(int64_t a, int64_t b)
+{
+    int64_t sum;
+    if (!__builtin_add_overflow(a, b, &sum))
+        return PyLong_FromLongLong(sum);
+    PyObject *x = PyLong_FromLongLong(a), *y = PyLong_FromLongLong(b), *r = NULL;
+    if (x && y)
+        r = PyNumber_Add(x, y);
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    return r;
+}
+
+/* ---- decode ---------------------------------------------------------------------- */
+
+static PyObject *
+decode_headers(const unsigned char *buf, Py_ssize_t *ppos, Py_ssize_t end, int64_t count)
+{
+    Py_ssize_t pos = *ppos;
+    PyObject *list = NULL, *key = NULL, *value = NULL, *pair;
+    int64_t klen, vlen, i;
+    if (count < 0 || count > 1000000) {
+        PyErr_Format(PyExc_ValueError, "impossible header count %lld", (long long)count);
+        return NULL;
+    }
+    list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    for (i = 0; i < count; i++) {
+        READ_VARINT(klen);
+        if (klen < 0) {
+            PyErr_SetString(PyExc_ValueError, "null header key");
+            goto error;
+        }
+        if (klen > end - pos) {
+            PyErr_SetString(PyExc_ValueError, "header key runs past the end of the batch");
+            goto error;
+        }
+        key = PyUnicode_DecodeUTF8((const char *)buf + pos, (Py_ssize_t)klen, "strict");
+        if (key == NULL)
+            goto error;
+        pos += (Py_ssize_t)klen;
+        READ_VARINT(vlen);
+        if (vlen < 0) {
+            value = Py_NewRef(Py_None);
+        } else {
+            if (vlen > end - pos) {
+                PyErr_SetString(PyExc_ValueError,
+                                "header value runs past the end of the batch");
+                goto error;
+            }
+            value = PyBytes_FromStringAndSize((const char *)buf + pos, (Py_ssize_t)vlen);
+            if (value == NULL)
+                goto error;
+            pos += (Py_ssize_t)vlen;
+        }
+        pair = PyTuple_Pack(2, key, value);
+        Py_CLEAR(key);
+        Py_CLEAR(value);
+        if (pair == NULL || PyList_Append(list, pair) < 0) {
+            Py_XDECREF(pair);
+            goto error;
+        }
+        Py_DECREF(pair);
+    }
+    *ppos = pos;
+    return list;
+error:
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_DECREF(list);
+    return NULL;
+}
+
+PyDoc_STRVAR(decode_records_doc,
+"decode_records(buf, pos, end, count, base_offset, base_timestamp, append_time,\n"
+"               topic, partition, min_offset, record_type) -> list\n\n"
+"The records section [pos, end) of an uncompressed batch as record_type tuples\n"
+"(topic, partition, offset, timestamp, key, value, headers), keeping offsets >=\n"
+"min_offset. append_time is None or the LogAppendTime timestamp. Raises ValueError\n"
+"on malformed bytes.");
+
+static PyObject *
+decode_records(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, end;
+    long long count_ll, base_offset, base_ts, min_offset;
+    PyObject *append_time, *topic, *partition, *record_type;
+    PyObject *out = NULL, *key = NULL, *value = NULL, *headers = NULL;
+    PyTypeObject *type;
+    const unsigned char *buf;
+    int64_t length, ts_delta, offset_delta, klen, vlen, hcount, offset;
+    Py_ssize_t record_end;
+    long long n;
+
+    if (!PyArg_ParseTuple(args, "y*nnLLLOOOLO:decode_records", &view, &pos, &end, &count_ll,
+                          &base_offset, &base_ts, &append_time, &topic, &partition,
+                          &min_offset, &record_type))
+        return NULL;
+    if (!PyType_Check(record_type) ||
+        !PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass");
+        return NULL;
+    }
+    type = (PyTypeObject *)record_type;
+    if (pos < 0 || end > view.len || pos > end) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "records section lies outside the buffer");
+        return NULL;
+    }
+    buf = (const unsigned char *)view.buf;
+    /* A record takes at least 7 bytes, which bounds the list we preallocate. */
+    if (count_ll < 0 || count_ll > (end - pos) / 7 + 1) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "records count %lld does not fit in %zd bytes",
+                     count_ll, end - pos);
+        return NULL;
+    }
+    out = PyList_New(0);
+    if (out == NULL)
+        goto error;
+
+    for (n = 0; n < count_ll; n++) {
+        READ_VARINT(length);
+        if (length < 0 || length > end - pos) {
+            PyErr_Format(PyExc_ValueError, "record length field says %lld, %zd bytes left",
+                         (long long)length, end - pos);
+            goto error;
+        }
+        record_end = pos + (Py_ssize_t)length;
+        if (record_end - pos < 1) {
+            PyErr_SetString(PyExc_ValueError, "record shorter than its attributes byte");
+            goto error;
+        }
+        pos += 1;                                   /* record attributes: unused */
+        READ_VARINT(ts_delta);
+        READ_VARINT(offset_delta);
+        READ_VARINT(klen);
+        if (klen < 0) {
+            key = Py_NewRef(Py_None);
+        } else {
+            if (klen > end - pos) {
+                PyErr_SetString(PyExc_ValueError, "key runs past the end of the batch");
+                goto error;
+            }
+            key = PyBytes_FromStringAndSize((const char *)buf + pos, (Py_ssize_t)klen);
+            if (key == NULL)
+                goto error;
+            pos += (Py_ssize_t)klen;
+        }
+        READ_VARINT(vlen);
+        if (vlen < 0) {
+            value = Py_NewRef(Py_None);
+        } else {
+            if (vlen > end - pos) {
+                PyErr_SetString(PyExc_ValueError, "value runs past the end of the batch");
+                goto error;
+            }
+            value = PyBytes_FromStringAndSize((const char *)buf + pos, (Py_ssize_t)vlen);
+            if (value == NULL)
+                goto error;
+            pos += (Py_ssize_t)vlen;
+        }
+        READ_VARINT(hcount);
+        if (hcount == 0) {
+            headers = PyTuple_New(0);
+        } else {
+            headers = decode_headers(buf, &pos, end, hcount);
+        }
+        if (headers == NULL)
+            goto error;
+        if (pos != record_end) {
+            PyErr_Format(PyExc_ValueError, "record length field says %lld, fields use %lld",
+                         (long long)length, (long long)(length + pos - record_end));
+            goto error;
+        }
+        if (__builtin_add_overflow((int64_t)base_offset, offset_delta, &offset)) {
+            PyErr_SetString(PyExc_ValueError, "offset delta overflows 64 bits");
+            goto error;
+        }
+        if (offset >= min_offset) {
+            PyObject *rec, *off_obj, *ts_obj;
+            off_obj = PyLong_FromLongLong(offset);
+            ts_obj = append_time == Py_None ? add_as_long(base_ts, ts_delta)
+                                            : Py_NewRef(append_time);
+            rec = (off_obj && ts_obj) ? type->tp_alloc(type, 7) : NULL;
+            if (rec == NULL) {
+                Py_XDECREF(off_obj);
+                Py_XDECREF(ts_obj);
+                goto error;
+            }
+            PyTuple_SET_ITEM(rec, 0, Py_NewRef(topic));
+            PyTuple_SET_ITEM(rec, 1, Py_NewRef(partition));
+            PyTuple_SET_ITEM(rec, 2, off_obj);
+            PyTuple_SET_ITEM(rec, 3, ts_obj);
+            PyTuple_SET_ITEM(rec, 4, key);
+            PyTuple_SET_ITEM(rec, 5, value);
+            PyTuple_SET_ITEM(rec, 6, headers);
+            key = value = headers = NULL;
+            if (PyList_Append(out, rec) < 0) {
+                Py_DECREF(rec);
+                goto error;
+            }
+            Py_DECREF(rec);
+        } else {
+            Py_CLEAR(key);
+            Py_CLEAR(value);
+            Py_CLEAR(headers);
+        }
+    }
+    if (pos != end) {
+        PyErr_Format(PyExc_ValueError, "%zd stray bytes after the last record", end - pos);
+        goto error;
+    }
+    PyBuffer_Release(&view);
+    return out;
+error:
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_XDECREF(headers);
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---- encode ---------------------------------------------------------------------- */
+
+typedef struct {
+    unsigned char *data;
+    Py_ssize_t len, cap;
+} Out;
+
+static int
+out_reserve(Out *o, Py_ssize_t extra)
+{
+    if (o->len + extra <= o->cap)
+        return 0;
+    Py_ssize_t cap = o->cap ? o->cap : 1024;
+    while (cap < o->len + extra)
+        cap *= 2;
+    unsigned char *data = PyMem_Realloc(o->data, cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->data = data;
+    o->cap = cap;
+    return 0;
+}
+
+/* Zig-zag varint of v into p; returns bytes written (<= 10). */
+static inline int
+put_varint(unsigned char *p, int64_t v)
+{
+    uint64_t raw = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    int n = 0;
+    while (raw > 0x7F) {
+        p[n++] = (unsigned char)((raw & 0x7F) | 0x80);
+        raw >>= 7;
+    }
+    p[n++] = (unsigned char)raw;
+    return n;
+}
+
+static inline int
+varint_size(int64_t v)
+{
+    uint64_t raw = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    int n = 1;
+    while (raw > 0x7F) {
+        raw >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* Append the encoded headers of one record (the sequence `headers`) to o. */
+static int
+encode_headers(Out *o, PyObject *headers)
+{
+    PyObject *seq = PySequence_Fast(headers, "headers must be a sequence of pairs");
+    Py_ssize_t i, count;
+    if (seq == NULL)
+        return -1;
+    count = PySequence_Fast_GET_SIZE(seq);
+    if (out_reserve(o, 10) < 0)
+        goto error;
+    o->len += put_varint(o->data + o->len, count);
+    for (i = 0; i < count; i++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(seq, i), *hkey, *hvalue;
+        Py_ssize_t klen;
+        const char *kbuf;
+        if (!PyTuple_Check(pair) && !PyList_Check(pair)) {
+            PyErr_SetString(PyExc_TypeError, "a header must be a (str, bytes) pair");
+            goto error;
+        }
+        if (PySequence_Fast_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_ValueError, "a header must be a (str, bytes) pair");
+            goto error;
+        }
+        hkey = PySequence_Fast_GET_ITEM(pair, 0);
+        hvalue = PySequence_Fast_GET_ITEM(pair, 1);
+        kbuf = PyUnicode_AsUTF8AndSize(hkey, &klen);
+        if (kbuf == NULL)
+            goto error;
+        if (out_reserve(o, 10 + klen) < 0)
+            goto error;
+        o->len += put_varint(o->data + o->len, klen);
+        memcpy(o->data + o->len, kbuf, klen);
+        o->len += klen;
+        if (hvalue == Py_None) {
+            if (out_reserve(o, 1) < 0)
+                goto error;
+            o->len += put_varint(o->data + o->len, -1);
+        } else {
+            Py_buffer v;
+            if (PyObject_GetBuffer(hvalue, &v, PyBUF_SIMPLE) < 0)
+                goto error;
+            if (out_reserve(o, 10 + v.len) < 0) {
+                PyBuffer_Release(&v);
+                goto error;
+            }
+            o->len += put_varint(o->data + o->len, v.len);
+            memcpy(o->data + o->len, v.buf, v.len);
+            o->len += v.len;
+            PyBuffer_Release(&v);
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+error:
+    Py_DECREF(seq);
+    return -1;
+}
+
+PyDoc_STRVAR(encode_records_doc,
+"encode_records(records, now_ms) -> (payload, base_timestamp, max_timestamp)\n\n"
+"The uncompressed records section for (key, value, headers, timestamp_ms) tuples;\n"
+"a timestamp of None means now_ms. Keys and values are bytes-like or None.");
+
+static PyObject *
+encode_records(PyObject *self, PyObject *args)
+{
+    PyObject *records, *seq = NULL, *result = NULL;
+    long long now_ms;
+    Out body = {NULL, 0, 0}, out = {NULL, 0, 0};
+    Py_ssize_t i, count;
+    int64_t base_ts = 0, max_ts = 0;
+
+    if (!PyArg_ParseTuple(args, "OL:encode_records", &records, &now_ms))
+        return NULL;
+    seq = PySequence_Fast(records, "records must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    count = PySequence_Fast_GET_SIZE(seq);
+    if (count == 0) {
+        PyErr_SetString(PyExc_ValueError, "a batch holds at least one record");
+        goto error;
+    }
+    for (i = 0; i < count; i++) {
+        PyObject *rec = PySequence_Fast_GET_ITEM(seq, i), *key, *value, *headers, *ts_obj;
+        int64_t ts;
+        Py_buffer kb, vb;
+        int has_key, has_value;
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 4) {
+            PyErr_SetString(PyExc_TypeError,
+                            "a record is a (key, value, headers, timestamp_ms) tuple");
+            goto error;
+        }
+        key = PyTuple_GET_ITEM(rec, 0);
+        value = PyTuple_GET_ITEM(rec, 1);
+        headers = PyTuple_GET_ITEM(rec, 2);
+        ts_obj = PyTuple_GET_ITEM(rec, 3);
+        if (ts_obj == Py_None) {
+            ts = now_ms;
+        } else {
+            ts = PyLong_AsLongLong(ts_obj);
+            if (ts == -1 && PyErr_Occurred())
+                goto error;
+        }
+        if (i == 0)
+            base_ts = max_ts = ts;
+        else if (ts > max_ts)
+            max_ts = ts;
+        /* body: attributes, timestampDelta, offsetDelta, key, value, headers */
+        body.len = 0;
+        has_key = key != Py_None;
+        has_value = value != Py_None;
+        if (has_key && PyObject_GetBuffer(key, &kb, PyBUF_SIMPLE) < 0)
+            goto error;
+        if (has_value && PyObject_GetBuffer(value, &vb, PyBUF_SIMPLE) < 0) {
+            if (has_key)
+                PyBuffer_Release(&kb);
+            goto error;
+        }
+        if (out_reserve(&body, 41 + (has_key ? kb.len : 0) + (has_value ? vb.len : 0)) < 0) {
+            if (has_key)
+                PyBuffer_Release(&kb);
+            if (has_value)
+                PyBuffer_Release(&vb);
+            goto error;
+        }
+        body.data[body.len++] = 0;
+        body.len += put_varint(body.data + body.len, ts - base_ts);
+        body.len += put_varint(body.data + body.len, i);
+        if (has_key) {
+            body.len += put_varint(body.data + body.len, kb.len);
+            memcpy(body.data + body.len, kb.buf, kb.len);
+            body.len += kb.len;
+            PyBuffer_Release(&kb);
+        } else {
+            body.len += put_varint(body.data + body.len, -1);
+        }
+        if (has_value) {
+            body.len += put_varint(body.data + body.len, vb.len);
+            memcpy(body.data + body.len, vb.buf, vb.len);
+            body.len += vb.len;
+            PyBuffer_Release(&vb);
+        } else {
+            body.len += put_varint(body.data + body.len, -1);
+        }
+        if (headers == Py_None) {
+            body.data[body.len++] = 0;
+        } else {
+            int truth = PyObject_IsTrue(headers);
+            if (truth < 0)
+                goto error;
+            if (truth) {
+                if (encode_headers(&body, headers) < 0)
+                    goto error;
+            } else {
+                body.data[body.len++] = 0;
+            }
+        }
+        if (out_reserve(&out, 10 + body.len) < 0)
+            goto error;
+        out.len += put_varint(out.data + out.len, body.len);
+        memcpy(out.data + out.len, body.data, body.len);
+        out.len += body.len;
+    }
+    {
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)out.data, out.len);
+        if (payload == NULL)
+            goto error;
+        result = Py_BuildValue("(NLL)", payload, (long long)base_ts, (long long)max_ts);
+    }
+error:
+    PyMem_Free(body.data);
+    PyMem_Free(out.data);
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* ---- murmur2 --------------------------------------------------------------------- */
+
+PyDoc_STRVAR(murmur2_doc,
+"murmur2(data) -> int\n\nKafka's murmur2 (seed 0x9747b28c) as a signed 32-bit int.");
+
+static PyObject *
+murmur2(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    const uint32_t m = 0x5bd1e995;
+    const int r = 24;
+    uint32_t h, k;
+    Py_ssize_t length, i, end4;
+    const unsigned char *data;
+
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    data = (const unsigned char *)view.buf;
+    length = view.len;
+    h = 0x9747b28cU ^ (uint32_t)length;
+    end4 = length & ~(Py_ssize_t)3;
+    for (i = 0; i < end4; i += 4) {
+        k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) |
+            ((uint32_t)data[i + 2] << 16) | ((uint32_t)data[i + 3] << 24);
+        k *= m;
+        k ^= k >> r;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)data[end4 + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)data[end4 + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)data[end4];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    PyBuffer_Release(&view);
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
+static PyMethodDef methods[] = {
+    {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"encode_records", encode_records, METH_VARARGS, encode_records_doc},
+    {"murmur2", murmur2, METH_O, murmur2_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "logkit._speedups",
+    "Optional compiled record codec and murmur2 (see the C source header).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}
