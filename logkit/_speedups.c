@@ -408,7 +408,7 @@ PyDoc_STRVAR(encode_records_doc,
 static PyObject *
 encode_records(PyObject *self, PyObject *args)
 {
-    PyObject *records, *seq = NULL, *result = NULL;
+    PyObject *records, *seq = NULL, *result = NULL, *record_fields = NULL;
     long long now_ms;
     Out body = {NULL, 0, 0}, out = {NULL, 0, 0};
     Py_ssize_t i, count;
@@ -429,15 +429,28 @@ encode_records(PyObject *self, PyObject *args)
         int64_t ts;
         Py_buffer kb, vb;
         int has_key, has_value;
-        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 4) {
-            PyErr_SetString(PyExc_TypeError,
-                            "a record is a (key, value, headers, timestamp_ms) tuple");
-            goto error;
+        if (PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) == 4) {
+            key = PyTuple_GET_ITEM(rec, 0);
+            value = PyTuple_GET_ITEM(rec, 1);
+            headers = PyTuple_GET_ITEM(rec, 2);
+            ts_obj = PyTuple_GET_ITEM(rec, 3);
+        } else {   /* any other 4-item sequence, as the Python encoder accepts */
+            PyObject *fields = PySequence_Tuple(rec);
+            if (fields == NULL)
+                goto error;
+            if (PyTuple_GET_SIZE(fields) != 4) {
+                Py_DECREF(fields);
+                PyErr_SetString(PyExc_ValueError,
+                                "a record is a (key, value, headers, timestamp_ms) tuple");
+                goto error;
+            }
+            Py_CLEAR(record_fields);
+            record_fields = fields;      /* keeps the four items alive for this record */
+            key = PyTuple_GET_ITEM(fields, 0);
+            value = PyTuple_GET_ITEM(fields, 1);
+            headers = PyTuple_GET_ITEM(fields, 2);
+            ts_obj = PyTuple_GET_ITEM(fields, 3);
         }
-        key = PyTuple_GET_ITEM(rec, 0);
-        value = PyTuple_GET_ITEM(rec, 1);
-        headers = PyTuple_GET_ITEM(rec, 2);
-        ts_obj = PyTuple_GET_ITEM(rec, 3);
         if (ts_obj == Py_None) {
             ts = now_ms;
         } else {
@@ -514,6 +527,7 @@ encode_records(PyObject *self, PyObject *args)
 error:
     PyMem_Free(body.data);
     PyMem_Free(out.data);
+    Py_XDECREF(record_fields);
     Py_XDECREF(seq);
     return result;
 }

@@ -21,8 +21,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
-from .errors import (ClosedError, ConfigError, IllegalStateError, NoOffsetForPartitionError,
-                     OffsetOutOfRangeError, UnknownTopicError)
+from .errors import (ClosedError, CommitFailedError, ConfigError, IllegalStateError,
+                     NoOffsetForPartitionError, OffsetOutOfRangeError)
 from .group import GroupCoordinator, OffsetAndMetadata, committed_offset
 from .records import Record
 from .topic import TopicPartition, validate_topic_name
@@ -227,6 +227,9 @@ class Consumer:
         generation = coordinator.generation()
         if generation != self._generation:
             state = coordinator.state()
+            if coordinator.member_id not in state["members"]:
+                self._fenced = True            # evicted: rejoin on this same sync
+                return self._sync_group()
             self._generation = state["generation"]
             new = coordinator.assignment(state)
             revoked = set(self._owned) if coordinator.is_eager(state) else self._owned - new
@@ -393,10 +396,11 @@ class Consumer:
             else:
                 value = OffsetAndMetadata(_check_offset(value))
             clean[tp] = value
+        # No rejoin here: a zombie's commit must fail (CommitFailedError), not succeed
+        # under a fresh membership. The next poll() rejoins.
         member = None if self._manual else self._coordinator.member_id
-        if not self._manual and self._subscription:
-            self._sync_group()
-            member = self._coordinator.member_id
+        if not self._manual and member is None:
+            raise CommitFailedError("this consumer is not a member of its group")
         self._coordinator.commit(clean, member_id=member)
         self._last_commit = time.monotonic()
 

@@ -7,6 +7,8 @@ e.g. murmur2(b"21") == -973932308, so keyed records land where a Java producer p
 
 from __future__ import annotations
 
+import os
+
 __all__ = ["murmur2", "partition_for_key"]
 
 _SEED = 0x9747B28C
@@ -14,8 +16,8 @@ _M = 0x5BD1E995
 _MASK32 = 0xFFFFFFFF
 
 
-def murmur2(data: bytes) -> int:
-    """Return Kafka's murmur2 hash of `data` as a signed 32-bit int."""
+def murmur2_py(data: bytes) -> int:
+    """Return Kafka's murmur2 hash of `data` as a signed 32-bit int (pure Python)."""
     length = len(data)
     h = (_SEED ^ length) & _MASK32
     end4 = length & ~3
@@ -38,6 +40,14 @@ def murmur2(data: bytes) -> int:
     h = (h * _M) & _MASK32
     h ^= h >> 15
     return h - (1 << 32) if h & 0x80000000 else h
+
+
+murmur2 = murmur2_py
+if not os.environ.get("LOGKIT_PURE_PYTHON"):
+    try:   # the compiled twin (logkit/_speedups.c); tests check both agree
+        from ._speedups import murmur2  # type: ignore[attr-defined,no-redef]  # noqa: F811
+    except ImportError:
+        pass
 
 
 def partition_for_key(key: bytes, num_partitions: int) -> int:

@@ -27,6 +27,7 @@ returns data from a batch whose CRC, magic or lengths are wrong: it raises
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -161,6 +162,8 @@ def _read_varint(buf: Any, pos: int) -> tuple[int, int]:
         pos += 1
         raw |= (byte & 0x7F) << shift
         if byte < 0x80:
+            if raw >> 64:
+                raise ValueError("varint does not fit 64 bits")
             return (raw >> 1) ^ -(raw & 1), pos
         shift += 7
         if shift > 63:
@@ -201,19 +204,9 @@ def _encode_headers(headers: Iterable[tuple[str, bytes | None]]) -> bytes:
     return _varint(count) + b"".join(parts)
 
 
-def encode_batch(records: Sequence[RecordInput], *, base_offset: int = 0, codec: int = 0,
-                 log_append_time: bool = False, producer_id: int = -1,
-                 producer_epoch: int = -1, base_sequence: int = -1,
-                 leader_epoch: int = -1, transactional: bool = False,
-                 control: bool = False, now_ms: int | None = None) -> bytearray:
-    """Encode (key, value, headers, timestamp_ms) tuples as one magic-2 batch.
-
-    A timestamp of None means now. Keys and values are bytes or None; headers a
-    sequence of (str, bytes | None) or None/empty.
-    """
-    assert records, "a batch holds at least one record"
-    if now_ms is None:
-        now_ms = int(time.time() * 1000)
+def _encode_records_py(records: Sequence[RecordInput], now_ms: int) -> tuple[bytes, int, int]:
+    """The uncompressed records section; returns (payload, base timestamp, max timestamp).
+    Pure Python; `_speedups.encode_records` is the compiled twin."""
     timestamps = [now_ms if r[3] is None else r[3] for r in records]
     base_ts = timestamps[0]
     max_ts = max(timestamps)
@@ -241,7 +234,23 @@ def encode_batch(records: Sequence[RecordInput], *, base_offset: int = 0, codec:
         encoded = b"".join(body)
         append(varint(len(encoded)))
         append(encoded)
-    payload = b"".join(parts)
+    return b"".join(parts), base_ts, max_ts
+
+
+def encode_batch(records: Sequence[RecordInput], *, base_offset: int = 0, codec: int = 0,
+                 log_append_time: bool = False, producer_id: int = -1,
+                 producer_epoch: int = -1, base_sequence: int = -1,
+                 leader_epoch: int = -1, transactional: bool = False,
+                 control: bool = False, now_ms: int | None = None) -> bytearray:
+    """Encode (key, value, headers, timestamp_ms) tuples as one magic-2 batch.
+
+    A timestamp of None means now. Keys and values are bytes or None; headers a
+    sequence of (str, bytes | None) or None/empty.
+    """
+    assert records, "a batch holds at least one record"
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    payload, base_ts, max_ts = _encode_records(records, now_ms)
     if codec != CODEC_NONE:
         payload = compress(codec, payload)
     attributes = codec
@@ -321,8 +330,10 @@ _new = tuple.__new__
 _EMPTY: tuple = ()
 
 
-def _decode_records(buf: Any, pos: int, end: int, header: BatchHeader, topic: str,
-                    partition: int, min_offset: int) -> list[Record]:
+def _decode_records_py(buf: Any, pos: int, end: int, header: BatchHeader, topic: str,
+                       partition: int, min_offset: int) -> list[Record]:
+    """Pure-Python decoder of an uncompressed records section; the compiled twin is
+    `_speedups.decode_records`. Raises ValueError/IndexError on malformed bytes."""
     base_offset = header.base_offset
     base_ts = header.base_timestamp
     append_time = header.max_timestamp if header.attributes & ATTR_TIMESTAMP_TYPE else None
@@ -410,3 +421,39 @@ def _decode_headers(buf: Any, pos: int, count: int) -> tuple[list[tuple[str, byt
             pos += value_length
         headers.append((key, value))
     return headers, pos
+
+
+# ---- the compiled accelerator ----------------------------------------------------------
+# `logkit._speedups` (built from _speedups.c when a compiler is present) replaces the two
+# loops above and murmur2; tests/test_speedups.py checks both agree byte for byte.
+# LOGKIT_PURE_PYTHON=1 forces the pure-Python code (tests and benchmarks compare them).
+
+def _load_speedups() -> Any:
+    if os.environ.get("LOGKIT_PURE_PYTHON"):
+        return None
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups
+
+
+_speedups = _load_speedups()
+SPEEDUPS = _speedups is not None
+
+
+def _decode_records_c(buf: Any, pos: int, end: int, header: BatchHeader, topic: str,
+                      partition: int, min_offset: int) -> list[Record]:
+    return _c_decode(buf, pos, end, header.records_count, header.base_offset,
+                     header.base_timestamp,
+                     header.max_timestamp if header.attributes & ATTR_TIMESTAMP_TYPE else None,
+                     topic, partition, min_offset, Record)
+
+
+if _speedups is not None:
+    _c_decode = _speedups.decode_records
+    _decode_records = _decode_records_c
+    _encode_records = _speedups.encode_records
+else:
+    _decode_records = _decode_records_py
+    _encode_records = _encode_records_py

@@ -1,0 +1,279 @@
+"""Consumer groups across real processes: assignment, rebalance on a killed member,
+resumption from commits, fencing, delivery semantics under SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import logkit
+from logkit import CommitFailedError, TopicPartition
+from logkit.assignors import assign
+
+ROOT_DIR = os.path.dirname(os.path.dirname(__file__))
+WORKER = os.path.join(os.path.dirname(__file__), "helpers", "group_worker.py")
+
+
+class Worker:
+    """A group member process whose stdout lines are collected by a thread."""
+
+    def __init__(self, root, group, topic, mode):
+        self.proc = subprocess.Popen([sys.executable, WORKER, str(root), group, topic, mode],
+                                     stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": ROOT_DIR})
+        self.lines: list[str] = []
+        assert self.proc.stdout.readline().strip() == "ready"
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+
+    def owned(self):
+        latest = [line for line in self.lines if line.startswith("owned")]
+        if not latest:
+            return set()
+        body = latest[-1][len("owned "):]
+        return {tuple(x.split("/")) for x in body.split(",") if x}
+
+    def records(self):
+        return [tuple(map(int, line.split()[1:])) for line in self.lines
+                if line.startswith("rec ")]
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.reader.join(timeout=10)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+def wait_until(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def all_partitions(n):
+    return {("t", str(p)) for p in range(n)}
+
+
+def disjoint_and_complete(workers, n):
+    sets = [w.owned() for w in workers]
+    union = set().union(*sets)
+    return union == all_partitions(n) and sum(len(s) for s in sets) == len(union)
+
+
+def test_members_in_processes_split_partitions_and_rebalance_after_sigkill(tmp_path):
+    """3 member processes own disjoint, complete shares; after one is SIGKILLed the
+    survivors take its partitions within the session timeout plus a heartbeat."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("t", 6)
+    workers = [Worker(tmp_path, "g", "t", "owned") for _ in range(3)]
+    try:
+        wait_until(lambda: disjoint_and_complete(workers, 6) and
+                   all(w.owned() for w in workers), 30, "a stable 3-way split")
+        with logkit.Broker(tmp_path) as broker:
+            members = broker.group("g").members()
+            assert len(members) == 3
+            assigned = [tp for m in members for tp in m.assignment]
+            assert sorted(assigned) == sorted(TopicPartition("t", p) for p in range(6))
+        victim = workers.pop(0)
+        killed_at = time.monotonic()
+        victim.kill()
+        done = wait_until(lambda: disjoint_and_complete(workers, 6), 1.5 + 0.2 + 10,
+                          "the survivors to take over")
+        print(f"rebalance after SIGKILL took {done - killed_at:.2f} s "
+              "(session.timeout.ms=1500, heartbeat 200 ms)")
+        with logkit.Broker(tmp_path) as broker:
+            assert len(broker.group("g").members()) == 2
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def produce(root, n, partitions=3):
+    with logkit.Broker(root) as broker:
+        try:
+            broker.create_topic("t", partitions)
+        except logkit.TopicExistsError:
+            pass
+        producer = broker.producer(linger_ms=1)
+        for i in range(n):
+            producer.send("t", b"%d" % i, key=b"%d" % (i % 50))
+        producer.close()
+
+
+@pytest.mark.parametrize("mode", ["alo", "amo"])
+def test_delivery_semantics_under_sigkill(tmp_path, mode):
+    """At-least-once loses nothing; at-most-once never delivers twice — with the
+    consumer process SIGKILLed mid-stream and a fresh one resuming from commits."""
+    produce(tmp_path, 3000)
+    first = Worker(tmp_path, "d", "t", mode)
+    wait_until(lambda: len(first.records()) > 300, 30, "the first consumer to make progress")
+    first.kill()
+    second = Worker(tmp_path, "d", "t", mode)
+    try:
+        def finished():
+            seen = {tuple(r) for r in first.records() + second.records()}
+            return len(seen) >= 3000 if mode == "alo" else \
+                len(second.records()) > 0 and _caught_up(tmp_path)
+        wait_until(finished, 60, "the second consumer to finish")
+        time.sleep(0.3)
+    finally:
+        second.stop()
+    delivered = first.records() + second.records()
+    unique = set(delivered)
+    with logkit.Broker(tmp_path) as broker:
+        expected = {(p, o) for p in range(3)
+                    for o in range(broker.topic("t").partition(p).log_end_offset)}
+    if mode == "alo":
+        assert unique == expected                          # nothing lost
+    else:
+        assert len(delivered) == len(unique)               # nothing twice
+        assert unique <= expected
+
+
+def _caught_up(root):
+    with logkit.Broker(root) as broker:
+        return all(lag == 0 for lag in broker.group("d").lag().values()) and \
+            len(broker.group("d").committed()) == 3
+
+
+def test_restart_resumes_from_committed_offsets(tmp_path):
+    """A new consumer in the group starts where the last commit left off."""
+    produce(tmp_path, 300)
+    with logkit.Broker(tmp_path) as broker:
+        c = broker.consumer("t", group_id="r", auto_offset_reset="earliest",
+                            enable_auto_commit=False)
+        got = []
+        while len(got) < 120:
+            got += c.poll(timeout_ms=200, max_records=40)
+        c.commit()
+        positions = {tp: c.position(tp) for tp in c.assignment()}
+        c.close()
+    with logkit.Broker(tmp_path) as broker:
+        c = broker.consumer("t", group_id="r", auto_offset_reset="earliest",
+                            enable_auto_commit=False)
+        rest = []
+        while True:
+            batch = c.poll(timeout_ms=300)
+            if not batch:
+                break
+            rest += batch
+        first_seen = {}
+        for r in rest:
+            first_seen.setdefault(TopicPartition(r.topic, r.partition), r.offset)
+        for tp, offset in first_seen.items():
+            assert offset == positions[tp]
+        assert len(got) + len(rest) == 300
+        keys = {(r.partition, r.offset) for r in got} | {(r.partition, r.offset) for r in rest}
+        assert len(keys) == 300
+
+
+def test_commit_from_an_evicted_member_is_rejected(tmp_path):
+    """A member that stopped heartbeating is evicted; its commit raises
+    CommitFailedError, and the partition is not left without an owner."""
+    produce(tmp_path, 30, partitions=1)
+    with logkit.Broker(tmp_path) as broker:
+        zombie = broker.consumer("t", group_id="z", auto_offset_reset="earliest",
+                                 enable_auto_commit=False, session_timeout_ms=400,
+                                 heartbeat_interval_ms=100)
+        assert zombie.poll(timeout_ms=500)
+        zombie._heartbeat_stop.set()                     # the process "hangs"
+        live = broker.consumer("t", group_id="z", auto_offset_reset="earliest",
+                               enable_auto_commit=False, session_timeout_ms=400,
+                               heartbeat_interval_ms=100)
+        wait_until(lambda: live.poll(timeout_ms=50) or live._owned, 15,
+                   "the live member to take the partition")
+        with pytest.raises(CommitFailedError):
+            zombie.commit({TopicPartition("t", 0): 29})
+        live.commit({TopicPartition("t", 0): 7})
+        assert broker.group("z").committed() == {TopicPartition("t", 0): 7}
+
+
+def test_commit_of_unassigned_partition_is_rejected(tmp_path):
+    """Committing a partition this member does not own raises CommitFailedError."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("a", 1)
+        broker.create_topic("b", 1)
+        c = broker.consumer("a", group_id="u", enable_auto_commit=False)
+        c.poll(timeout_ms=100)
+        with pytest.raises(CommitFailedError, match="not assigned"):
+            c.commit({TopicPartition("b", 0): 1})
+
+
+@pytest.mark.parametrize("strategy", ["range", "roundrobin", "sticky", "cooperative-sticky"])
+def test_assignors_are_complete_and_disjoint(strategy):
+    """Every assignor gives each partition to exactly one subscribed member."""
+    import random
+    rng = random.Random(strategy)
+    for _ in range(50):
+        topics = {f"t{i}": rng.randint(1, 7) for i in range(rng.randint(1, 4))}
+        members = {f"m{i}": sorted(rng.sample(sorted(topics), rng.randint(1, len(topics))))
+                   for i in range(rng.randint(1, 5))}
+        out = assign(strategy, members, topics)
+        given = [tp for tps in out.values() for tp in tps]
+        wanted = {(t, p) for t, n in topics.items() for p in range(n)
+                  if any(t in subs for subs in members.values())}
+        assert sorted(given) == sorted(wanted)
+        for member, tps in out.items():
+            assert all(t in members[member] for t, _ in tps)
+
+
+def test_sticky_keeps_partitions_where_they_were():
+    """The sticky assignor moves only what balance needs when a member joins."""
+    members = {"a": ["t"], "b": ["t"]}
+    first = assign("sticky", members, {"t": 6})
+    second = assign("sticky", {**members, "c": ["t"]}, {"t": 6}, first)
+    moved = sum(1 for m in ("a", "b") for tp in first[m] if tp not in second[m])
+    assert moved == 2 and len(second["c"]) == 2
+    assert assign("range", members, {"t": 5}) == {"a": [("t", 0), ("t", 1), ("t", 2)],
+                                                  "b": [("t", 3), ("t", 4)]}
+
+
+def test_group_admin_api(tmp_path):
+    """members, generation, committed, lag, reset_offsets, delete, streams."""
+    produce(tmp_path, 90)
+    with logkit.Broker(tmp_path) as broker:
+        group = broker.group("admin")
+        streams = group.streams({"t": 3}, auto_offset_reset="earliest",
+                                enable_auto_commit=False, consumer_timeout_ms=1500)["t"]
+        seen = {}
+        for _ in range(3):                        # let the handoffs settle
+            for s in streams:
+                s.poll(timeout_ms=100, max_records=1)
+        wait_until(lambda: [s.poll(timeout_ms=10, max_records=1) for s in streams] and
+                   sum(len(s._owned) for s in streams) == 3, 15, "three owners")
+        owned = [s._owned for s in streams]
+        assert all(len(o) == 1 for o in owned) and len(set().union(*owned)) == 3
+        for s in streams:
+            s.seek_to_beginning()
+            for record in s:
+                seen.setdefault(record.partition, []).append(record.offset)
+            s.commit()
+        assert sum(len(v) for v in seen.values()) == 90
+        assert group.generation >= 3 and len(group.members()) == 3
+        assert sum(group.committed().values()) == 90 and set(group.lag().values()) == {0}
+        with pytest.raises(logkit.IllegalStateError):
+            group.reset_offsets("earliest")
+        for s in streams:
+            s.close()
+        assert group.members() == []
+        assert set(group.reset_offsets("earliest").values()) == {0}
+        assert sum(group.lag().values()) == 90
+        group.delete()
+        assert group.committed() == {}
