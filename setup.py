@@ -1,0 +1,13 @@
+"""Build hook for the optional C accelerator; all metadata lives in pyproject.toml.
+
+`logkit._speedups` (record codec + murmur2) is built when a C compiler and the Python
+headers are present. `optional=True` means a failed build is a warning, not an error:
+logkit then runs on its pure-Python code, which is always kept correct.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[
+    Extension("logkit._speedups", sources=["logkit/_speedups.c"], optional=True,
+              extra_compile_args=["-O3", "-std=c99"]),
+])
