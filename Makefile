@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[all]"
+	# An editable install hides pyspark_logkit from pkgutil.iter_modules, which is how
+	# PySpark discovers data sources: put spark/ itself on the venv's path too.
+	$(PY) -c "import site, sys; open(site.getsitepackages()[0] + '/logkit-spark-source.pth', 'w').write(sys.argv[1] + '\n')" "$(abspath spark)"
 	touch $(STAMP)
 
 install: $(STAMP)

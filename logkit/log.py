@@ -584,6 +584,25 @@ class PartitionLog:
                 offset = max(offset, bases[i])
         return out
 
+    def batch_headers(self, start_offset: int) -> list[Any]:
+        """Headers of the committed batches whose last offset >= start_offset (CRC not
+        checked). For idempotence checks that look for a producer's batches."""
+        with self._thread_lock:
+            tail = self.tail()
+            self._refresh(tail)
+            bases = list(self._bases)
+            out = []
+            for i, base in enumerate(bases):
+                if i + 1 < len(bases) and bases[i + 1] <= start_offset:
+                    continue                      # wholly below start_offset
+                segment = self._segment(base)
+                if segment.active:
+                    segment.set_index_entries(tail.index_entries, tail.timeindex_entries)
+                size = tail.active_size if segment.active else segment.sealed_size
+                start = segment.find(start_offset, size)
+                out.extend(header for _, header in segment.headers(start, size))
+            return out
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """Earliest offset whose timestamp >= timestamp_ms, None if there is none."""
         with self._thread_lock:

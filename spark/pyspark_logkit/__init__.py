@@ -1,1 +1,64 @@
+"""The `logkit` PySpark data source: Spark reads and writes logkit topics the way it
+reads and writes Kafka.
 
+PySpark (4.x) discovers this package by its `pyspark_` name prefix and registers
+`DefaultSource` under its name, so `spark.read.format("logkit")` works with no set-up;
+`register(spark)` does it explicitly. Options and schema mirror Spark's Kafka source;
+see docs/spark.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from pyspark.sql.datasource import DataSource
+
+from .options import LogkitSparkError, SourceOptions
+from .reader import LogkitBatchReader, LogkitStreamReader, schema
+from .writer import LogkitBatchWriter, LogkitStreamWriter, SinkOptions
+
+__all__ = ["DefaultSource", "LogkitDataSource", "LogkitSparkError", "register",
+           "python_for_workers"]
+
+
+class LogkitDataSource(DataSource):
+    """format("logkit"): batch and streaming reads and writes of logkit topics."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "logkit"
+
+    def schema(self) -> Any:
+        include = str(self.options.get("includeHeaders", "false")).lower() == "true"
+        return schema(include)
+
+    def reader(self, schema: Any) -> LogkitBatchReader:
+        return LogkitBatchReader(SourceOptions(self.options, streaming=False))
+
+    def streamReader(self, schema: Any) -> LogkitStreamReader:
+        return LogkitStreamReader(SourceOptions(self.options, streaming=True))
+
+    def writer(self, schema: Any, overwrite: bool) -> LogkitBatchWriter:
+        if overwrite:
+            raise LogkitSparkError("logkit: topics are append-only; use mode('append')")
+        return LogkitBatchWriter(SinkOptions(dict(self.options), schema.fieldNames()))
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> LogkitStreamWriter:
+        return LogkitStreamWriter(SinkOptions(dict(self.options), schema.fieldNames()))
+
+
+DefaultSource = LogkitDataSource
+
+
+def register(spark: Any) -> None:
+    """Register the source on a session explicitly (auto-discovery also works)."""
+    spark.dataSource.register(LogkitDataSource)
+
+
+def python_for_workers() -> str:
+    """Point Spark's Python workers at this interpreter (so they import logkit)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return os.environ["PYSPARK_PYTHON"]

@@ -1,0 +1,155 @@
+"""Options of the `logkit` Spark data source, parsed and checked on the driver.
+
+Owns: the names and meaning of every option (mirroring Spark's Kafka source: `path`,
+`subscribe`, `subscribePattern`, `assign`, `startingOffsets`, `endingOffsets`,
+`maxOffsetsPerTrigger`, `includeHeaders`, `failOnDataLoss`, `topic`) and the offsets JSON
+format `{"topic": {"0": 42}}` with -2 for earliest and -1 for latest. Invariant: a bad
+option raises `LogkitSparkError` with a message that names the option and says what to
+write instead, before any Spark job starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Mapping
+
+import logkit
+
+__all__ = ["LogkitSparkError", "SourceOptions", "parse_offsets", "EARLIEST", "LATEST"]
+
+EARLIEST, LATEST = -2, -1
+Offsets = dict[str, dict[int, int]]
+
+
+class LogkitSparkError(logkit.LogkitError, ValueError):
+    """A bad option or state of the logkit Spark data source."""
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    if str(raw).lower() in ("true", "false"):
+        return str(raw).lower() == "true"
+    raise LogkitSparkError(f"logkit: option {name!r} must be true or false, got {raw!r}")
+
+
+def parse_offsets(name: str, raw: str, *, allow_latest: bool = True,
+                  allow_earliest: bool = True) -> str | Offsets:
+    """'earliest' / 'latest' / JSON {"topic": {"0": 23, "1": -2}} -> str or dict."""
+    text = raw.strip()
+    if text in ("earliest", "latest"):
+        if (text == "latest" and not allow_latest) or (text == "earliest" and not allow_earliest):
+            raise LogkitSparkError(f"logkit: option {name!r} cannot be {text!r} here")
+        return text
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        raise LogkitSparkError(
+            f"logkit: option {name!r} must be 'earliest', 'latest' or JSON like "
+            f'{{"topic": {{"0": 42}}}}; could not parse {raw!r}: {exc}') from None
+    if not isinstance(parsed, dict):
+        raise LogkitSparkError(f"logkit: option {name!r} JSON must be an object of "
+                               f"topics, got {raw!r}")
+    out: Offsets = {}
+    for topic, partitions in parsed.items():
+        if not isinstance(partitions, dict):
+            raise LogkitSparkError(f"logkit: option {name!r}: topic {topic!r} must map "
+                                   f"partition numbers to offsets, got {partitions!r}")
+        out[topic] = {}
+        for partition, offset in partitions.items():
+            try:
+                number = int(partition)
+            except ValueError:
+                raise LogkitSparkError(f"logkit: option {name!r}: partition {partition!r} "
+                                       f"of topic {topic!r} is not a number") from None
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
+                raise LogkitSparkError(f"logkit: option {name!r}: offset {offset!r} of "
+                                       f"{topic}-{partition} must be >= 0, -2 (earliest) or "
+                                       "-1 (latest)")
+            if offset == LATEST and not allow_latest:
+                raise LogkitSparkError(f"logkit: option {name!r} cannot use -1 (latest)")
+            if offset == EARLIEST and not allow_earliest:
+                raise LogkitSparkError(f"logkit: option {name!r} cannot use -2 (earliest)")
+            out[topic][number] = offset
+    return out
+
+
+class SourceOptions:
+    """Read options, checked. `topics_now(broker)` lists the matching partitions."""
+
+    def __init__(self, options: Mapping[str, str], *, streaming: bool) -> None:
+        self.path = options.get("path")
+        if not self.path:
+            raise LogkitSparkError("logkit: option 'path' is required: the broker directory, "
+                                   "e.g. .option('path', 'data/')")
+        self.path = os.path.abspath(self.path)
+        if not os.path.isdir(self.path):
+            raise LogkitSparkError(f"logkit: path {self.path!r} is not a logkit directory")
+        chosen = [k for k in ("subscribe", "subscribePattern", "assign") if options.get(k)]
+        if len(chosen) != 1:
+            raise LogkitSparkError("logkit: set exactly one of 'subscribe', "
+                                   f"'subscribePattern' or 'assign' (got {chosen or 'none'})")
+        self.subscribe = [t.strip() for t in options.get("subscribe", "").split(",")
+                          if t.strip()] or None
+        pattern = options.get("subscribePattern")
+        try:
+            self.pattern = re.compile(pattern) if pattern else None
+        except re.error as exc:
+            raise LogkitSparkError(f"logkit: subscribePattern {pattern!r} is not a valid "
+                                   f"regular expression: {exc}") from None
+        self.assign: dict[str, list[int]] | None = None
+        if options.get("assign"):
+            try:
+                assign = json.loads(options["assign"])
+                self.assign = {t: [int(p) for p in ps] for t, ps in assign.items()}
+            except (ValueError, AttributeError, TypeError):
+                raise LogkitSparkError("logkit: option 'assign' must be JSON like "
+                                       f'{{"topic": [0, 1]}}, got {options["assign"]!r}') \
+                    from None
+        default_start = "latest" if streaming else "earliest"
+        self.starting = parse_offsets("startingOffsets",
+                                      options.get("startingOffsets", default_start))
+        if streaming and "endingOffsets" in options:
+            raise LogkitSparkError("logkit: 'endingOffsets' is for batch reads only")
+        self.ending = parse_offsets("endingOffsets", options.get("endingOffsets", "latest"),
+                                    allow_earliest=False)
+        self.include_headers = _bool(options, "includeHeaders", False)
+        self.fail_on_data_loss = _bool(options, "failOnDataLoss", True)
+        raw_max = options.get("maxOffsetsPerTrigger")
+        self.max_offsets_per_trigger: int | None = None
+        if raw_max is not None:
+            try:
+                self.max_offsets_per_trigger = int(raw_max)
+            except ValueError:
+                self.max_offsets_per_trigger = -1
+            if self.max_offsets_per_trigger <= 0:
+                raise LogkitSparkError("logkit: option 'maxOffsetsPerTrigger' must be a "
+                                       f"positive integer, got {raw_max!r}")
+
+    def partitions(self, broker: logkit.Broker) -> list[logkit.TopicPartition]:
+        """The topic partitions this source reads, as of now."""
+        if self.assign is not None:
+            out = []
+            for topic, numbers in self.assign.items():
+                handle = _topic(broker, topic)
+                for n in numbers:
+                    handle.partition(n)
+                    out.append(logkit.TopicPartition(topic, n))
+            return sorted(out)
+        names = self.subscribe if self.subscribe is not None else \
+            [t for t in broker.topics() if self.pattern and self.pattern.fullmatch(t)]
+        return sorted(logkit.TopicPartition(t, p.partition)
+                      for t in names for p in _topic(broker, t).partitions)
+
+
+def _topic(broker: logkit.Broker, name: str) -> Any:
+    try:
+        return broker.topic(name)
+    except logkit.UnknownTopicError:
+        raise LogkitSparkError(f"logkit: topic {name!r} does not exist in {broker.path}; "
+                               f"topics there: {broker.topics()}") from None
+    except logkit.InvalidTopicError as exc:
+        raise LogkitSparkError(f"logkit: {exc}") from None

@@ -1,0 +1,245 @@
+"""Reading topics into Spark: the batch reader and the micro-batch stream reader.
+
+Owns: the schema (Spark's Kafka source schema), turning a partition's offset range into
+Arrow record batches on a Spark worker, resolving starting/ending offsets, the streaming
+offsets `{"topic": {"0": n}}`, read limits (`maxOffsetsPerTrigger`), Trigger.AvailableNow,
+and data-loss handling (`failOnDataLoss`). Invariant: an input partition covers one topic
+partition's [start, end) offsets and yields exactly the records in that range that still
+exist; a range partly removed by retention raises (failOnDataLoss=true) or is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
+from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType,
+                               StructField, StructType, TimestampType)
+
+import logkit
+
+from .brokers import broker_for
+from .options import EARLIEST, LATEST, LogkitSparkError, SourceOptions
+
+__all__ = ["schema", "LogkitBatchReader", "LogkitStreamReader"]
+
+CHUNK_RECORDS = 20_000          # records decoded per Arrow batch on a worker
+
+
+def schema(include_headers: bool) -> StructType:
+    fields = [StructField("key", BinaryType()), StructField("value", BinaryType()),
+              StructField("topic", StringType()), StructField("partition", IntegerType()),
+              StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+              StructField("timestampType", IntegerType())]
+    if include_headers:
+        fields.append(StructField("headers", ArrayType(StructType([
+            StructField("key", StringType()), StructField("value", BinaryType())]))))
+    return StructType(fields)
+
+
+def _arrow_schema(include_headers: bool) -> pa.Schema:
+    fields = [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
+              ("partition", pa.int32()), ("offset", pa.int64()),
+              ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32())]
+    if include_headers:
+        fields.append(("headers", pa.list_(pa.struct([("key", pa.string()),
+                                                      ("value", pa.binary())]))))
+    return pa.schema(fields)
+
+
+@dataclass
+class OffsetRange(InputPartition):
+    """One topic partition's offsets [start, end) for one Spark task."""
+
+    path: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+    include_headers: bool
+    fail_on_data_loss: bool
+
+    def __init__(self, path: str, topic: str, partition: int, start: int, end: int,
+                 include_headers: bool, fail_on_data_loss: bool) -> None:
+        super().__init__((topic, partition, start, end))
+        self.path, self.topic, self.partition = path, topic, partition
+        self.start, self.end = start, end
+        self.include_headers, self.fail_on_data_loss = include_headers, fail_on_data_loss
+
+
+def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of the records in part's range (runs on a Spark worker)."""
+    broker = broker_for(part.path)
+    partition = broker.topic(part.topic).partition(part.partition)
+    arrow_schema = _arrow_schema(part.include_headers)
+    offset = part.start
+    if offset < partition.log_start_offset:
+        if part.fail_on_data_loss:
+            raise LogkitSparkError(
+                f"logkit: offsets {offset}..{partition.log_start_offset - 1} of "
+                f"{part.topic}-{part.partition} were removed by retention before they were "
+                "read. Set failOnDataLoss=false to skip them.")
+        offset = partition.log_start_offset
+    log = partition._log
+    while offset < part.end:
+        records = log.read(offset, max_records=min(CHUNK_RECORDS, part.end - offset),
+                           upto_offset=part.end)
+        if not records:
+            break
+        offset = records[-1].offset + 1
+        columns = [
+            pa.array([r.key for r in records], pa.binary()),
+            pa.array([r.value for r in records], pa.binary()),
+            pa.array([part.topic] * len(records), pa.string()),
+            pa.array([part.partition] * len(records), pa.int32()),
+            pa.array([r.offset for r in records], pa.int64()),
+            pa.array([r.timestamp * 1000 for r in records], pa.int64())
+            .cast(pa.timestamp("us", tz="UTC")),
+            pa.array([0] * len(records), pa.int32()),
+        ]
+        if part.include_headers:
+            columns.append(pa.array([[{"key": k, "value": v} for k, v in r.headers]
+                                     for r in records], arrow_schema.field("headers").type))
+        yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
+
+
+def _resolve(spec: Any, tps: list[logkit.TopicPartition], broker: logkit.Broker,
+             *, default: int, name: str) -> dict[logkit.TopicPartition, int]:
+    """Concrete offsets for 'earliest'/'latest'/JSON specs."""
+    out = {}
+    for tp in tps:
+        partition = broker.topic(tp.topic).partition(tp.partition)
+        if spec == "earliest":
+            wanted = EARLIEST
+        elif spec == "latest":
+            wanted = LATEST
+        else:
+            wanted = spec.get(tp.topic, {}).get(tp.partition, default)
+        if wanted == EARLIEST:
+            out[tp] = partition.log_start_offset
+        elif wanted == LATEST:
+            out[tp] = partition.high_watermark
+        else:
+            if wanted > partition.high_watermark:
+                raise LogkitSparkError(f"logkit: {name} offset {wanted} of "
+                                       f"{tp.topic}-{tp.partition} is beyond its end "
+                                       f"({partition.high_watermark})")
+            out[tp] = wanted
+    if isinstance(spec, dict):
+        known = {(tp.topic, tp.partition) for tp in tps}
+        for topic, partitions in spec.items():
+            for number in partitions:
+                if (topic, number) not in known:
+                    raise LogkitSparkError(f"logkit: {name} names {topic}-{number}, which "
+                                           "this query does not read")
+    return out
+
+
+class LogkitBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        broker = broker_for(options.path)
+        tps = options.partitions(broker)
+        self.starts = _resolve(options.starting, tps, broker, default=EARLIEST,
+                               name="startingOffsets")
+        self.ends = _resolve(options.ending, tps, broker, default=LATEST,
+                             name="endingOffsets")
+
+    def partitions(self) -> list[OffsetRange]:
+        o = self.options
+        return [OffsetRange(o.path, tp.topic, tp.partition, self.starts[tp], self.ends[tp],
+                            o.include_headers, o.fail_on_data_loss)
+                for tp in sorted(self.starts) if self.ends[tp] > self.starts[tp]]
+
+    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
+        return read_range(partition)
+
+
+def _to_json(offsets: dict[logkit.TopicPartition, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for tp, offset in sorted(offsets.items()):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = offset
+    return out
+
+
+def _from_json(offsets: dict[str, dict[str, int]]) -> dict[logkit.TopicPartition, int]:
+    return {logkit.TopicPartition(t, int(p)): o for t, ps in offsets.items()
+            for p, o in ps.items()}
+
+
+class LogkitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader. Offsets are Spark-checkpointed as {"topic": {"0": n}}."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._target: dict[logkit.TopicPartition, int] | None = None
+
+    def initialOffset(self) -> dict:
+        broker = broker_for(self.options.path)
+        tps = self.options.partitions(broker)
+        return _to_json(_resolve(self.options.starting, tps, broker, default=LATEST,
+                                 name="startingOffsets"))
+
+    def getDefaultReadLimit(self) -> Any:
+        limit = self.options.max_offsets_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._latest()
+
+    def _latest(self) -> dict[logkit.TopicPartition, int]:
+        broker = broker_for(self.options.path)
+        return {tp: broker.topic(tp.topic).partition(tp.partition).high_watermark
+                for tp in self.options.partitions(broker)}
+
+    def latestOffset(self, start: dict, limit: Any) -> dict:
+        begin = _from_json(start)
+        latest = self._target if self._target is not None else self._latest()
+        for tp in latest:                       # partitions that appeared: from the start
+            if tp not in begin:
+                broker = broker_for(self.options.path)
+                begin[tp] = broker.topic(tp.topic).partition(tp.partition).log_start_offset
+        end = {tp: max(begin[tp], latest.get(tp, begin[tp])) for tp in begin}
+        if isinstance(limit, ReadMaxRows):
+            end = _cap(begin, end, limit.max_rows)
+        return _to_json(end)
+
+    def reportLatestOffset(self) -> dict:
+        return _to_json(self._latest())
+
+    def partitions(self, start: dict, end: dict) -> list[OffsetRange]:
+        begin, finish = _from_json(start), _from_json(end)
+        o = self.options
+        ranges = []
+        broker = broker_for(o.path)
+        for tp, stop in sorted(finish.items()):
+            first = begin.get(tp, broker.topic(tp.topic).partition(tp.partition)
+                              .log_start_offset)
+            if stop > first:
+                ranges.append(OffsetRange(o.path, tp.topic, tp.partition, first, stop,
+                                          o.include_headers, o.fail_on_data_loss))
+        return ranges
+
+    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
+        return read_range(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: offsets live in Spark's checkpoint."""
+
+
+def _cap(begin: dict, end: dict, max_rows: int) -> dict:
+    """Spread max_rows over partitions in proportion to their backlog (as Spark's Kafka
+    source does), never less than one record for a partition with a backlog."""
+    backlog = {tp: end[tp] - begin[tp] for tp in end}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return end
+    out = {}
+    for tp, lag in backlog.items():
+        share = int(max_rows * lag / total) if lag else 0
+        out[tp] = begin[tp] + (min(lag, max(1, share)) if lag else 0)
+    return out

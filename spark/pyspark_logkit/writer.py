@@ -1,0 +1,275 @@
+"""Writing DataFrames into topics: batch and streaming sinks, exactly-once.
+
+Owns: turning Arrow record batches (columns `key`/`value` binary or string, optional
+`topic`, `partition`, `headers`) into Kafka record batches, the staging files tasks
+write, and the driver-side commit that appends them.
+
+How a write runs. Each task encodes its rows as Kafka record batches (keys partitioned
+by murmur2 like the producer; null keys stick to one partition per task and topic) and
+writes them to a staging file under `<path>/.spark-staging/<writer id>/`; it appends
+nothing. The driver's `commit` appends the staged batches of every successful task, in
+task order, then deletes the staging directory — including files left by failed task
+attempts, which were never in a commit message. `abort` deletes the directory. So a
+failed job leaves no records and no files.
+
+Exactly-once for streams. Every record batch the sink appends carries Kafka's
+idempotent-producer fields: a producer id derived from the sink's id, the micro-batch id
+as epoch (mod 2^15) and a per-micro-batch sequence number. Before appending micro-batch
+N, the commit records in LMDB (sub-database `spark`) the log end offset of every
+partition it will touch; after appending it records N as committed. A replay of N —
+Spark crashed between our commit and its checkpoint — finds N committed and appends
+nothing; a replay after a crash in the middle of our commit scans the touched partitions
+from the recorded offsets for batches with this producer id, epoch and sequence, and
+appends only the missing ones. Invariant: each staged batch of a micro-batch is in the
+log at most once, whatever replays happen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
+
+import logkit
+from logkit.crc import crc32c
+from logkit.records import (ATTRIBUTES_OFFSET, CRC_OFFSET, PRODUCER_ID_OFFSET, _CRC,
+                            encode_batch)
+
+from .brokers import broker_for
+from .options import LogkitSparkError
+
+__all__ = ["LogkitBatchWriter", "LogkitStreamWriter", "SinkOptions"]
+
+STAGING_DIR = ".spark-staging"
+STAGED_BATCH_RECORDS = 2000
+_FRAME = struct.Struct(">HiI")                # topic length, partition, batch length
+_PRODUCER = struct.Struct(">qhi")              # producerId, producerEpoch, baseSequence
+
+
+class SinkOptions:
+    """Write options, checked on the driver."""
+
+    def __init__(self, options: dict[str, str], columns: list[str]) -> None:
+        self.path = options.get("path")
+        if not self.path:
+            raise LogkitSparkError("logkit: option 'path' is required: the broker directory")
+        self.path = os.path.abspath(self.path)
+        self.topic = options.get("topic")
+        if "value" not in columns:
+            raise LogkitSparkError(f"logkit: the DataFrame needs a 'value' column "
+                                   f"(binary or string); it has {columns}")
+        if self.topic is None and "topic" not in columns:
+            raise LogkitSparkError("logkit: set the 'topic' option or add a 'topic' column")
+        broker = broker_for(self.path)
+        if self.topic is not None:
+            try:
+                broker.get_or_create_topic(self.topic)
+            except logkit.LogkitError as exc:
+                raise LogkitSparkError(f"logkit: cannot write to topic {self.topic!r}: "
+                                       f"{exc}") from None
+        self.sink_id = options.get("sinkId") or options.get("queryName") or \
+            f"topic:{self.topic}"
+
+
+@dataclass
+class StagedFile(WriterCommitMessage):
+    path: str
+    records: int
+    task_order: int
+
+
+def _column(batch: pa.RecordBatch, name: str) -> list | None:
+    index = batch.schema.get_field_index(name)
+    return None if index < 0 else batch.column(index).to_pylist()
+
+
+def _as_bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise LogkitSparkError(f"logkit: key/value must be binary or string, got {type(value)}")
+
+
+def stage(path: str, writer_id: str, default_topic: str | None,
+          batches: Iterator[pa.RecordBatch]) -> StagedFile:
+    """Encode rows as Kafka batches into one staging file (runs on a Spark worker)."""
+    broker = broker_for(path)
+    directory = os.path.join(path, STAGING_DIR, writer_id)
+    os.makedirs(directory, exist_ok=True)
+    file_path = os.path.join(directory, f"{uuid.uuid4().hex}.stage")
+    rng = random.Random()
+    sticky: dict[str, int] = {}
+    pending: dict[tuple[str, int], list[tuple]] = {}
+    total = 0
+    with open(file_path, "wb") as out:
+        def emit(slot: tuple[str, int]) -> None:
+            rows = pending.pop(slot)
+            encoded = encode_batch(rows)
+            name = slot[0].encode()
+            out.write(_FRAME.pack(len(name), slot[1], len(encoded)))
+            out.write(name)
+            out.write(encoded)
+
+        for batch in batches:
+            keys = _column(batch, "key") or [None] * batch.num_rows
+            values = _column(batch, "value")
+            topics = _column(batch, "topic") or [default_topic] * batch.num_rows
+            partitions = _column(batch, "partition")
+            headers = _column(batch, "headers")
+            for i in range(batch.num_rows):
+                topic_name = default_topic or topics[i]
+                if not topic_name:
+                    raise LogkitSparkError("logkit: a row has no topic (null 'topic' column "
+                                           "and no 'topic' option)")
+                topic = broker.get_or_create_topic(topic_name)
+                key = _as_bytes(keys[i])
+                if partitions is not None and partitions[i] is not None:
+                    number = partitions[i]
+                    topic.partition(number)                      # validates
+                elif key is not None:
+                    number = topic.partition_for(key)
+                else:
+                    number = sticky.get(topic_name)
+                    if number is None:
+                        number = sticky[topic_name] = rng.randrange(topic.num_partitions)
+                row_headers = None
+                if headers is not None and headers[i]:
+                    row_headers = [(h["key"], _as_bytes(h["value"])) for h in headers[i]]
+                slot = (topic_name, number)
+                rows = pending.setdefault(slot, [])
+                rows.append((key, _as_bytes(values[i]), row_headers, None))
+                total += 1
+                if len(rows) >= STAGED_BATCH_RECORDS:
+                    emit(slot)
+        for slot in list(pending):
+            emit(slot)
+        out.flush()
+        os.fsync(out.fileno())
+    return StagedFile(file_path, total, 0)
+
+
+def read_staged(file_path: str) -> Iterator[tuple[str, int, bytearray]]:
+    with open(file_path, "rb") as f:
+        data = f.read()
+    pos = 0
+    while pos < len(data):
+        name_length, partition, length = _FRAME.unpack_from(data, pos)
+        pos += _FRAME.size
+        topic = data[pos:pos + name_length].decode()
+        pos += name_length
+        yield topic, partition, bytearray(data[pos:pos + length])
+        pos += length
+
+
+def _producer_id(sink_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(sink_id.encode()).digest()[:8], "big") >> 1
+
+
+def _stamp_producer(batch: bytearray, producer_id: int, epoch: int, sequence: int) -> None:
+    _PRODUCER.pack_into(batch, PRODUCER_ID_OFFSET, producer_id, epoch, sequence)
+    _CRC.pack_into(batch, CRC_OFFSET, crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+
+
+def _cleanup(path: str, writer_id: str) -> None:
+    shutil.rmtree(os.path.join(path, STAGING_DIR, writer_id), ignore_errors=True)
+
+
+def append_staged(path: str, files: list[str], *, sink_id: str | None,
+                  batch_id: int | None) -> int:
+    """Append staged batches (driver). With sink_id/batch_id: exactly once per batch id."""
+    broker = broker_for(path)
+    staged = [frame for f in files for frame in read_staged(f)]
+    if sink_id is None:
+        for topic, partition, batch in staged:
+            broker.topic(topic).partition(partition)._log.append_batch(batch)
+        return len(staged)
+    meta = broker.meta
+    key = sink_id.encode()
+    with meta.begin() as txn:
+        raw = txn.get(key, db=meta.db("spark"))
+    state = json.loads(raw) if raw else {"committed": -1, "intent": None}
+    if batch_id <= state["committed"]:
+        return 0                                      # a replay of a committed batch
+    producer_id = _producer_id(sink_id)
+    epoch = batch_id % 32768
+    intent = state.get("intent")
+    present: set[tuple[str, int, int]] = set()
+    if intent and intent["batch"] == batch_id:       # crashed mid-commit: what got in?
+        for slot, start in intent["starts"].items():
+            topic, partition = slot.rsplit("/", 1)
+            for header in broker.topic(topic).partition(int(partition))._log \
+                    .batch_headers(start):
+                if header.producer_id == producer_id and header.producer_epoch == epoch:
+                    present.add((topic, int(partition), header.base_sequence))
+    else:
+        starts = {f"{t}/{p}": broker.topic(t).partition(p).log_end_offset
+                  for t, p, _ in staged}
+        state["intent"] = {"batch": batch_id, "starts": starts}
+        with meta.begin(write=True) as txn:
+            txn.put(key, json.dumps(state).encode(), db=meta.db("spark"))
+    appended = 0
+    for sequence, (topic, partition, batch) in enumerate(staged):
+        if (topic, partition, sequence) in present:
+            continue
+        _stamp_producer(batch, producer_id, epoch, sequence)
+        broker.topic(topic).partition(partition)._log.append_batch(batch)
+        appended += 1
+    state["committed"], state["intent"] = batch_id, None
+    with meta.begin(write=True) as txn:
+        txn.put(key, json.dumps(state).encode(), db=meta.db("spark"))
+    return appended
+
+
+class LogkitBatchWriter(DataSourceArrowWriter):
+    """`df.write.format("logkit")`: all rows appear, or none do."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.writer_id = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
+        return stage(self.options.path, self.writer_id, self.options.topic, iterator)
+
+    def commit(self, messages: list[StagedFile | None]) -> None:
+        try:
+            append_staged(self.options.path, [m.path for m in messages if m is not None],
+                          sink_id=None, batch_id=None)
+        finally:
+            _cleanup(self.options.path, self.writer_id)
+
+    def abort(self, messages: list[StagedFile | None]) -> None:
+        _cleanup(self.options.path, self.writer_id)
+
+
+class LogkitStreamWriter(DataSourceStreamArrowWriter):
+    """`writeStream.format("logkit")`: exactly once per micro-batch id."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.writer_id = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
+        return stage(self.options.path, self.writer_id, self.options.topic, iterator)
+
+    def commit(self, messages: list[StagedFile | None], batchId: int) -> None:
+        try:
+            append_staged(self.options.path, [m.path for m in messages if m is not None],
+                          sink_id=self.options.sink_id, batch_id=batchId)
+        finally:
+            _cleanup(self.options.path, self.writer_id)
+
+    def abort(self, messages: list[StagedFile | None], batchId: int) -> None:
+        _cleanup(self.options.path, self.writer_id)
