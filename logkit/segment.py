@@ -21,10 +21,12 @@ from typing import Any
 
 from .errors import CorruptRecordError
 from .index import OffsetIndex, TimeIndex
-from .records import (BatchHeader, LOG_OVERHEAD, Record, _HEADER, check_batch,
+from .records import (BatchHeader, LOG_OVERHEAD, RECORDS_OFFSET, Record, _HEADER, check_batch,
                       decode_batch, read_header)
 
 __all__ = ["LogSegment", "segment_file_name", "parse_segment_name"]
+
+PREAD_MAX_BYTES = 1 << 20      # tail reads up to this size use pread instead of a remap
 
 _unpack_header = _HEADER.unpack_from
 _make_header = BatchHeader._make
@@ -65,6 +67,9 @@ class LogSegment:
         self._fd = os.open(self.path, flags, 0o644)
         self._mmap: mmap.mmap | None = None
         self._mapped = 0
+        # (next offset, position of the first batch whose last offset >= it): where the
+        # previous read stopped, so a sequential reader skips the index scan.
+        self._cursor: tuple[int, int] | None = None
         self.sealed_size = -1 if active else self.file_size()
         if create_index_bytes:
             self._create_indexes(create_index_bytes)
@@ -166,7 +171,12 @@ class LogSegment:
             index.append(last_offset, position)
             self.time_index.append(max_timestamp, max_timestamp_offset)
 
+    def flush_log(self) -> None:
+        """fsync the `.log` file alone (the flush.messages / flush.ms policy)."""
+        os.fsync(self._fd)
+
     def flush(self) -> None:
+        """fsync the log and both indexes (at a roll and a clean close)."""
         os.fsync(self._fd)
         for index in (self._offset_index, self._time_index):
             if index is not None:
@@ -195,6 +205,16 @@ class LogSegment:
         """Position of the first batch whose last offset >= offset, or `size`."""
         if size == 0:
             return 0
+        cursor = self._cursor
+        if cursor is not None and cursor[0] == offset and cursor[1] <= size:
+            pos = cursor[1]
+            if pos == size or pos + RECORDS_OFFSET > self._mapped:
+                # at the end, or past the map: trusted as the previous read left it
+                # (bytes below a committed size never change); decoding re-checks it
+                return pos
+            fields = _unpack_header(self._mmap, pos)
+            if fields[0] <= offset <= fields[0] + fields[6]:
+                return pos
         buf = self.view(size)
         pos = self._index_position(offset)
         path = self.path
@@ -221,29 +241,58 @@ class LogSegment:
         """Records from `offset` (below upto_offset), up to max_records and about
         max_bytes of batches (always at least one batch); also the batch bytes read."""
         pos = self.find(offset, size)
+        if pos >= size:
+            return [], 0
+        if size <= self._mapped or size - pos > PREAD_MAX_BYTES:
+            return self._read(self.view(size), 0, pos, offset, size, topic, partition,
+                              max_records, max_bytes, upto_offset)
+        # The tail grew past the map: one pread of the new bytes beats remapping the
+        # file (munmap + mmap + page faults) on every poll of a reader that keeps up.
+        window = os.pread(self._fd, size - pos, pos)
+        try:
+            return self._read(window, pos, pos, offset, size, topic, partition,
+                              max_records, max_bytes, upto_offset)
+        except CorruptRecordError:     # report it with file positions, from the map
+            self._cursor = None
+            return self._read(self.view(size), 0, pos, offset, size, topic, partition,
+                              max_records, max_bytes, upto_offset)
+
+    def _read(self, buf: Any, base: int, pos: int, offset: int, size: int, topic: str,
+              partition: int, max_records: int, max_bytes: int,
+              upto_offset: int) -> tuple[list[Record], int]:
+        """read() over `buf`, which holds the file's bytes from position `base`."""
         out: list[Record] = []
-        buf = self.view(size)
         budget = max_bytes
         path = self.path
+        last_pos = pos
         while pos < size and len(out) < max_records:
-            header = read_header(buf, pos, size, path)
+            header = read_header(buf, pos - base, size - base, path)
             if header is None:
                 raise CorruptRecordError("batch runs past the committed end of the segment",
                                          path=path, position=pos, expected=size)
             if header.base_offset >= upto_offset:
                 break
             if not header.attributes & 0x20:               # control batches: not data
-                records = decode_batch(buf, pos, header, topic, partition,
+                records = decode_batch(buf, pos - base, header, topic, partition,
                                        min_offset=offset, path=path)
                 if header.last_offset >= upto_offset:
                     records = [r for r in records if r.offset < upto_offset]
-                out.extend(records)
+                if out:
+                    out.extend(records)
+                else:
+                    out = records
+            last_pos = pos
             budget -= header.size
             pos += header.size
             if budget <= 0:
                 break
         if len(out) > max_records:
             del out[max_records:]
+        if out:
+            next_offset = out[-1].offset + 1
+            # the last batch read holds next_offset when it was cut short; else the next
+            self._cursor = (next_offset, pos if next_offset > header.last_offset
+                            else last_pos)
         return out, max_bytes - budget
 
     def last_offset_from(self, position: int, size: int) -> int | None:
@@ -314,6 +363,7 @@ class LogSegment:
         self._offset_index = self._time_index = None
 
     def _release_view(self) -> None:
+        self._cursor = None
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None
