@@ -1,0 +1,173 @@
+"""The `logkit` command: a thin layer over the library.
+
+Owns: argument parsing and turning library errors into a message and an exit code. Each
+command opens one library object and makes one or two calls on it; nothing here knows
+the file formats beyond what `records.py` exposes. Every command's help carries an
+example (tests/test_cli.py checks that).
+
+    logkit topics DIR                    list topics and their partition counts
+    logkit describe DIR TOPIC            offsets and sizes of each partition
+    logkit dump SEGMENT.log              the batches (and records) of one segment file
+    logkit bench [BENCHMARK ...]         the benchmark suite (see logkit.bench)
+
+Exit codes: 0 success, 1 a logkit or OS error (message on stderr), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from .errors import LogkitError
+
+__all__ = ["main", "build_parser"]
+
+
+def _broker(directory: str) -> Any:
+    from .broker import Broker
+    if not os.path.isfile(os.path.join(directory, "logkit.json")):
+        # inspection must never turn an arbitrary directory into a broker root
+        raise LogkitError(f"{directory} is not a logkit directory (no logkit.json)")
+    return Broker(directory, background=False)
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    with _broker(args.directory) as broker:
+        rows = [{"topic": name, "partitions": broker.topic(name).num_partitions}
+                for name in broker.topics()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            print(f"{row['topic']}\t{row['partitions']}")
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    with _broker(args.directory) as broker:
+        topic = broker.topic(args.topic)
+        rows = [{"partition": p.topic_partition.partition,
+                 "log_start_offset": p.log_start_offset,
+                 "log_end_offset": p.log_end_offset,
+                 "high_watermark": p.high_watermark,
+                 "size_bytes": p.size_bytes()}
+                for p in topic.partitions]
+    if args.json:
+        print(json.dumps({"topic": args.topic, "partitions": rows}, indent=2))
+        return 0
+    print(f"topic {args.topic}: {len(rows)} partition(s)")
+    print(f"{'partition':>9}  {'start':>12}  {'end':>12}  {'hw':>12}  {'bytes':>14}")
+    for row in rows:
+        print(f"{row['partition']:>9}  {row['log_start_offset']:>12}  "
+              f"{row['log_end_offset']:>12}  {row['high_watermark']:>12}  "
+              f"{row['size_bytes']:>14}")
+    return 0
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    from .errors import CorruptRecordError
+    from .records import LOG_OVERHEAD, check_batch, decode_batch, read_header
+    path = args.segment
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            print(f"{path}: empty")
+            return 0
+        buf = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        try:
+            pos = batches = records = 0
+            while pos < size:
+                header = read_header(buf, pos, size, path)
+                if header is None:
+                    raise CorruptRecordError("torn batch at the end of the file",
+                                             path=path, position=pos, expected=size)
+                check_batch(buf, pos, header, path)
+                print(f"baseOffset: {header.base_offset} lastOffset: {header.last_offset} "
+                      f"count: {header.records_count} position: {pos} "
+                      f"size: {header.size} codec: {header.codec} "
+                      f"maxTimestamp: {header.max_timestamp} crc: {header.crc} "
+                      f"isControl: {header.is_control}")
+                if args.records and not header.is_control:
+                    for r in decode_batch(buf, pos, header, "", 0, path=path, verify=False):
+                        print(f"| offset: {r.offset} timestamp: {r.timestamp} "
+                              f"key: {_show(r.key)} value: {_show(r.value)}"
+                              + (f" headers: {list(r.headers)}" if r.headers else ""))
+                batches += 1
+                records += header.records_count
+                pos += LOG_OVERHEAD + header.batch_length
+            print(f"{batches} batch(es), {records} record(s), {size} bytes: all CRCs valid")
+        finally:
+            buf.close()
+    return 0
+
+
+def _show(data: bytes | None, limit: int = 60) -> str:
+    if data is None:
+        return "null"
+    text = repr(data)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_from_args
+    return run_from_args(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="logkit", description="Inspect logkit data directories and benchmark logkit.",
+        epilog="example: logkit describe data/ orders",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands: list[tuple[str, str, str, Callable[[argparse.Namespace], int]]] = [
+        ("topics", "list the topics of a broker directory", "logkit topics data/",
+         cmd_topics),
+        ("describe", "offsets and sizes of each partition of a topic",
+         "logkit describe data/ orders", cmd_describe),
+        ("dump", "print the batches (and with --records the records) of a .log file, "
+         "checking every CRC", "logkit dump --records data/orders-0/00000000000000000000.log",
+         cmd_dump),
+        ("bench", "run the benchmark suite beside its peers",
+         "logkit bench produce consume --records 1000000 --json results.json", cmd_bench),
+    ]
+    for name, help_text, example, fn in commands:
+        cmd = sub.add_parser(name, help=help_text, description=help_text,
+                             epilog=f"example: {example}",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        cmd.set_defaults(func=fn)
+        if name == "bench":
+            from .bench import build_parser as bench_parser
+            bench_parser(cmd)
+            continue
+        if name == "dump":
+            cmd.add_argument("segment", help="path of a NNNNNNNNNNNNNNNNNNNN.log file")
+            cmd.add_argument("--records", action="store_true", help="print every record")
+            continue
+        cmd.add_argument("directory", help="the broker's root directory")
+        if name == "describe":
+            cmd.add_argument("topic")
+        cmd.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except BrokenPipeError:          # `logkit dump ... | head`
+        return 0
+    except (LogkitError, OSError) as exc:
+        print(f"logkit {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
