@@ -73,6 +73,8 @@ class OffsetRange(InputPartition):
 
 def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the records in part's range (runs on a Spark worker)."""
+    if not isinstance(part, OffsetRange):
+        return      # PySpark reads one placeholder partition when partitions() is empty
     broker = broker_for(part.path)
     partition = broker.topic(part.topic).partition(part.partition)
     arrow_schema = _arrow_schema(part.include_headers)

@@ -1,0 +1,191 @@
+"""The logkit Spark data source on a real local[2] session: batch read/write, streaming
+read with limits and restart, exactly-once streaming writes under replay, bad options."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+import logkit
+
+pytestmark = pytest.mark.spark
+
+
+def fill(root, topic, n, partitions=3, headers=False):
+    with logkit.Broker(root) as broker:
+        try:
+            broker.create_topic(topic, partitions)
+        except logkit.TopicExistsError:
+            pass
+        producer = broker.producer(linger_ms=5)
+        for i in range(n):
+            producer.send(topic, b"value-%d" % i, key=b"key-%d" % (i % 11),
+                          headers=[("n", b"%d" % i)] if headers else None)
+        producer.close()
+
+
+def reader(spark, root, **options):
+    r = spark.read.format("logkit").option("path", str(root))
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def test_batch_read_matches_the_log(spark, tmp_path):
+    """A batch read returns every record with Spark's Kafka schema and headers."""
+    fill(tmp_path, "events", 500, headers=True)
+    df = reader(spark, tmp_path, subscribe="events", includeHeaders="true")
+    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp",
+                          "timestampType", "headers"]
+    rows = df.collect()
+    assert len(rows) == 500
+    with logkit.Broker(tmp_path) as broker:
+        topic = broker.topic("events")
+        for row in rows[:50]:
+            assert row.partition == topic.partition_for(row.key)
+            [record] = topic.partition(row.partition).read(row.offset, max_records=1)
+            assert (record.key, record.value) == (row.key, row.value)
+            assert [(h.key, h.value) for h in row.headers] == list(record.headers)
+
+
+def test_batch_offsets_and_assign(spark, tmp_path):
+    """startingOffsets/endingOffsets JSON and assign select exact ranges."""
+    fill(tmp_path, "events", 300)
+    start = json.dumps({"events": {"0": 5, "1": -2, "2": -1}})
+    end = json.dumps({"events": {"0": 10, "1": 3, "2": -1}})
+    df = reader(spark, tmp_path, subscribe="events", startingOffsets=start,
+                endingOffsets=end)
+    got = sorted((r.partition, r.offset) for r in df.select("partition", "offset").collect())
+    assert got == [(0, o) for o in range(5, 10)] + [(1, o) for o in range(3)]
+    only = reader(spark, tmp_path, assign=json.dumps({"events": [1]}))
+    assert {r.partition for r in only.select("partition").collect()} == {1}
+    empty = reader(spark, tmp_path, subscribe="events", startingOffsets="latest")
+    assert empty.count() == 0                          # an empty partition list is fine
+
+
+def test_batch_write_round_trip_strings_and_columns(spark, tmp_path):
+    """Writes take string or binary key/value, a topic column and headers; keys are
+    partitioned with murmur2 like the producer; the write is all-or-nothing."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("out", 4)
+        broker.create_topic("other", 1)
+    rows = [(f"k{i}", f"v{i}", "out" if i % 2 else "other", [("h", bytearray(b"1"))])
+            for i in range(200)]
+    df = spark.createDataFrame(rows, "key string, value string, topic string, "
+                                     "headers array<struct<key:string,value:binary>>")
+    df.write.format("logkit").option("path", str(tmp_path)).mode("append").save()
+    out = reader(spark, tmp_path, subscribe="out", includeHeaders="true").collect()
+    assert sorted(r.value.decode() for r in out) == sorted(f"v{i}" for i in range(1, 200, 2))
+    with logkit.Broker(tmp_path) as broker:
+        topic = broker.topic("out")
+        assert all(r.partition == topic.partition_for(r.key) for r in out)
+    assert all([(h.key, h.value) for h in r.headers] == [("h", b"1")] for r in out)
+    assert reader(spark, tmp_path, subscribe="other").count() == 100
+    assert not os.listdir(os.path.join(tmp_path, ".spark-staging"))
+
+
+def test_streaming_read_limits_and_restart(spark, tmp_path):
+    """maxOffsetsPerTrigger caps micro-batches; a restart from the checkpoint reads only
+    new records; Trigger.AvailableNow stops when caught up."""
+    fill(tmp_path, "events", 300)
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def run():
+        stream = (spark.readStream.format("logkit").option("path", str(tmp_path))
+                  .option("subscribe", "events").option("startingOffsets", "earliest")
+                  .option("maxOffsetsPerTrigger", "100").load())
+        query = (stream.selectExpr("CAST(value AS STRING) AS v", "offset", "partition")
+                 .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+    sizes = run()
+    assert sum(sizes) == 300 and max(sizes) <= 100 and len(sizes) >= 3
+    fill(tmp_path, "events", 50)
+    assert sum(run()) == 50                     # the restart reads only the new records
+    rows = spark.read.parquet(str(tmp_path / "out")).collect()
+    assert len(rows) == 350 and len({(r.partition, r.offset) for r in rows}) == 350
+
+
+def test_streaming_write_is_exactly_once_under_replay(spark, tmp_path):
+    """A micro-batch replayed after a crash between the sink commit and the checkpoint
+    (simulated by deleting Spark's commit file for it) adds no duplicates."""
+    fill(tmp_path, "src", 120, partitions=2)
+    checkpoint = str(tmp_path / "ck")
+
+    def run():
+        stream = (spark.readStream.format("logkit").option("path", str(tmp_path))
+                  .option("subscribe", "src").option("startingOffsets", "earliest").load())
+        query = (stream.select("key", "value").writeStream.format("logkit")
+                 .option("path", str(tmp_path)).option("topic", "dst")
+                 .option("sinkId", "copy-src-to-dst")
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+
+    run()
+    dst = sorted(r.value for r in reader(spark, tmp_path, subscribe="dst").collect())
+    assert len(dst) == 120
+    commits = sorted(glob.glob(os.path.join(checkpoint, "commits", "[0-9]*")),
+                     key=lambda p: int(os.path.basename(p)))
+    last = commits[-1]                           # Spark "crashed" before checkpointing:
+    os.unlink(last)                              # its commit file and Hadoop's checksum
+    os.unlink(os.path.join(os.path.dirname(last), "." + os.path.basename(last) + ".crc"))
+    run()                                        # ...so it replays that batch
+    again = sorted(r.value for r in reader(spark, tmp_path, subscribe="dst").collect())
+    assert again == dst                          # no duplicates
+    fill(tmp_path, "src", 10, partitions=2)
+    run()
+    assert reader(spark, tmp_path, subscribe="dst").count() == 130
+
+
+def test_exactly_once_commit_recovers_a_half_appended_batch(tmp_path):
+    """A sink commit that died half-way appends only the missing staged batches."""
+    pytest.importorskip("pyspark")
+    from pyspark_logkit.writer import append_staged, stage
+    import pyarrow as pa
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("dst", 1)
+    batch = pa.RecordBatch.from_pydict({"key": [b"k"] * 5000, "value": [b"v"] * 5000})
+    staged = stage(str(tmp_path), "w1", "dst", iter([batch]))
+    from pyspark_logkit.brokers import broker_for
+    broker = broker_for(str(tmp_path))
+    log = broker.topic("dst").partition(0)._log
+    # Simulate the crash: record the intent and append only the first staged batch.
+    import pyspark_logkit.writer as w
+    frames = list(w.read_staged(staged.path))
+    assert len(frames) == 3
+    state = {"committed": -1, "intent": {"batch": 7, "starts": {"dst/0": 0}}}
+    with broker.meta.begin(write=True) as txn:
+        txn.put(b"sink", json.dumps(state).encode(), db=broker.meta.db("spark"))
+    first = frames[0][2]
+    w._stamp_producer(first, w._producer_id("sink"), 7, 0)
+    log.append_batch(first)
+    appended = append_staged(str(tmp_path), [staged.path], sink_id="sink", batch_id=7)
+    assert appended == 2 and log.log_end_offset == 5000
+    assert append_staged(str(tmp_path), [staged.path], sink_id="sink", batch_id=7) == 0
+    assert log.log_end_offset == 5000
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"subscribe": "nope"}, "topic 'nope' does not exist"),
+    ({"subscribe": "events", "startingOffsets": "{bad json"}, "could not parse"),
+    ({"subscribe": "events", "startingOffsets": '{"events": {"0": -7}}'}, "must be >= 0"),
+    ({}, "exactly one of"),
+    ({"subscribe": "events", "maxOffsetsPerTrigger": "lots"}, "positive integer"),
+])
+def test_bad_options_fail_with_a_clear_message(spark, tmp_path, options, message):
+    """Bad options raise an error whose message says what is wrong."""
+    fill(tmp_path, "events", 3)
+    with pytest.raises(Exception) as info:
+        reader(spark, tmp_path, **options).collect()
+    assert message in str(info.value)
+
+
+def test_missing_path_is_named(spark):
+    """Omitting 'path' says that 'path' is required."""
+    with pytest.raises(Exception, match="option 'path' is required"):
+        spark.read.format("logkit").option("subscribe", "x").load().collect()
