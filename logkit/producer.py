@@ -51,9 +51,10 @@ class _Batch:
     """Records bound for one partition, appended together."""
 
     __slots__ = ("topic", "partition", "rows", "size", "created", "done", "base_offset",
-                 "error", "callbacks")
+                 "error", "callbacks", "producer")
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, producer: "Producer") -> None:
+        self.producer = producer
         self.topic = topic
         self.partition = partition
         self.rows: list[tuple] = []
@@ -84,6 +85,8 @@ class FutureRecordMetadata:
         row = batch.rows[self._index]
         if self._acks == 0:
             return RecordMetadata(batch.topic, batch.partition, -1, row[3])
+        if not batch.done.is_set():
+            batch.producer._append_now(batch)        # the caller runs it: no hand-off
         if not batch.done.wait(timeout):
             raise LogkitTimeoutError(f"record not stored within {timeout} s")
         if batch.error is not None:
@@ -216,7 +219,7 @@ class Producer:
                 full = self._close_batch(slot)
                 batch = None
             if batch is None:
-                batch = self._open[slot] = _Batch(topic, partition)
+                batch = self._open[slot] = _Batch(topic, partition, self)
                 self._wake.notify()
             index = len(batch.rows)
             batch.rows.append((bytes(key) if isinstance(key, (bytearray, memoryview)) else key,
@@ -273,6 +276,15 @@ class Producer:
                 choice = random.randrange(count - 1)
                 self._sticky[topic] = choice + (choice >= partition)
         return batch
+
+    def _append_now(self, batch: _Batch) -> None:
+        """Append `batch` in this thread if it is still waiting in the accumulator."""
+        slot = (batch.topic, batch.partition)
+        with self._lock:
+            if self._open.get(slot) is not batch:
+                return                      # already taken by the sender or a flush
+            self._close_batch(slot)
+        self._append(batch)
 
     def _wait_for_space(self, size: int) -> None:
         deadline = time.monotonic() + self.config["max_block_ms"] / 1000

@@ -28,6 +28,7 @@ returns data from a batch whose CRC, magic or lengths are wrong: it raises
 from __future__ import annotations
 
 import os
+import mmap
 import struct
 import time
 from typing import Any, Iterable, NamedTuple, Sequence
@@ -318,8 +319,11 @@ def decode_batch(buf: Any, pos: int, header: BatchHeader, topic: str, partition:
             data: Any = decompress(header.attributes & ATTR_CODEC_MASK,
                                    bytes(buf[pos + RECORDS_OFFSET:end]))
             start, stop = 0, len(data)
+        elif isinstance(buf, (bytes, mmap.mmap)):
+            data, start, stop = buf, pos + RECORDS_OFFSET, end     # slices are bytes
         else:
-            data, start, stop = buf, pos + RECORDS_OFFSET, end
+            data, start, stop = bytes(buf[pos + RECORDS_OFFSET:end]), 0, end - pos - \
+                RECORDS_OFFSET
         return _decode_records(data, start, stop, header, topic, partition, min_offset)
     except (IndexError, ValueError, UnicodeDecodeError, struct.error) as exc:
         raise CorruptRecordError(f"record batch body is malformed: {exc}", path=path,
@@ -370,7 +374,7 @@ def _decode_records_py(buf: Any, pos: int, end: int, header: BatchHeader, topic:
         if key_length < 0:
             key = None
         else:
-            key = bytes(buf[pos:pos + key_length])
+            key = buf[pos:pos + key_length]
             pos += key_length
         byte = buf[pos]
         if byte < 0x80:
@@ -381,7 +385,7 @@ def _decode_records_py(buf: Any, pos: int, end: int, header: BatchHeader, topic:
         if value_length < 0:
             value = None
         else:
-            value = bytes(buf[pos:pos + value_length])
+            value = buf[pos:pos + value_length]
             pos += value_length
         header_count = buf[pos]
         if header_count == 0:
