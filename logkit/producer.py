@@ -51,7 +51,7 @@ class _Batch:
     """Records bound for one partition, appended together."""
 
     __slots__ = ("topic", "partition", "rows", "size", "created", "done", "base_offset",
-                 "error", "callbacks", "producer")
+                 "error", "callbacks", "producer", "ticket")
 
     def __init__(self, topic: str, partition: int, producer: "Producer") -> None:
         self.producer = producer
@@ -64,6 +64,7 @@ class _Batch:
         self.base_offset = -1
         self.error: BaseException | None = None
         self.callbacks: list[tuple[int, Callable | None, Callable | None]] = []
+        self.ticket = -1              # its place in the partition's append order
 
 
 class FutureRecordMetadata:
@@ -118,6 +119,16 @@ class FutureRecordMetadata:
 
 
 _callback_lock = threading.Lock()
+_time = time.time
+
+
+def _coerce_bytes(data: Any) -> bytes | None:
+    if data is None or type(data) is bytes:
+        return data
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"keys and values must be bytes (or set key_serializer / "
+                    f"value_serializer), got {type(data).__name__}")
 
 
 def _run_callback(batch: _Batch, index: int, ok: Callable | None, err: Callable | None) -> None:
@@ -162,9 +173,16 @@ class Producer:
         self._batch_size = max(settings["batch_size"], 1)
         self._key_serializer = settings["key_serializer"]
         self._value_serializer = settings["value_serializer"]
+        self._serializing = self._key_serializer is not None or \
+            self._value_serializer is not None
+        self._buffer_memory = settings["buffer_memory"]
+        self._max_record_bytes = settings["max_request_size"] - RECORDS_OFFSET
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
         self._wake = threading.Condition(self._lock)
+        self._turn = threading.Condition(self._lock)
+        self._tickets: dict[tuple[str, int], int] = {}     # next ticket per partition
+        self._appended: dict[tuple[str, int], int] = {}    # next ticket to append
         self._open: dict[tuple[str, int], _Batch] = {}
         self._buffered = 0
         self._in_flight = 0
@@ -183,57 +201,65 @@ class Producer:
              partition: int | None = None, headers: Any = None,
              timestamp_ms: int | None = None, timestamp: int | None = None
              ) -> FutureRecordMetadata:
-        """Queue a record; returns a future of its RecordMetadata."""
+        """Queue a record; returns a future of its RecordMetadata. (The hot path of
+        producing: kept flat on purpose; see benchmarks.)"""
         if self._closed:
             raise ClosedError("producer is closed")
-        if self._key_serializer is not None and key is not None:
-            key = self._key_serializer(key)
-        if self._value_serializer is not None and value is not None:
-            value = self._value_serializer(value)
-        if key is not None and not isinstance(key, (bytes, bytearray, memoryview)):
-            raise TypeError(f"key must be bytes (or set key_serializer), got {type(key)}")
-        if value is not None and not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"value must be bytes (or set value_serializer), "
-                            f"got {type(value)}")
+        if self._serializing:
+            if self._key_serializer is not None and key is not None:
+                key = self._key_serializer(key)
+            if self._value_serializer is not None and value is not None:
+                value = self._value_serializer(value)
+        if (key is not None and type(key) is not bytes) or \
+                (value is not None and type(value) is not bytes):
+            key, value = _coerce_bytes(key), _coerce_bytes(value)
+        if timestamp_ms is None:
+            timestamp_ms = int(_time() * 1000) if timestamp is None else timestamp
+        size = 21 + (0 if key is None else len(key)) + (0 if value is None else len(value))
         if headers:
             headers = [(k, v) for k, v in headers]
-        if timestamp_ms is None:
-            timestamp_ms = timestamp if timestamp is not None else int(time.time() * 1000)
-        size = record_size_estimate(key, value, headers)
-        if size + RECORDS_OFFSET > self.config["max_request_size"]:
+            size = record_size_estimate(key, value, headers)
+        if size > self._max_record_bytes:
             raise RecordTooLargeError(f"record of about {size} bytes exceeds "
                                       f"max_request_size={self.config['max_request_size']}")
-        topic_handle = self._topic(topic)
+        handle = self._topics.get(topic)
+        if handle is None:
+            handle = self._topic(topic)
         if partition is None:
-            partition = self._choose(topic_handle, key)
+            if key is not None and self._partitioner is None:
+                partition = self._key_cache.get((topic, key))
+                if partition is None:
+                    partition = self._choose(handle, key)
+            else:
+                partition = self._choose(handle, key)
         elif isinstance(partition, bool) or not isinstance(partition, int) \
-                or not 0 <= partition < topic_handle.num_partitions:
+                or not 0 <= partition < handle.num_partitions:
             raise LogkitError(f"topic {topic!r} has no partition {partition!r}")
+        slot = (topic, partition)
         full = None
         with self._lock:
-            if self._buffered + size > self.config["buffer_memory"]:
+            if self._buffered + size > self._buffer_memory:
                 self._wait_for_space(size)
-            slot = (topic, partition)
             batch = self._open.get(slot)
-            if batch is not None and batch.size + size > self._batch_size and batch.rows:
+            if batch is not None and batch.size + size > self._batch_size:
                 full = self._close_batch(slot)
                 batch = None
             if batch is None:
                 batch = self._open[slot] = _Batch(topic, partition, self)
                 self._wake.notify()
-            index = len(batch.rows)
-            batch.rows.append((bytes(key) if isinstance(key, (bytearray, memoryview)) else key,
-                               bytes(value) if isinstance(value, (bytearray, memoryview))
-                               else value, headers, timestamp_ms))
+            rows = batch.rows
+            future = FutureRecordMetadata(batch, len(rows), self._acks)
+            rows.append((key, value, headers, timestamp_ms))
             batch.size += size
             self._buffered += size
-            future = FutureRecordMetadata(batch, index, self._acks)
             if batch.size >= self._batch_size:
-                second = self._close_batch(slot)
-                full = second if full is None else full
-                if full is not second:
-                    self._append(full)
-                    full = second
+                if full is not None:               # two batches closed by one send
+                    self._lock.release()
+                    try:
+                        self._append(full)
+                    finally:
+                        self._lock.acquire()
+                full = self._close_batch(slot)
         if full is not None:
             self._append(full)
         return future
@@ -269,6 +295,8 @@ class Producer:
         """Take a batch out of the accumulator (lock held); moves the sticky choice."""
         batch = self._open.pop(slot)
         self._in_flight += 1
+        batch.ticket = self._tickets.get(slot, 0)
+        self._tickets[slot] = batch.ticket + 1
         topic, partition = slot
         if self._sticky.get(topic) == partition:
             count = self._topics[topic].num_partitions
@@ -298,7 +326,13 @@ class Producer:
             self._space.wait(remaining)
 
     def _append(self, batch: _Batch) -> None:
-        """Append one batch to its partition and resolve its futures (no lock held)."""
+        """Append one batch to its partition and resolve its futures (no lock held).
+        Batches of one partition are appended in the order they were closed, whichever
+        thread appends them, so records keep their send order within a partition."""
+        slot = (batch.topic, batch.partition)
+        with self._lock:
+            while self._appended.get(slot, 0) != batch.ticket:
+                self._turn.wait()
         try:
             log = self._topics[batch.topic].partition(batch.partition)._log
             encoded = encode_batch(batch.rows, codec=self._codec)
@@ -316,6 +350,8 @@ class Producer:
         with self._lock:
             self._buffered -= batch.size - RECORDS_OFFSET
             self._in_flight -= 1
+            self._appended[slot] = batch.ticket + 1
+            self._turn.notify_all()
             self._space.notify_all()
 
     # ---- the sender thread -----------------------------------------------------------
