@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
@@ -93,19 +94,22 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
         if not records:
             break
         offset = records[-1].offset + 1
+        count = len(records)
+        # One C-level transpose of the Record tuples, then one Arrow array per column.
+        _, _, offsets, timestamps, keys, values, headers = zip(*records)
         columns = [
-            pa.array([r.key for r in records], pa.binary()),
-            pa.array([r.value for r in records], pa.binary()),
-            pa.array([part.topic] * len(records), pa.string()),
-            pa.array([part.partition] * len(records), pa.int32()),
-            pa.array([r.offset for r in records], pa.int64()),
-            pa.array([r.timestamp * 1000 for r in records], pa.int64())
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            pa.array([part.topic] * count, pa.string()),
+            pa.array([part.partition] * count, pa.int32()),
+            pa.array(offsets, pa.int64()),
+            pc.multiply(pa.array(timestamps, pa.int64()), 1000)
             .cast(pa.timestamp("us", tz="UTC")),
-            pa.array([0] * len(records), pa.int32()),
+            pa.array([0] * count, pa.int32()),
         ]
         if part.include_headers:
-            columns.append(pa.array([[{"key": k, "value": v} for k, v in r.headers]
-                                     for r in records], arrow_schema.field("headers").type))
+            columns.append(pa.array([[{"key": k, "value": v} for k, v in h] for h in headers],
+                                    arrow_schema.field("headers").type))
         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
 
 
