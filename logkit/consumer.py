@@ -316,18 +316,16 @@ class Consumer:
         self._drop_buffered(tp)
 
     def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        self._check()
+        """Every given (default: assigned) partition to its log start offset."""
         for tp in (tps or tuple(self._assigned)):
             tp = self._require_assigned(tp)
-            self._positions[tp] = self._partition(tp).log_start_offset
-            self._drop_buffered(tp)
+            self.seek(tp, self._partition(tp).log_start_offset)
 
     def seek_to_end(self, *tps: TopicPartition) -> None:
-        self._check()
+        """Every given (default: assigned) partition to its high watermark."""
         for tp in (tps or tuple(self._assigned)):
             tp = self._require_assigned(tp)
-            self._positions[tp] = self._partition(tp).high_watermark
-            self._drop_buffered(tp)
+            self.seek(tp, self._partition(tp).high_watermark)
 
     def _drop_buffered(self, tp: TopicPartition) -> None:
         if self._buffer:
