@@ -1,7 +1,8 @@
 /* logkit._speedups: optional compiled versions of the three hottest loops.
  *
  * Owns: encoding the records section of a magic-2 batch (`encode_records`), decoding it
- * into `Record` tuples (`decode_records`), and Kafka's murmur2 (`murmur2`). Each mirrors
+ * into `Record` tuples (`decode_records`) or into Arrow-ready column buffers
+ * (`decode_columns`, the Spark reader's path), and Kafka's murmur2 (`murmur2`). Each mirrors
  * a pure-Python function in records.py / murmur2.py exactly: same bytes out, same
  * records out, and an exception (ValueError or UnicodeDecodeError) wherever the Python
  * version raises on malformed input. records.py turns those into CorruptRecordError.
@@ -286,6 +287,151 @@ error:
     Py_XDECREF(value);
     Py_XDECREF(headers);
     Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---- decode into columns ------------------------------------------------------------ */
+
+static int
+ba_append(PyObject *ba, const void *data, Py_ssize_t len)
+{
+    Py_ssize_t old = PyByteArray_GET_SIZE(ba);
+    if (PyByteArray_Resize(ba, old + len) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(ba) + old, data, len);
+    return 0;
+}
+
+PyDoc_STRVAR(decode_columns_doc,
+"decode_columns(buf, pos, end, count, base_offset, base_timestamp, append_time,\n"
+"               min_offset, stop_offset, columns) -> int\n\n"
+"Append the records of [pos, end) with min_offset <= offset < stop_offset to the seven\n"
+"bytearrays in `columns` (see logkit/columns.py): offsets int64, timestamps int64,\n"
+"key offsets int32, key bytes, value offsets int32, value bytes, null flags uint8.\n"
+"append_time < 0 means CreateTime. Returns how many records were appended; raises\n"
+"ValueError on malformed bytes (nothing is appended then past the bad record).");
+
+static PyObject *
+decode_columns(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, end, record_end;
+    long long count_ll, base_offset, base_ts, append_time, min_offset, stop_offset;
+    PyObject *cols, *c[7];
+    const unsigned char *buf;
+    int64_t length, ts_delta, offset_delta, klen, vlen, hcount, offset, ts;
+    long long n, appended = 0;
+    int i;
+
+    if (!PyArg_ParseTuple(args, "y*nnLLLLLLO!:decode_columns", &view, &pos, &end, &count_ll,
+                          &base_offset, &base_ts, &append_time, &min_offset, &stop_offset,
+                          &PyList_Type, &cols))
+        return NULL;
+    if (PyList_GET_SIZE(cols) != 7) {
+        PyErr_SetString(PyExc_TypeError, "columns must be a list of 7 bytearrays");
+        goto error;
+    }
+    for (i = 0; i < 7; i++) {
+        c[i] = PyList_GET_ITEM(cols, i);
+        if (!PyByteArray_Check(c[i])) {
+            PyErr_SetString(PyExc_TypeError, "columns must be a list of 7 bytearrays");
+            goto error;
+        }
+    }
+    if (pos < 0 || end > view.len || pos > end) {
+        PyErr_SetString(PyExc_ValueError, "record section outside the buffer");
+        goto error;
+    }
+    buf = (const unsigned char *)view.buf;
+    for (n = 0; n < count_ll; n++) {
+        int32_t key_end, value_end;
+        unsigned char nulls = 0;
+        Py_ssize_t key_at = 0, value_at = 0;
+        READ_VARINT(length);
+        if (length < 0 || length > end - pos) {
+            PyErr_SetString(PyExc_ValueError, "record length runs past the batch");
+            goto error;
+        }
+        record_end = pos + (Py_ssize_t)length;
+        pos += 1;                                        /* record attributes */
+        READ_VARINT(ts_delta);
+        READ_VARINT(offset_delta);
+        READ_VARINT(klen);
+        if (klen >= 0) {
+            if (klen > record_end - pos) {
+                PyErr_SetString(PyExc_ValueError, "key runs past its record");
+                goto error;
+            }
+            key_at = pos;
+            pos += (Py_ssize_t)klen;
+        }
+        READ_VARINT(vlen);
+        if (vlen >= 0) {
+            if (vlen > record_end - pos) {
+                PyErr_SetString(PyExc_ValueError, "value runs past its record");
+                goto error;
+            }
+            value_at = pos;
+            pos += (Py_ssize_t)vlen;
+        }
+        READ_VARINT(hcount);
+        if (hcount < 0) {
+            PyErr_SetString(PyExc_ValueError, "negative header count");
+            goto error;
+        }
+        for (int64_t h = 0; h < hcount; h++) {          /* skipped: not a column here */
+            int64_t hk, hv;
+            READ_VARINT(hk);
+            if (hk < 0 || hk > record_end - pos) {
+                PyErr_SetString(PyExc_ValueError, "header key runs past its record");
+                goto error;
+            }
+            pos += (Py_ssize_t)hk;
+            READ_VARINT(hv);
+            if (hv > record_end - pos) {
+                PyErr_SetString(PyExc_ValueError, "header value runs past its record");
+                goto error;
+            }
+            if (hv > 0)
+                pos += (Py_ssize_t)hv;
+        }
+        if (pos != record_end) {
+            PyErr_SetString(PyExc_ValueError, "record length field disagrees with its fields");
+            goto error;
+        }
+        offset = (int64_t)base_offset + offset_delta;
+        if (offset < min_offset || offset >= stop_offset)
+            continue;
+        ts = append_time >= 0 ? (int64_t)append_time : (int64_t)base_ts + ts_delta;
+        if (klen < 0)
+            nulls |= 1;
+        if (vlen < 0)
+            nulls |= 2;
+        if (ba_append(c[0], &offset, 8) < 0 || ba_append(c[1], &ts, 8) < 0)
+            goto error;
+        if (klen > 0 && ba_append(c[3], buf + key_at, (Py_ssize_t)klen) < 0)
+            goto error;
+        if (vlen > 0 && ba_append(c[5], buf + value_at, (Py_ssize_t)vlen) < 0)
+            goto error;
+        if (PyByteArray_GET_SIZE(c[3]) > INT32_MAX || PyByteArray_GET_SIZE(c[5]) > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "column chunk past 2 GiB");
+            goto error;
+        }
+        key_end = (int32_t)PyByteArray_GET_SIZE(c[3]);
+        value_end = (int32_t)PyByteArray_GET_SIZE(c[5]);
+        if (ba_append(c[2], &key_end, 4) < 0 || ba_append(c[4], &value_end, 4) < 0 ||
+                ba_append(c[6], &nulls, 1) < 0)
+            goto error;
+        appended++;
+    }
+    if (pos != end) {
+        PyErr_Format(PyExc_ValueError, "%zd stray bytes after the last record", end - pos);
+        goto error;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(appended);
+error:
     PyBuffer_Release(&view);
     return NULL;
 }
@@ -582,6 +728,7 @@ murmur2(PyObject *self, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"encode_records", encode_records, METH_VARARGS, encode_records_doc},
     {"murmur2", murmur2, METH_O, murmur2_doc},
     {NULL, NULL, 0, NULL},

@@ -587,6 +587,45 @@ class PartitionLog:
                 offset = max(offset, bases[i])
         return out
 
+    def read_columns(self, offset: int, columns: Any, *, stop_offset: int,
+                     max_records: int) -> int:
+        """Decode records from `offset` (below stop_offset and the high watermark) into
+        `columns` (a columns.Columns), adding at least one batch's records and about
+        max_records; returns the next offset to read. Raises OffsetOutOfRangeError like
+        read()."""
+        with self._thread_lock:
+            if self._closed:
+                raise ClosedError(f"partition {self.topic}-{self.partition} is closed")
+            tail = self.tail()
+            self._refresh(tail)
+            if offset < tail.log_start_offset or offset > tail.high_watermark:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is outside [{tail.log_start_offset}, "
+                    f"{tail.high_watermark}] of {self.topic}-{self.partition}")
+            end = min(stop_offset, tail.high_watermark)
+            bases = list(self._bases)
+            i = max(0, bisect.bisect_right(bases, offset) - 1)
+            target = columns.count + max_records
+            while offset < end and i < len(bases) and columns.count < target:
+                segment = self._segment(bases[i])
+                if segment.active:
+                    segment.set_index_entries(tail.index_entries, tail.timeindex_entries)
+                size = tail.active_size if segment.active else segment.sealed_size
+                buf = segment.view(size)
+                for pos, header in segment.headers(segment.find(offset, size), size):
+                    if header.base_offset >= end:
+                        break
+                    if not header.attributes & ATTR_CONTROL:
+                        columns.add_batch(buf, pos, header, min_offset=offset,
+                                          stop_offset=end, path=segment.path)
+                    offset = min(header.last_offset + 1, end)
+                    if columns.count >= target or offset >= end:
+                        return offset              # stopped inside this segment
+                i += 1                             # this segment is done: the next one
+                if i < len(bases):
+                    offset = max(offset, bases[i])
+            return offset
+
     def batch_headers(self, start_offset: int) -> list[Any]:
         """Headers of the committed batches whose last offset >= start_offset (CRC not
         checked). For idempotence checks that look for a producer's batches."""
