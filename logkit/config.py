@@ -14,9 +14,10 @@ from typing import Any, Mapping
 from .errors import ConfigError
 
 __all__ = ["Setting", "TOPIC_CONFIG", "BROKER_CONFIG", "resolve_topic_config",
-           "resolve_broker_config", "LONG_MAX"]
+           "resolve_broker_config", "LONG_MAX", "INT_MAX"]
 
 LONG_MAX = 9223372036854775807
+INT_MAX = 2147483647              # Kafka's INT settings: positions in an index are int32
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class Setting:
     kind: type
     default: Any
     minimum: int | None = None
+    maximum: int | None = None
     choices: tuple[str, ...] | None = None
     doc: str = ""
 
@@ -42,13 +44,13 @@ TOPIC_CONFIG: dict[str, Setting] = {
                             doc="delete segments whose newest record is older; -1 keeps all"),
     "retention.bytes": Setting(_INT, -1, minimum=-1,
                                doc="delete oldest segments while the log is bigger; -1 off"),
-    "segment.bytes": Setting(_INT, 1073741824, minimum=1024, doc="roll at this size"),
+    "segment.bytes": Setting(_INT, 1073741824, minimum=1024, maximum=INT_MAX, doc="roll at this size"),
     "segment.ms": Setting(_INT, 604800000, minimum=1, doc="roll a segment this old"),
-    "segment.index.bytes": Setting(_INT, 10485760, minimum=64,
+    "segment.index.bytes": Setting(_INT, 10485760, minimum=64, maximum=INT_MAX,
                                    doc="preallocated size of each offset/time index"),
-    "index.interval.bytes": Setting(_INT, 4096, minimum=0,
+    "index.interval.bytes": Setting(_INT, 4096, minimum=0, maximum=INT_MAX,
                                     doc="log bytes between two offset index entries"),
-    "max.message.bytes": Setting(_INT, 1048588, minimum=64,
+    "max.message.bytes": Setting(_INT, 1048588, minimum=64, maximum=INT_MAX,
                                  doc="largest record batch the log accepts"),
     "flush.messages": Setting(_INT, LONG_MAX, minimum=1,
                               doc="fsync after this many unflushed records (1: every append)"),
@@ -75,11 +77,11 @@ BROKER_CONFIG: dict[str, Setting] = {
                                                doc="how often flush.ms is checked"),
     "log.retention.ms": Setting(_INT, 604800000, minimum=-1),
     "log.retention.bytes": Setting(_INT, -1, minimum=-1),
-    "log.segment.bytes": Setting(_INT, 1073741824, minimum=1024),
+    "log.segment.bytes": Setting(_INT, 1073741824, minimum=1024, maximum=INT_MAX),
     "log.roll.ms": Setting(_INT, 604800000, minimum=1),
-    "log.index.size.max.bytes": Setting(_INT, 10485760, minimum=64),
-    "log.index.interval.bytes": Setting(_INT, 4096, minimum=0),
-    "message.max.bytes": Setting(_INT, 1048588, minimum=64),
+    "log.index.size.max.bytes": Setting(_INT, 10485760, minimum=64, maximum=INT_MAX),
+    "log.index.interval.bytes": Setting(_INT, 4096, minimum=0, maximum=INT_MAX),
+    "message.max.bytes": Setting(_INT, 1048588, minimum=64, maximum=INT_MAX),
     "log.flush.interval.messages": Setting(_INT, LONG_MAX, minimum=1),
     "log.flush.interval.ms": Setting(_INT, LONG_MAX, minimum=0),
     "log.segment.delete.delay.ms": Setting(_INT, 60000, minimum=0),
@@ -137,6 +139,9 @@ def coerce(table: Mapping[str, Setting], key: str, value: Any, *, where: str) ->
             raise ConfigError(f"{where} config {key!r} must be an integer, got {value!r}")
         if setting.minimum is not None and value < setting.minimum:
             raise ConfigError(f"{where} config {key!r} must be >= {setting.minimum}, "
+                              f"got {value}")
+        if setting.maximum is not None and value > setting.maximum:
+            raise ConfigError(f"{where} config {key!r} must be <= {setting.maximum}, "
                               f"got {value}")
         return value
     if not isinstance(value, str):

@@ -48,7 +48,28 @@ class _Index:
                 self._mmap = mmap.mmap(fd, size, access=access)
         finally:
             os.close(fd)
-        self.entries = self.capacity if entries is None else min(entries, self.capacity)
+        if entries is None:         # sealed: its size, less any zero padding a roller
+            entries = self._entries_before_padding()   # killed before the trim left
+        self.entries = min(entries, self.capacity)
+
+    def _entries_before_padding(self) -> int:
+        """Entries of a sealed file: all of them, unless a roll died between publishing
+        the new segment and trimming this one, leaving preallocated zeros. A real entry
+        is never all zero (an offset entry's position is > 0), so binary-search for the
+        first all-zero entry."""
+        if not self.capacity or self._mmap is None:
+            return 0
+        mm, size, zero = self._mmap, self.entry_size, bytes(self.entry_size)
+        if mm[(self.capacity - 1) * size:self.capacity * size] != zero:
+            return self.capacity
+        lo, hi = 0, self.capacity - 1          # the first zero entry is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if mm[mid * size:(mid + 1) * size] == zero:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     @property
     def is_full(self) -> bool:
@@ -120,8 +141,15 @@ class OffsetIndex(_Index):
 
     def lookup(self, offset: int) -> int:
         """Byte position from which to scan for `offset` (0 if before the first entry)."""
+        return self.lookup_entry(offset)[1]
+
+    def lookup_entry(self, offset: int) -> tuple[int, int]:
+        """(last offset of the batch at that position or -1, position) to scan from."""
         found = self._search(offset - self.base_offset, 0)
-        return 0 if found < 0 else self.entry(found)[1]
+        if found < 0:
+            return -1, 0
+        relative, position = self.entry(found)
+        return self.base_offset + relative, position
 
     def truncate_to_position(self, position: int) -> None:
         """Drop entries pointing at `position` or beyond (the log was cut there)."""

@@ -136,6 +136,10 @@ class TailFile:
                 time.sleep(0.0001)
         return None
 
+    def read_torn(self) -> Tail:
+        """The fields as a writer that died mid-update left them (each old or new)."""
+        return Tail._make(_BODY.unpack_from(self.mm, _BODY_OFFSET))
+
     def write(self, tail: Tail) -> None:
         mm = self.mm
         seq = _SEQ.unpack_from(mm, _SEQ_OFFSET)[0]
@@ -218,7 +222,14 @@ class PartitionLog:
                 needs = not self._files_match(tail)
         if needs:
             with self._locked():
-                self._recover(full=not tail_file.valid())
+                # Decide again under the lock: without it we may have listed the files
+                # in the middle of another process's roll or retention.
+                tail = tail_file.read() if tail_file.valid() else None
+                if tail is None or (tail.boot_id != BOOT_ID and not tail.clean) \
+                        or not self._files_match(tail):
+                    self._recover(full=not tail_file.valid())
+                else:
+                    self._refresh(tail)
         else:
             self._refresh(tail_file.read())
 
@@ -228,7 +239,10 @@ class PartitionLog:
         here: a bad batch below the committed size raises CorruptRecordError when read,
         rather than being cut along with the good batches after it.)"""
         names = set(os.listdir(self.directory))
-        bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
+        # A segment above the active one was never published (a roller died before
+        # publishing it); the next roll removes it.
+        bases = sorted(b for b in map(parse_segment_name, names)
+                       if b is not None and b <= tail.active_base_offset)
         if not bases or bases[-1] != tail.active_base_offset:
             return False
         for base in bases:
@@ -243,15 +257,20 @@ class PartitionLog:
         truncate at the first bad byte, drop later segments, publish a fresh tail.
         Caller holds the lock."""
         started = time.perf_counter()
-        old = self._tail_file.read() if self._tail_file.valid() else None
+        valid = self._tail_file.valid()
+        old = self._tail_file.read() if valid and not self._tail_file.torn() else None
+        # A torn tail's fields are each old or new, so its version is >= every version
+        # a reader cached: count on from it, or readers could miss the new segment list.
+        torn = self._tail_file.read_torn() if valid and old is None else None
         full = full or old is None
+        previous_start = (old or torn).log_start_offset if (old or torn) else None
         self._close_segments()
         names = set(os.listdir(self.directory))
         bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
         config = self.config
         index_bytes = config["segment.index.bytes"]
         if not bases:
-            start = old.log_start_offset if old is not None else 0
+            start = previous_start if previous_start is not None else 0
             LogSegment(self.directory, start, active=True,
                        create_index_bytes=index_bytes).close()
             bases = [start]
@@ -283,11 +302,12 @@ class PartitionLog:
                 break
             segment.seal(max_ts, max_ts_offset, size)
             segment.close()
-        version = (old.segments_version + 1) if old is not None else 1
+        previous = old if old is not None else torn
+        version = (previous.segments_version + 1) if previous is not None else 1
         self._publish(Tail(BOOT_ID, bases[0], next_offset, bases[-1], size, entries,
                            time_entries, version, next_offset, max_ts, max_ts_offset,
                            min(recovery_point, next_offset), _now_ms() if size else -1, 0, 0,
-                           -1, old.leader_epoch if old is not None else 0))
+                           -1, previous.leader_epoch if previous is not None else 0))
         self._tail_file.sync()
         report = RecoveryReport(segments_checked, checked, truncated,
                                 time.perf_counter() - started)
@@ -389,12 +409,12 @@ class PartitionLog:
             raise RecordTooLargeError(
                 f"record batch of {size - LOG_OVERHEAD} bytes exceeds max.message.bytes="
                 f"{config['max.message.bytes']} of topic {self.topic!r}")
-        if config["message.timestamp.type"] == "LogAppendTime":
-            batch = self._log_append_time(batch)
-            header = read_header(batch, 0, size)
-        elif config["compression.type"] not in ("producer", _CODEC_NAME[header.codec]):
+        if config["compression.type"] not in ("producer", _CODEC_NAME[header.codec]):
             batch = self._recompress(batch, header)
             size = len(batch)
+            header = read_header(batch, 0, size)
+        if config["message.timestamp.type"] == "LogAppendTime":
+            batch = self._log_append_time(batch)
             header = read_header(batch, 0, size)
         assert header is not None
         count = header.last_offset_delta + 1
@@ -405,6 +425,10 @@ class PartitionLog:
                 tail = self._tail_file.read()
             assert tail is not None
             self._refresh(tail)
+            # Another process may have added index entries since this one last
+            # appended: take the published counts, or we would overwrite theirs.
+            self._segment(tail.active_base_offset).set_index_entries(
+                tail.index_entries, tail.timeindex_entries)
             now = _now_ms()
             if self._must_roll(tail, size, count, now):
                 tail = self._roll(tail)
@@ -461,11 +485,23 @@ class PartitionLog:
                 or tail.log_end_offset + count - tail.active_base_offset >= 2**31)
 
     def _roll(self, tail: Tail) -> Tail:
-        """Seal the active segment (fsync it, trim its indexes) and start a new one."""
+        """Seal the active segment (fsync it, trim its indexes) and start a new one.
+
+        The order survives a SIGKILL at any step, with other processes still using the
+        partition: the final time entry and the fsync come first; a new segment's files
+        are created (after removing any a killed roller left) before the tail names
+        them; the old indexes are trimmed only after that, when no process appends to
+        them any more (a sealed index left untrimmed reads as its non-zero entries)."""
+        sealed = tail
         old = self._segment(tail.active_base_offset)
+        old.set_index_entries(tail.index_entries, tail.timeindex_entries)
+        old.time_index.append(tail.max_timestamp, tail.max_timestamp_offset)
         old.flush()
-        old.seal(tail.max_timestamp, tail.max_timestamp_offset, tail.active_size)
         new_base = tail.log_end_offset
+        for name in os.listdir(self.directory):       # never published: a dead roller's
+            base = parse_segment_name(name)
+            if base is not None and base > tail.active_base_offset:
+                self._unlink_segment(base)
         LogSegment(self.directory, new_base, active=True,
                    create_index_bytes=self.config["segment.index.bytes"]).close()
         tail = tail._replace(active_base_offset=new_base, active_size=0, index_entries=0,
@@ -475,6 +511,7 @@ class PartitionLog:
                              recovery_point=new_base, unflushed_messages=0,
                              first_unflushed_ms=-1)        # the old segment was fsynced
         self._publish(tail)
+        old.seal(sealed.max_timestamp, sealed.max_timestamp_offset, sealed.active_size)
         self._refresh(tail)
         return tail
 

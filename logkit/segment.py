@@ -6,7 +6,9 @@ time lookup, and recovery of this one file (validate each batch, rebuild both in
 truncate at the first bad byte, report the bytes cut).
 
 Invariant: bytes [0, size) of the `.log` file are whole, CRC-valid batches with
-strictly increasing offsets starting at `base_offset`. `size` comes from the caller
+contiguous offsets starting at `base_offset`. The CRC leaves out baseOffset, so reads
+check it instead against the chain: each batch starts one past the previous batch's
+last offset, and the first batch scanned matches its index entry (or `base_offset`). `size` comes from the caller
 (the partition's tail state for the active segment, the file size for sealed ones), so a
 reader never looks at bytes an appender in another process is still writing.
 
@@ -67,9 +69,10 @@ class LogSegment:
         self._fd = os.open(self.path, flags, 0o644)
         self._mmap: mmap.mmap | None = None
         self._mapped = 0
-        # (next offset, position of the first batch whose last offset >= it): where the
-        # previous read stopped, so a sequential reader skips the index scan.
-        self._cursor: tuple[int, int] | None = None
+        # (next offset, position of the first batch whose last offset >= it, whether
+        # that batch must start exactly at next offset): where the previous read
+        # stopped, so a sequential reader skips the index scan.
+        self._cursor: tuple[int, int, bool] | None = None
         self.sealed_size = -1 if active else self.file_size()
         if create_index_bytes:
             self._create_indexes(create_index_bytes)
@@ -193,30 +196,58 @@ class LogSegment:
         """Yield (position, header) for batches in [start, size); header CRC unchecked."""
         buf = self.view(size)
         pos = start
+        expected = self.base_offset if start == 0 else None
         while pos < size:
             header = read_header(buf, pos, size, self.path)
             if header is None:
                 raise CorruptRecordError("batch runs past the committed end of the segment",
                                          path=self.path, position=pos, expected=size)
+            if expected is not None and header.base_offset != expected:
+                raise self._out_of_sequence(pos, expected, header.base_offset)
+            expected = header.last_offset + 1
             yield pos, header
             pos += LOG_OVERHEAD + header.batch_length
 
+    def _out_of_sequence(self, position: int, expected: int, actual: int) -> CorruptRecordError:
+        return CorruptRecordError("record batch base offset out of sequence", path=self.path,
+                                  position=position, expected=expected, actual=actual)
+
     def find(self, offset: int, size: int) -> int:
-        """Position of the first batch whose last offset >= offset, or `size`."""
+        """Position of the first batch whose last offset >= offset, or `size`; that
+        batch's baseOffset is checked (CorruptRecordError if it is out of sequence)."""
+        pos, exact = self._find(offset, size)
+        if exact is not None and pos < size:
+            header = _make_header(_unpack_header(self.view(size), pos))
+            self._check_first(header, pos, offset, exact)
+        return pos
+
+    def _check_first(self, header: BatchHeader, pos: int, offset: int, exact: bool) -> None:
+        """The batch a cursor pointed at must start at `offset` (exact) or hold it."""
+        if header.base_offset != offset if exact else \
+                not header.base_offset <= offset <= header.last_offset:
+            raise self._out_of_sequence(pos, offset, header.base_offset)
+
+    def _find(self, offset: int, size: int) -> tuple[int, bool | None]:
+        """find() without the map: (position, None) when the batch there was checked,
+        else (position, exact) for the caller to check as `_check_first` does."""
         if size == 0:
-            return 0
+            return 0, None
         cursor = self._cursor
         if cursor is not None and cursor[0] == offset and cursor[1] <= size:
             pos = cursor[1]
-            if pos == size or pos + RECORDS_OFFSET > self._mapped:
-                # at the end, or past the map: trusted as the previous read left it
-                # (bytes below a committed size never change); decoding re-checks it
-                return pos
+            if pos == size:
+                return pos, None
+            if pos + RECORDS_OFFSET > self._mapped:
+                # past the map (a tail reader that preads): the reader checks it
+                return pos, cursor[2]
             fields = _unpack_header(self._mmap, pos)
-            if fields[0] <= offset <= fields[0] + fields[6]:
-                return pos
+            if (fields[0] == offset if cursor[2] else
+                    fields[0] <= offset <= fields[0] + fields[6]):
+                return pos, None
+            # not the batch the cursor promised: scan, which checks offsets
         buf = self.view(size)
-        pos = self._index_position(offset)
+        expected_last, pos = self._index_entry(offset)
+        expected_base = self.base_offset if pos == 0 else -1
         path = self.path
         while pos < size:
             if size - pos < 61:
@@ -225,51 +256,67 @@ class LogSegment:
             # fields: baseOffset, batchLength, epoch, magic, crc, attrs, lastOffsetDelta...
             if fields[3] != 2 or fields[1] < 49:
                 read_header(buf, pos, size, path)          # raises the precise error
-            if fields[0] + fields[6] >= offset:
-                return pos
+            last = fields[0] + fields[6]
+            # baseOffset is outside the CRC: check it against the index entry or the chain
+            if expected_base >= 0 and fields[0] != expected_base:
+                raise self._out_of_sequence(pos, expected_base, fields[0])
+            if expected_base < 0 and last != expected_last:
+                raise self._out_of_sequence(pos, expected_last - fields[6], fields[0])
+            if last >= offset:
+                return pos, None
+            expected_base = last + 1
             pos += LOG_OVERHEAD + fields[1]
-        return size
+        return size, None
 
-    def _index_position(self, offset: int) -> int:
+    def _index_entry(self, offset: int) -> tuple[int, int]:
+        """(last offset of the batch there or -1, position) to scan for `offset` from."""
         try:
-            return self.offset_index.lookup(offset)
+            return self.offset_index.lookup_entry(offset)
         except FileNotFoundError:      # a reader meeting a lost index scans from 0
-            return 0
+            return -1, 0
 
     def read(self, offset: int, size: int, topic: str, partition: int, *,
              max_records: int, max_bytes: int, upto_offset: int) -> tuple[list[Record], int]:
         """Records from `offset` (below upto_offset), up to max_records and about
         max_bytes of batches (always at least one batch); also the batch bytes read."""
-        pos = self.find(offset, size)
+        pos, exact = self._find(offset, size)
         if pos >= size:
             return [], 0
         if size <= self._mapped or size - pos > PREAD_MAX_BYTES:
             return self._read(self.view(size), 0, pos, offset, size, topic, partition,
-                              max_records, max_bytes, upto_offset)
+                              max_records, max_bytes, upto_offset, exact)
         # The tail grew past the map: one pread of the new bytes beats remapping the
         # file (munmap + mmap + page faults) on every poll of a reader that keeps up.
         window = os.pread(self._fd, size - pos, pos)
         try:
             return self._read(window, pos, pos, offset, size, topic, partition,
-                              max_records, max_bytes, upto_offset)
+                              max_records, max_bytes, upto_offset, exact)
         except CorruptRecordError:     # report it with file positions, from the map
             self._cursor = None
             return self._read(self.view(size), 0, pos, offset, size, topic, partition,
-                              max_records, max_bytes, upto_offset)
+                              max_records, max_bytes, upto_offset, exact)
 
     def _read(self, buf: Any, base: int, pos: int, offset: int, size: int, topic: str,
               partition: int, max_records: int, max_bytes: int,
-              upto_offset: int) -> tuple[list[Record], int]:
-        """read() over `buf`, which holds the file's bytes from position `base`."""
+              upto_offset: int, exact: bool | None = None) -> tuple[list[Record], int]:
+        """read() over `buf`, which holds the file's bytes from position `base`;
+        `exact` as `_find` returned it for the first batch."""
         out: list[Record] = []
         budget = max_bytes
         path = self.path
         last_pos = pos
+        expected = -1                  # the first batch: checked by _find or just below
         while pos < size and len(out) < max_records:
             header = read_header(buf, pos - base, size - base, path)
             if header is None:
                 raise CorruptRecordError("batch runs past the committed end of the segment",
                                          path=path, position=pos, expected=size)
+            if exact is not None:
+                self._check_first(header, pos, offset, exact)
+                exact = None
+            elif expected >= 0 and header.base_offset != expected:
+                raise self._out_of_sequence(pos, expected, header.base_offset)
+            expected = header.last_offset + 1
             if header.base_offset >= upto_offset:
                 break
             if not header.attributes & 0x20:               # control batches: not data
@@ -291,8 +338,10 @@ class LogSegment:
         if out:
             next_offset = out[-1].offset + 1
             # the last batch read holds next_offset when it was cut short; else the next
-            self._cursor = (next_offset, pos if next_offset > header.last_offset
-                            else last_pos)
+            if next_offset > header.last_offset:
+                self._cursor = (next_offset, pos, True)     # the next batch starts there
+            else:
+                self._cursor = (next_offset, last_pos, False)
         return out, max_bytes - budget
 
     def last_offset_from(self, position: int, size: int) -> int | None:
@@ -337,7 +386,7 @@ class LogSegment:
             try:
                 header = read_header(buf, pos, length, self.path)
                 if header is None or header.size > max_message_bytes + LOG_OVERHEAD \
-                        or header.base_offset < next_offset:
+                        or header.base_offset != next_offset:   # offsets are contiguous
                     break
                 check_batch(buf, pos, header, self.path)
             except CorruptRecordError:
