@@ -87,7 +87,19 @@ def compress(codec: int, data: bytes) -> bytes:
 
 
 def decompress(codec: int, data: bytes) -> bytes:
-    """Inflate one batch's records; raises ValueError on malformed input."""
+    """Inflate one batch's records; raises ValueError on malformed input (whatever the
+    codec library raises is turned into ValueError, so callers see CorruptRecordError)."""
+    if codec in _PACKAGES:
+        _module(codec)                     # CodecUnavailableError stays what it is
+    try:
+        return _decompress(codec, data)
+    except (ValueError, MemoryError):
+        raise
+    except Exception as exc:   # zlib.error, snappy.UncompressError, lz4's RuntimeError...
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
+
+
+def _decompress(codec: int, data: bytes) -> bytes:
     if codec == CODEC_GZIP:
         inflater = zlib.decompressobj(47)  # 32 + 15: accept gzip or zlib headers
         out = inflater.decompress(data, MAX_DECOMPRESSED_BYTES)
