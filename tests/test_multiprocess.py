@@ -50,6 +50,21 @@ def test_concurrent_writer_processes_interleave_whole_batches(tmp_path):
             expected = [b"%s:%d:%d" % (w.encode(), n, i)
                         for n in range(150) for i in range(per_batch[n])]
             assert mine == expected
+        # Each process added index entries: none overwrote another's, all increase.
+        total = 0
+        for name in sorted(os.listdir(p.directory)):
+            if name.endswith(".index"):
+                with open(os.path.join(p.directory, name), "rb") as f:
+                    data = f.read()
+                tail = p._log.tail()
+                count = tail.index_entries if int(name[:20]) == tail.active_base_offset \
+                    else len(data) // 8
+                relative = [int.from_bytes(data[i:i + 4], "big") for i in range(0, 8 * count, 8)]
+                assert relative == sorted(set(relative)), name
+                total += count
+        assert total > 10, "index.interval.bytes should give several entries"
+        for offset in range(0, len(records), 37):              # lookups through them
+            assert p.read(offset, max_records=1)[0].value == records[offset].value
 
 
 def test_reader_sees_other_process_appends_rolls_and_retention(tmp_path):
@@ -85,3 +100,39 @@ def test_topic_created_in_one_process_is_visible_in_another(tmp_path):
             check=True, capture_output=True, text=True,
             env={**os.environ, "PYTHONPATH": ROOT_DIR}).stdout
         assert out.split() == ["['shared']", "4", "1234"]
+
+
+OPENER = r"""
+import sys, logkit
+root, rounds = sys.argv[1], int(sys.argv[2])
+recoveries = 0
+for _ in range(rounds):
+    with logkit.Broker(root, background=False) as broker:
+        p = broker.topic("t").partition(0)
+        recoveries += p._log.last_recovery is not None
+        p.read(p.log_start_offset, max_records=5)
+print(recoveries)
+"""
+
+
+def test_opening_while_another_process_rolls_needs_no_recovery(tmp_path):
+    """Processes opening the partition while another appends (rolling often) and runs
+    retention never mistake the half-seen roll for a crash: no recovery runs."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("t", 1, config={"segment.bytes": 1024, "retention.bytes": 20_000,
+                                            "file.delete.delay.ms": 0})
+    env = {**os.environ, "PYTHONPATH": ROOT_DIR}
+    writer = subprocess.Popen([sys.executable, "-c", APPENDER + """
+        if n % 50 == 0:
+            broker.enforce_retention()
+""", str(tmp_path), "w", "1500"], env=env)
+    openers = [subprocess.Popen([sys.executable, "-c", OPENER, str(tmp_path), "60"],
+                                stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outputs = [o.communicate(timeout=120)[0] for o in openers]
+    assert writer.wait(timeout=120) == 0
+    assert all(o.returncode == 0 for o in openers)
+    assert [int(out) for out in outputs] == [0, 0]
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.topic("t").partition(0)
+        assert p._log.last_recovery is None
+        p.check()
