@@ -189,3 +189,17 @@ def test_missing_path_is_named(spark):
     """Omitting 'path' says that 'path' is required."""
     with pytest.raises(Exception, match="option 'path' is required"):
         spark.read.format("logkit").option("subscribe", "x").load().collect()
+
+
+def test_failed_batch_write_leaves_no_records_and_no_staging(spark, tmp_path):
+    """A write whose task fails (a row without a topic) aborts: nothing is appended and
+    the staged files of every task attempt are removed."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("good", 1)
+    rows = [("k%d" % i, "v%d" % i, "good" if i != 150 else None) for i in range(300)]
+    df = spark.createDataFrame(rows, "key string, value string, topic string").repartition(2)
+    with pytest.raises(Exception, match="has no topic"):
+        df.write.format("logkit").option("path", str(tmp_path)).mode("append").save()
+    assert reader(spark, tmp_path, subscribe="good").count() == 0
+    staging = os.path.join(tmp_path, ".spark-staging")
+    assert not os.path.exists(staging) or not os.listdir(staging)
