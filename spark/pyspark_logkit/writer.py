@@ -233,8 +233,8 @@ def append_staged(path: str, files: list[str], *, sink_id: str | None,
     return appended
 
 
-class LogkitBatchWriter(DataSourceArrowWriter):
-    """`df.write.format("logkit")`: all rows appear, or none do."""
+class _StagingWriter:
+    """What the batch and stream sinks share: tasks stage, the driver appends."""
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
@@ -243,33 +243,30 @@ class LogkitBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
         return stage(self.options.path, self.writer_id, self.options.topic, iterator)
 
-    def commit(self, messages: list[StagedFile | None]) -> None:
+    def _commit(self, messages: list[StagedFile | None], *, sink_id: str | None,
+                batch_id: int | None) -> None:
         try:
             append_staged(self.options.path, [m.path for m in messages if m is not None],
-                          sink_id=None, batch_id=None)
+                          sink_id=sink_id, batch_id=batch_id)
         finally:
             _cleanup(self.options.path, self.writer_id)
+
+
+class LogkitBatchWriter(_StagingWriter, DataSourceArrowWriter):
+    """`df.write.format("logkit")`: all rows appear, or none do."""
+
+    def commit(self, messages: list[StagedFile | None]) -> None:
+        self._commit(messages, sink_id=None, batch_id=None)
 
     def abort(self, messages: list[StagedFile | None]) -> None:
         _cleanup(self.options.path, self.writer_id)
 
 
-class LogkitStreamWriter(DataSourceStreamArrowWriter):
+class LogkitStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
     """`writeStream.format("logkit")`: exactly once per micro-batch id."""
 
-    def __init__(self, options: SinkOptions) -> None:
-        self.options = options
-        self.writer_id = uuid.uuid4().hex
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
-        return stage(self.options.path, self.writer_id, self.options.topic, iterator)
-
     def commit(self, messages: list[StagedFile | None], batchId: int) -> None:
-        try:
-            append_staged(self.options.path, [m.path for m in messages if m is not None],
-                          sink_id=self.options.sink_id, batch_id=batchId)
-        finally:
-            _cleanup(self.options.path, self.writer_id)
+        self._commit(messages, sink_id=self.options.sink_id, batch_id=batchId)
 
     def abort(self, messages: list[StagedFile | None], batchId: int) -> None:
         _cleanup(self.options.path, self.writer_id)
