@@ -86,3 +86,27 @@ def test_sigkill_two_concurrent_writers(tmp_path):
                    for o in range(base, base + n)]
         assert len(offsets) == len(set(offsets)), "two appends got the same offsets"
         verify(tmp_path, acks)
+
+
+def test_survivor_keeps_appending_while_its_peer_is_killed_mid_roll(tmp_path):
+    """With tiny segments (a roll every few appends), one writer is SIGKILLed again and
+    again while another keeps running: the survivor never fails, and every reopen finds
+    both writers' acknowledged records intact."""
+    rng = random.Random(2024)
+    survivor = start_writer(tmp_path, "s", segment_bytes=1024)
+    acks: dict[str, list] = {}
+    try:
+        for round_number in range(20):
+            victim = start_writer(tmp_path, "v%d" % round_number, segment_bytes=1024)
+            acks["v%d" % round_number] = kill_and_collect(victim, rng.uniform(0.01, 0.1))
+            assert survivor.poll() is None, "the surviving writer died"
+    finally:
+        survivor.send_signal(signal.SIGKILL)
+        out, _ = survivor.communicate(timeout=30)
+    assert survivor.returncode == -signal.SIGKILL, "the survivor must have been alive"
+    acks["s"] = [tuple(map(int, line.split())) for line in out.splitlines()
+                 if len(line.split()) == 3]
+    assert len(acks["s"]) > 12
+    verify(tmp_path, acks)
+    segments = [n for n in os.listdir(os.path.join(tmp_path, "t-0")) if n.endswith(".log")]
+    assert len(segments) > 20, "the writers should have rolled many times"
