@@ -30,6 +30,9 @@ def spark_session() -> Any:
     spark = (SparkSession.builder.master("local[2]").appName("logkit-stream-processing")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.extraJavaOptions",
+                     "-Dlog4j2.configurationFile=" + os.path.join(
+                         os.path.dirname(os.path.abspath(__file__)), "log4j2.properties"))
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
