@@ -266,6 +266,10 @@ class LogSegment:
                 return pos, None
             expected_base = last + 1
             pos += LOG_OVERHEAD + fields[1]
+            if pos > size:             # a batchLength bent by a flipped bit
+                raise CorruptRecordError("batch runs past the committed end of the segment",
+                                         path=path, position=pos - LOG_OVERHEAD - fields[1],
+                                         expected=size, actual=pos)
         return size, None
 
     def _index_entry(self, offset: int) -> tuple[int, int]:

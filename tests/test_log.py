@@ -210,3 +210,26 @@ def test_flush_ms_runs_in_the_background(tmp_path):
         while p._log.tail().recovery_point < 20 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert p._log.tail().recovery_point == 20
+
+
+def test_log_append_time_with_a_topic_codec_does_both(broker):
+    """LogAppendTime and a topic compression.type together: recompressed and stamped."""
+    from logkit.records import read_header
+    p = broker.create_topic("t", 1, config={"message.timestamp.type": "LogAppendTime",
+                                            "compression.type": "zstd"}).partition(0)
+    before = int(time.time() * 1000)
+    p.append([(b"k", b"v" * 300, None, 5)] * 4)
+    with open(os.path.join(p.directory, "00000000000000000000.log"), "rb") as f:
+        data = f.read()
+    header = read_header(data, 0, len(data))
+    assert header.codec == 4 and header.attributes & 0x08
+    got = p.read(0)
+    assert [r.value for r in got] == [b"v" * 300] * 4
+    assert all(r.timestamp >= before for r in got)
+    p.check()
+
+
+def test_segment_bytes_beyond_int32_is_refused(broker):
+    """segment.bytes is an int32 in Kafka (index positions are int32): 2**31 is refused."""
+    with pytest.raises(logkit.ConfigError, match="segment.bytes"):
+        broker.create_topic("t", 1, config={"segment.bytes": 2**31})
