@@ -405,9 +405,9 @@ class PartitionLog:
                                      "its bytes", expected=size)
         if verify:
             check_batch(batch, 0, header)
-        if size - LOG_OVERHEAD > config["max.message.bytes"]:
+        if size > config["max.message.bytes"]:      # the whole batch, as Kafka counts it
             raise RecordTooLargeError(
-                f"record batch of {size - LOG_OVERHEAD} bytes exceeds max.message.bytes="
+                f"record batch of {size} bytes exceeds max.message.bytes="
                 f"{config['max.message.bytes']} of topic {self.topic!r}")
         if config["compression.type"] not in ("producer", _CODEC_NAME[header.codec]):
             batch = self._recompress(batch, header)

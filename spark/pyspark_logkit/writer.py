@@ -113,6 +113,7 @@ def stage(path: str, writer_id: str, default_topic: str | None,
     rng = random.Random()
     sticky: dict[str, int] = {}
     pending: dict[tuple[str, int], list[tuple]] = {}
+    pending_bytes: dict[tuple[str, int], int] = {}
     total = 0
     with open(file_path, "wb") as out:
         def emit(slot: tuple[str, int]) -> None:
@@ -149,11 +150,21 @@ def stage(path: str, writer_id: str, default_topic: str | None,
                 if headers is not None and headers[i]:
                     row_headers = [(h["key"], _as_bytes(h["value"])) for h in headers[i]]
                 slot = (topic_name, number)
-                rows = pending.setdefault(slot, [])
-                rows.append((key, _as_bytes(values[i]), row_headers, None))
-                total += 1
-                if len(rows) >= STAGED_BATCH_RECORDS:
+                value = _as_bytes(values[i])
+                size = 24 + (len(key) if key else 0) + (len(value) if value else 0)
+                rows = pending.get(slot)
+                # Keep each staged batch under the topic's max.message.bytes (Kafka's
+                # limit counts the whole batch) and under STAGED_BATCH_RECORDS records.
+                if rows and (len(rows) >= STAGED_BATCH_RECORDS or pending_bytes[slot] + size
+                             > topic.config["max.message.bytes"] // 2):
                     emit(slot)
+                    rows = None
+                if rows is None:
+                    rows = pending[slot] = []
+                    pending_bytes[slot] = 61
+                rows.append((key, value, row_headers, None))
+                pending_bytes[slot] += size
+                total += 1
         for slot in list(pending):
             emit(slot)
         out.flush()
