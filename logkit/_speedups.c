@@ -79,6 +79,53 @@ add_as_long(int64_t a, int64_t b)
 
 /* ---- decode ---------------------------------------------------------------------- */
 
+/* The fixed fields of one record; key/value positions are valid when klen/vlen >= 0. */
+typedef struct {
+    int64_t length, ts_delta, offset_delta, klen, vlen, hcount;
+    Py_ssize_t key_at, value_at, record_end;
+} RecordFields;
+
+/* Parse one record's fields up to its header count at *ppos (< end), leaving *ppos at
+ * its first header. Returns 0, or -1 with ValueError set. Shared by both decoders. */
+static int
+parse_record(const unsigned char *buf, Py_ssize_t *ppos, Py_ssize_t end, RecordFields *f)
+{
+    Py_ssize_t pos = *ppos;
+    READ_VARINT(f->length);
+    if (f->length < 1 || f->length > end - pos) {
+        PyErr_Format(PyExc_ValueError, "record length field says %lld, %zd bytes left",
+                     (long long)f->length, end - pos);
+        goto error;
+    }
+    f->record_end = pos + (Py_ssize_t)f->length;
+    pos += 1;                                       /* record attributes: unused */
+    READ_VARINT(f->ts_delta);
+    READ_VARINT(f->offset_delta);
+    READ_VARINT(f->klen);
+    if (f->klen >= 0) {
+        if (f->klen > f->record_end - pos) {
+            PyErr_SetString(PyExc_ValueError, "key runs past the end of its record");
+            goto error;
+        }
+        f->key_at = pos;
+        pos += (Py_ssize_t)f->klen;
+    }
+    READ_VARINT(f->vlen);
+    if (f->vlen >= 0) {
+        if (f->vlen > f->record_end - pos) {
+            PyErr_SetString(PyExc_ValueError, "value runs past the end of its record");
+            goto error;
+        }
+        f->value_at = pos;
+        pos += (Py_ssize_t)f->vlen;
+    }
+    READ_VARINT(f->hcount);
+    *ppos = pos;
+    return 0;
+error:
+    return -1;
+}
+
 static PyObject *
 decode_headers(const unsigned char *buf, Py_ssize_t *ppos, Py_ssize_t end, int64_t count)
 {
@@ -156,7 +203,7 @@ decode_records(PyObject *self, PyObject *args)
     PyObject *out = NULL, *key = NULL, *value = NULL, *headers = NULL;
     PyTypeObject *type;
     const unsigned char *buf;
-    int64_t length, ts_delta, offset_delta, klen, vlen, hcount, offset;
+    int64_t length, ts_delta, offset_delta, offset;
     Py_ssize_t record_end;
     long long n;
 
@@ -189,52 +236,24 @@ decode_records(PyObject *self, PyObject *args)
         goto error;
 
     for (n = 0; n < count_ll; n++) {
-        READ_VARINT(length);
-        if (length < 0 || length > end - pos) {
-            PyErr_Format(PyExc_ValueError, "record length field says %lld, %zd bytes left",
-                         (long long)length, end - pos);
+        RecordFields f;
+        if (parse_record(buf, &pos, end, &f) < 0)
             goto error;
-        }
-        record_end = pos + (Py_ssize_t)length;
-        if (record_end - pos < 1) {
-            PyErr_SetString(PyExc_ValueError, "record shorter than its attributes byte");
+        length = f.length;
+        ts_delta = f.ts_delta;
+        offset_delta = f.offset_delta;
+        record_end = f.record_end;
+        key = f.klen < 0 ? Py_NewRef(Py_None)
+                         : PyBytes_FromStringAndSize((const char *)buf + f.key_at,
+                                                     (Py_ssize_t)f.klen);
+        if (key == NULL)
             goto error;
-        }
-        pos += 1;                                   /* record attributes: unused */
-        READ_VARINT(ts_delta);
-        READ_VARINT(offset_delta);
-        READ_VARINT(klen);
-        if (klen < 0) {
-            key = Py_NewRef(Py_None);
-        } else {
-            if (klen > end - pos) {
-                PyErr_SetString(PyExc_ValueError, "key runs past the end of the batch");
-                goto error;
-            }
-            key = PyBytes_FromStringAndSize((const char *)buf + pos, (Py_ssize_t)klen);
-            if (key == NULL)
-                goto error;
-            pos += (Py_ssize_t)klen;
-        }
-        READ_VARINT(vlen);
-        if (vlen < 0) {
-            value = Py_NewRef(Py_None);
-        } else {
-            if (vlen > end - pos) {
-                PyErr_SetString(PyExc_ValueError, "value runs past the end of the batch");
-                goto error;
-            }
-            value = PyBytes_FromStringAndSize((const char *)buf + pos, (Py_ssize_t)vlen);
-            if (value == NULL)
-                goto error;
-            pos += (Py_ssize_t)vlen;
-        }
-        READ_VARINT(hcount);
-        if (hcount == 0) {
-            headers = PyTuple_New(0);
-        } else {
-            headers = decode_headers(buf, &pos, end, hcount);
-        }
+        value = f.vlen < 0 ? Py_NewRef(Py_None)
+                           : PyBytes_FromStringAndSize((const char *)buf + f.value_at,
+                                                       (Py_ssize_t)f.vlen);
+        if (value == NULL)
+            goto error;
+        headers = f.hcount == 0 ? PyTuple_New(0) : decode_headers(buf, &pos, end, f.hcount);
         if (headers == NULL)
             goto error;
         if (pos != record_end) {
@@ -320,7 +339,7 @@ decode_columns(PyObject *self, PyObject *args)
     long long count_ll, base_offset, base_ts, append_time, min_offset, stop_offset;
     PyObject *cols, *c[7];
     const unsigned char *buf;
-    int64_t length, ts_delta, offset_delta, klen, vlen, hcount, offset, ts;
+    int64_t ts_delta, offset_delta, klen, vlen, hcount, offset, ts;
     long long n, appended = 0;
     int i;
 
@@ -347,35 +366,15 @@ decode_columns(PyObject *self, PyObject *args)
     for (n = 0; n < count_ll; n++) {
         int32_t key_end, value_end;
         unsigned char nulls = 0;
-        Py_ssize_t key_at = 0, value_at = 0;
-        READ_VARINT(length);
-        if (length < 0 || length > end - pos) {
-            PyErr_SetString(PyExc_ValueError, "record length runs past the batch");
+        RecordFields f;
+        if (parse_record(buf, &pos, end, &f) < 0)
             goto error;
-        }
-        record_end = pos + (Py_ssize_t)length;
-        pos += 1;                                        /* record attributes */
-        READ_VARINT(ts_delta);
-        READ_VARINT(offset_delta);
-        READ_VARINT(klen);
-        if (klen >= 0) {
-            if (klen > record_end - pos) {
-                PyErr_SetString(PyExc_ValueError, "key runs past its record");
-                goto error;
-            }
-            key_at = pos;
-            pos += (Py_ssize_t)klen;
-        }
-        READ_VARINT(vlen);
-        if (vlen >= 0) {
-            if (vlen > record_end - pos) {
-                PyErr_SetString(PyExc_ValueError, "value runs past its record");
-                goto error;
-            }
-            value_at = pos;
-            pos += (Py_ssize_t)vlen;
-        }
-        READ_VARINT(hcount);
+        record_end = f.record_end;
+        ts_delta = f.ts_delta;
+        offset_delta = f.offset_delta;
+        klen = f.klen;
+        vlen = f.vlen;
+        hcount = f.hcount;
         if (hcount < 0) {
             PyErr_SetString(PyExc_ValueError, "negative header count");
             goto error;
@@ -410,9 +409,9 @@ decode_columns(PyObject *self, PyObject *args)
             nulls |= 2;
         if (ba_append(c[0], &offset, 8) < 0 || ba_append(c[1], &ts, 8) < 0)
             goto error;
-        if (klen > 0 && ba_append(c[3], buf + key_at, (Py_ssize_t)klen) < 0)
+        if (klen > 0 && ba_append(c[3], buf + f.key_at, (Py_ssize_t)klen) < 0)
             goto error;
-        if (vlen > 0 && ba_append(c[5], buf + value_at, (Py_ssize_t)vlen) < 0)
+        if (vlen > 0 && ba_append(c[5], buf + f.value_at, (Py_ssize_t)vlen) < 0)
             goto error;
         if (PyByteArray_GET_SIZE(c[3]) > INT32_MAX || PyByteArray_GET_SIZE(c[5]) > INT32_MAX) {
             PyErr_SetString(PyExc_OverflowError, "column chunk past 2 GiB");
