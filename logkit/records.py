@@ -39,7 +39,7 @@ from .errors import CorruptRecordError
 
 __all__ = ["Record", "RecordMetadata", "BatchHeader", "encode_batch", "decode_batch",
            "read_header", "check_batch", "stamp_base_offset", "LOG_OVERHEAD",
-           "RECORDS_OFFSET", "batch_overhead", "record_size_estimate"]
+           "RECORDS_OFFSET", "record_size_estimate"]
 
 # Field positions, each from the one before (DESIGN §3).
 BASE_OFFSET_OFFSET = 0
@@ -174,10 +174,6 @@ def _read_varint(buf: Any, pos: int) -> tuple[int, int]:
 # ---- encode ----------------------------------------------------------------------------
 
 RecordInput = tuple  # (key, value, headers, timestamp_ms)
-
-
-def batch_overhead() -> int:
-    return RECORDS_OFFSET
 
 
 def record_size_estimate(key: bytes | None, value: bytes | None, headers: Any) -> int:

@@ -82,9 +82,6 @@ class LogSegment:
     def file_size(self) -> int:
         return os.fstat(self._fd).st_size
 
-    def indexes_present(self) -> bool:
-        return os.path.exists(self.index_path) and os.path.exists(self.timeindex_path)
-
     @property
     def offset_index(self) -> OffsetIndex:
         if self._offset_index is None:
@@ -347,13 +344,6 @@ class LogSegment:
             else:
                 self._cursor = (next_offset, last_pos, False)
         return out, max_bytes - budget
-
-    def last_offset_from(self, position: int, size: int) -> int | None:
-        """Last offset of the final batch in [position, size), None if empty."""
-        last = None
-        for _, header in self.headers(position, size):
-            last = header.last_offset
-        return last
 
     def offset_for_timestamp(self, timestamp: int, size: int) -> int | None:
         """First offset whose record timestamp >= timestamp, None if none here."""
