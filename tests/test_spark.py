@@ -66,6 +66,39 @@ def test_batch_offsets_and_assign(spark, tmp_path):
     assert empty.count() == 0                          # an empty partition list is fine
 
 
+def test_min_partitions_splits_ranges_without_losing_or_repeating(spark, tmp_path):
+    """minPartitions / maxRecordsPerPartition cut offset ranges (even inside a Kafka
+    batch) into more input partitions; together they still cover each record once."""
+    fill(tmp_path, "events", 400, headers=True)
+    whole = reader(spark, tmp_path, subscribe="events")
+    expected = sorted((r.partition, r.offset, r.value) for r in whole.collect())
+    assert whole.rdd.getNumPartitions() == 3             # Kafka's 1:1 by default
+    for options in ({"minPartitions": "7"}, {"maxRecordsPerPartition": "37"},
+                    {"minPartitions": "5", "includeHeaders": "true"}):
+        df = reader(spark, tmp_path, subscribe="events", **options)
+        assert df.rdd.getNumPartitions() >= int(options.get("minPartitions", 11))
+        assert sorted((r.partition, r.offset, r.value) for r in df.collect()) == expected
+
+
+def test_data_removed_by_retention_fails_or_is_skipped(spark, tmp_path):
+    """Offsets that retention deleted before they were read fail the query with
+    failOnDataLoss=true (the default) and are skipped with failOnDataLoss=false."""
+    with logkit.Broker(tmp_path) as broker:
+        topic = broker.create_topic("short", 1, config={"segment.bytes": 1024,
+                                                        "retention.bytes": 2048})
+        for i in range(40):
+            topic.partition(0).append([(b"k", b"x" * 100, None, None)])
+        assert broker.enforce_retention() > 0
+        first = topic.partition(0).log_start_offset
+        assert first > 0
+    start = json.dumps({"short": {"0": 0}})
+    with pytest.raises(Exception, match="removed by retention"):
+        reader(spark, tmp_path, subscribe="short", startingOffsets=start).collect()
+    rows = reader(spark, tmp_path, subscribe="short", startingOffsets=start,
+                  failOnDataLoss="false").collect()
+    assert sorted(r.offset for r in rows) == list(range(first, 40))
+
+
 def test_batch_write_round_trip_strings_and_columns(spark, tmp_path):
     """Writes take string or binary key/value, a topic column and headers; keys are
     partitioned with murmur2 like the producer; the write is all-or-nothing."""
@@ -140,6 +173,59 @@ def test_streaming_write_is_exactly_once_under_replay(spark, tmp_path):
     fill(tmp_path, "src", 10, partitions=2)
     run()
     assert reader(spark, tmp_path, subscribe="dst").count() == 130
+    assert staged_files(tmp_path) == []          # every micro-batch's staging is gone
+    assert sink_keys(tmp_path) == ["copy-src-to-dst"]     # the sinkId option is used
+
+
+def sink_keys(root):
+    with logkit.Broker(root) as broker:
+        with broker.meta.begin() as txn:
+            return [key.decode() for key, _ in txn.cursor(db=broker.meta.db("spark"))]
+
+
+def staged_files(root):
+    return [os.path.join(d, f) for d, _, files in os.walk(os.path.join(root, ".spark-staging"))
+            for f in files]
+
+
+def test_two_queries_writing_one_topic_each_land_every_record(spark, tmp_path):
+    """Exactly-once state is per query (its checkpoint), not per topic: a second query
+    writing to the same topic is not mistaken for a replay of the first."""
+    fill(tmp_path, "a", 30, partitions=1)
+    fill(tmp_path, "b", 40, partitions=1)
+    for source in ("a", "b"):
+        stream = (spark.readStream.format("logkit").option("path", str(tmp_path))
+                  .option("subscribe", source).option("startingOffsets", "earliest").load())
+        query = (stream.select("key", "value").writeStream.format("logkit")
+                 .option("path", str(tmp_path)).option("topic", "both")
+                 .option("checkpointLocation", str(tmp_path / f"ck-{source}"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+    assert reader(spark, tmp_path, subscribe="both").count() == 70
+    assert staged_files(tmp_path) == []
+    keys = sink_keys(tmp_path)                  # one commit log per query id
+    assert len(keys) == 2 and all(k.startswith("query:") for k in keys)
+
+
+def test_streaming_write_without_an_identity_is_refused(spark, tmp_path):
+    """Exactly-once needs a stable identity. Spark demands a checkpoint, but with only
+    the session's checkpoint root and no query name the sink sees neither: a clear
+    error, not a silent at-least-once sink."""
+    fill(tmp_path, "src", 5, partitions=1)
+    stream = (spark.readStream.format("logkit").option("path", str(tmp_path))
+              .option("subscribe", "src").option("startingOffsets", "earliest").load())
+    spark.conf.set("spark.sql.streaming.checkpointLocation", str(tmp_path / "ck-root"))
+    try:
+        with pytest.raises(Exception, match="needs an identity that survives restarts"):
+            query = (stream.select("value").writeStream.format("logkit")
+                     .option("path", str(tmp_path)).option("topic", "dst")
+                     .trigger(availableNow=True).start())
+            query.awaitTermination(60)
+            if query.exception() is not None:
+                raise query.exception()
+    finally:
+        spark.conf.unset("spark.sql.streaming.checkpointLocation")
 
 
 def test_exactly_once_commit_recovers_a_half_appended_batch(tmp_path):
@@ -176,13 +262,19 @@ def test_exactly_once_commit_recovers_a_half_appended_batch(tmp_path):
     ({"subscribe": "events", "startingOffsets": '{"events": {"0": -7}}'}, "must be >= 0"),
     ({}, "exactly one of"),
     ({"subscribe": "events", "maxOffsetsPerTrigger": "lots"}, "positive integer"),
+    ({"subscribe": "events", "minPartitions": "0"}, "positive integer"),
+    ({"assign": "[0, 1]"}, "option 'assign' must be JSON like"),
+    ({"subscribe": "events", "endingOffsets": "earliest"}, "cannot be 'earliest'"),
 ])
 def test_bad_options_fail_with_a_clear_message(spark, tmp_path, options, message):
-    """Bad options raise an error whose message says what is wrong."""
+    """Bad options raise an error whose message says what is wrong, from our code, not
+    a Java stack trace."""
     fill(tmp_path, "events", 3)
     with pytest.raises(Exception) as info:
         reader(spark, tmp_path, **options).collect()
     assert message in str(info.value)
+    assert "LogkitSparkError" in str(info.value)
+    assert "at org.apache.spark" not in str(info.value)
 
 
 def test_missing_path_is_named(spark):

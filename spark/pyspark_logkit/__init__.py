@@ -43,10 +43,12 @@ class LogkitDataSource(DataSource):
     def writer(self, schema: Any, overwrite: bool) -> LogkitBatchWriter:
         if overwrite:
             raise LogkitSparkError("logkit: topics are append-only; use mode('append')")
-        return LogkitBatchWriter(SinkOptions(dict(self.options), schema.fieldNames()))
+        return LogkitBatchWriter(SinkOptions(self.options, schema.fieldNames(),
+                                             streaming=False))
 
     def streamWriter(self, schema: Any, overwrite: bool) -> LogkitStreamWriter:
-        return LogkitStreamWriter(SinkOptions(dict(self.options), schema.fieldNames()))
+        return LogkitStreamWriter(SinkOptions(self.options, schema.fieldNames(),
+                                              streaming=True))
 
 
 DefaultSource = LogkitDataSource

@@ -2,7 +2,8 @@
 
 Owns: the names and meaning of every option (mirroring Spark's Kafka source: `path`,
 `subscribe`, `subscribePattern`, `assign`, `startingOffsets`, `endingOffsets`,
-`maxOffsetsPerTrigger`, `includeHeaders`, `failOnDataLoss`, `topic`) and the offsets JSON
+`maxOffsetsPerTrigger`, `minPartitions`, `maxRecordsPerPartition`, `includeHeaders`,
+`failOnDataLoss`, `topic`) and the offsets JSON
 format `{"topic": {"0": 42}}` with -2 for earliest and -1 for latest. Invariant: a bad
 option raises `LogkitSparkError` with a message that names the option and says what to
 write instead, before any Spark job starts.
@@ -34,6 +35,20 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     if str(raw).lower() in ("true", "false"):
         return str(raw).lower() == "true"
     raise LogkitSparkError(f"logkit: option {name!r} must be true or false, got {raw!r}")
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return None
+    try:
+        number = int(raw)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise LogkitSparkError(f"logkit: option {name!r} must be a positive integer, "
+                               f"got {raw!r}")
+    return number
 
 
 def parse_offsets(name: str, raw: str, *, allow_latest: bool = True,
@@ -118,16 +133,9 @@ class SourceOptions:
                                     allow_earliest=False)
         self.include_headers = _bool(options, "includeHeaders", False)
         self.fail_on_data_loss = _bool(options, "failOnDataLoss", True)
-        raw_max = options.get("maxOffsetsPerTrigger")
-        self.max_offsets_per_trigger: int | None = None
-        if raw_max is not None:
-            try:
-                self.max_offsets_per_trigger = int(raw_max)
-            except ValueError:
-                self.max_offsets_per_trigger = -1
-            if self.max_offsets_per_trigger <= 0:
-                raise LogkitSparkError("logkit: option 'maxOffsetsPerTrigger' must be a "
-                                       f"positive integer, got {raw_max!r}")
+        self.max_offsets_per_trigger = _positive_int(options, "maxOffsetsPerTrigger")
+        self.min_partitions = _positive_int(options, "minPartitions")
+        self.max_records_per_partition = _positive_int(options, "maxRecordsPerPartition")
 
     def partitions(self, broker: logkit.Broker) -> list[logkit.TopicPartition]:
         """The topic partitions this source reads, as of now."""

@@ -6,14 +6,20 @@ write, and the driver-side commit that appends them.
 
 How a write runs. Each task encodes its rows as Kafka record batches (keys partitioned
 by murmur2 like the producer; null keys stick to one partition per task and topic) and
-writes them to a staging file under `<path>/.spark-staging/<writer id>/`; it appends
-nothing. The driver's `commit` appends the staged batches of every successful task, in
-task order, then deletes the staging directory — including files left by failed task
-attempts, which were never in a commit message. `abort` deletes the directory. So a
-failed job leaves no records and no files.
+writes them to a staging file under `<path>/.spark-staging/<writer>/` (a random id for
+a batch write; for a stream, a name derived from the query's identity, because Spark
+commits a micro-batch with a writer object built afresh); it appends nothing. The
+driver's `commit` appends the staged batches of every successful task, in task order,
+then deletes the staging directory — including files left by failed task attempts,
+which were never in a commit message. `abort` deletes the directory. So a failed job
+leaves no records and no files.
 
-Exactly-once for streams. Every record batch the sink appends carries Kafka's
-idempotent-producer fields: a producer id derived from the sink's id, the micro-batch id
+Exactly-once for streams. The sink's identity is the `sinkId` option, else Spark's
+query id read from `<checkpointLocation>/metadata` (stable across restarts of one
+query, new when the checkpoint is deleted), else the checkpoint path, else the query
+name; a streaming write without any of them is refused. Every record batch the sink
+appends carries Kafka's idempotent-producer fields: a producer id derived from that
+identity, the micro-batch id
 as epoch (mod 2^15) and a per-micro-batch sequence number. Before appending micro-batch
 N, the commit records in LMDB (sub-database `spark`) the log end offset of every
 partition it will touch; after appending it records N as committed. A replay of N —
@@ -34,7 +40,7 @@ import shutil
 import struct
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
@@ -59,7 +65,10 @@ _PRODUCER = struct.Struct(">qhi")              # producerId, producerEpoch, base
 class SinkOptions:
     """Write options, checked on the driver."""
 
-    def __init__(self, options: dict[str, str], columns: list[str]) -> None:
+    def __init__(self, options: Mapping[str, str], columns: list[str], *,
+                 streaming: bool) -> None:
+        # `options` is Spark's case-insensitive dict: a plain dict copy of it has
+        # lower-cased keys, and options.get("sinkId") would then miss.
         self.path = options.get("path")
         if not self.path:
             raise LogkitSparkError("logkit: option 'path' is required: the broker directory")
@@ -77,8 +86,41 @@ class SinkOptions:
             except logkit.LogkitError as exc:
                 raise LogkitSparkError(f"logkit: cannot write to topic {self.topic!r}: "
                                        f"{exc}") from None
-        self.sink_id = options.get("sinkId") or options.get("queryName") or \
-            f"topic:{self.topic}"
+        self.sink_id = options.get("sinkId")
+        self.checkpoint = options.get("checkpointLocation")
+        self.query_name = options.get("queryName")
+        if streaming and not (self.sink_id or self.checkpoint or self.query_name):
+            raise LogkitSparkError(
+                "logkit: a streaming write needs an identity that survives restarts, for "
+                "its exactly-once commits: set option('checkpointLocation', ...), or "
+                "queryName(...) with spark.sql.streaming.checkpointLocation, or "
+                "option('sinkId', ...)")
+
+    def staging_name(self) -> str:
+        """The stream's staging directory name: the same in the planner that pickles
+        the task writer and in the commit runner, which builds its own writer."""
+        identity = (f"sinkId:{self.sink_id}" if self.sink_id else
+                    f"checkpoint:{self.checkpoint}" if self.checkpoint else
+                    f"queryName:{self.query_name}")
+        return "stream-" + hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+    def commit_key(self) -> str:
+        """Whose micro-batch ids the commit log tracks: the `sinkId` option, else the
+        streaming query's id (Spark keeps it in <checkpoint>/metadata, so it survives
+        restarts and changes when the checkpoint is deleted), else the checkpoint path,
+        else the query name. Called on the driver at commit time, when the metadata
+        file exists."""
+        if self.sink_id:
+            return self.sink_id
+        if self.checkpoint:
+            local = self.checkpoint[len("file:"):] if self.checkpoint.startswith("file:") \
+                else self.checkpoint
+            try:
+                with open(os.path.join(local, "metadata"), encoding="utf-8") as f:
+                    return "query:" + json.loads(f.readline())["id"]
+            except (OSError, ValueError, KeyError):
+                return "checkpoint:" + self.checkpoint     # not a local file system
+        return "queryName:" + str(self.query_name)
 
 
 @dataclass
@@ -247,9 +289,9 @@ def append_staged(path: str, files: list[str], *, sink_id: str | None,
 class _StagingWriter:
     """What the batch and stream sinks share: tasks stage, the driver appends."""
 
-    def __init__(self, options: SinkOptions) -> None:
+    def __init__(self, options: SinkOptions, writer_id: str) -> None:
         self.options = options
-        self.writer_id = uuid.uuid4().hex
+        self.writer_id = writer_id
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
         return stage(self.options.path, self.writer_id, self.options.topic, iterator)
@@ -264,7 +306,11 @@ class _StagingWriter:
 
 
 class LogkitBatchWriter(_StagingWriter, DataSourceArrowWriter):
-    """`df.write.format("logkit")`: all rows appear, or none do."""
+    """`df.write.format("logkit")`: all rows appear, or none do. Spark commits with the
+    very writer object its tasks ran, so a random staging id is shared by both."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        super().__init__(options, uuid.uuid4().hex)
 
     def commit(self, messages: list[StagedFile | None]) -> None:
         self._commit(messages, sink_id=None, batch_id=None)
@@ -274,10 +320,19 @@ class LogkitBatchWriter(_StagingWriter, DataSourceArrowWriter):
 
 
 class LogkitStreamWriter(_StagingWriter, DataSourceStreamArrowWriter):
-    """`writeStream.format("logkit")`: exactly once per micro-batch id."""
+    """`writeStream.format("logkit")`: exactly once per micro-batch id.
+
+    Spark's commit runner builds a new writer for every commit, so the staging directory
+    is named from the query's identity, not from this object. Micro-batches run one after
+    another, so when batch N commits or aborts, every file in that directory belongs to
+    batch N (or to attempts that died): committing appends the files named in the
+    messages and then removes the directory."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        super().__init__(options, options.staging_name())
 
     def commit(self, messages: list[StagedFile | None], batchId: int) -> None:
-        self._commit(messages, sink_id=self.options.sink_id, batch_id=batchId)
+        self._commit(messages, sink_id=self.options.commit_key(), batch_id=batchId)
 
     def abort(self, messages: list[StagedFile | None], batchId: int) -> None:
         _cleanup(self.options.path, self.writer_id)
