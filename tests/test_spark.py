@@ -144,6 +144,42 @@ def test_streaming_read_limits_and_restart(spark, tmp_path):
     assert len(rows) == 350 and len({(r.partition, r.offset) for r in rows}) == 350
 
 
+def test_streaming_pattern_picks_up_new_topics_from_their_start(spark, tmp_path):
+    """subscribePattern: a topic created after the query started is read from its
+    first offset on the next run; topics that do not match are not read."""
+    fill(tmp_path, "clicks-a", 20, partitions=2)
+    fill(tmp_path, "views", 5, partitions=1)
+    checkpoint = str(tmp_path / "ck")
+
+    def run():
+        stream = (spark.readStream.format("logkit").option("path", str(tmp_path))
+                  .option("subscribePattern", "clicks-.*")
+                  .option("startingOffsets", "earliest").load())
+        query = (stream.select("topic", "partition", "offset").writeStream
+                 .format("parquet").option("path", str(tmp_path / "out"))
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True)
+                 .start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    run()
+    fill(tmp_path, "clicks-b", 7, partitions=1)
+    run()
+    rows = spark.read.parquet(str(tmp_path / "out")).collect()
+    assert sorted({r.topic for r in rows}) == ["clicks-a", "clicks-b"]
+    assert sorted(r.offset for r in rows if r.topic == "clicks-b") == list(range(7))
+    assert len(rows) == 27
+
+
+def test_register_is_explicit_and_repeatable(spark, tmp_path):
+    """register(spark) registers the source by hand (auto-discovery already did)."""
+    import pyspark_logkit
+    pyspark_logkit.register(spark)
+    pyspark_logkit.register(spark)
+    fill(tmp_path, "events", 4, partitions=1)
+    assert reader(spark, tmp_path, subscribe="events").count() == 4
+
+
 def test_streaming_write_is_exactly_once_under_replay(spark, tmp_path):
     """A micro-batch replayed after a crash between the sink commit and the checkpoint
     (simulated by deleting Spark's commit file for it) adds no duplicates."""
@@ -281,6 +317,20 @@ def test_missing_path_is_named(spark):
     """Omitting 'path' says that 'path' is required."""
     with pytest.raises(Exception, match="option 'path' is required"):
         spark.read.format("logkit").option("subscribe", "x").load().collect()
+
+
+@pytest.mark.parametrize("select, message", [
+    ("CAST(id AS INT) AS value", "column 'value' must be binary or string, got int"),
+    ("'v' AS value, id AS partition", "column 'partition' must be int, got bigint"),
+    ("'v' AS key", "needs a 'value' column"),
+])
+def test_bad_write_columns_fail_before_any_task(spark, tmp_path, select, message):
+    """Columns of the wrong type are named, with what to write instead."""
+    df = spark.range(3).selectExpr(*select.split(", "))
+    with pytest.raises(Exception, match=message):
+        (df.write.format("logkit").option("path", str(tmp_path)).option("topic", "t")
+         .mode("append").save())
+    assert not os.path.exists(os.path.join(tmp_path, ".spark-staging"))
 
 
 def test_failed_batch_write_leaves_no_records_and_no_staging(spark, tmp_path):

@@ -43,12 +43,10 @@ class LogkitDataSource(DataSource):
     def writer(self, schema: Any, overwrite: bool) -> LogkitBatchWriter:
         if overwrite:
             raise LogkitSparkError("logkit: topics are append-only; use mode('append')")
-        return LogkitBatchWriter(SinkOptions(self.options, schema.fieldNames(),
-                                             streaming=False))
+        return LogkitBatchWriter(SinkOptions(self.options, schema, streaming=False))
 
     def streamWriter(self, schema: Any, overwrite: bool) -> LogkitStreamWriter:
-        return LogkitStreamWriter(SinkOptions(self.options, schema.fieldNames(),
-                                              streaming=True))
+        return LogkitStreamWriter(SinkOptions(self.options, schema, streaming=True))
 
 
 DefaultSource = LogkitDataSource

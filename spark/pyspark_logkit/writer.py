@@ -45,6 +45,8 @@ from typing import Any, Iterator, Mapping
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
                                     WriterCommitMessage)
+from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, StringType, StructField,
+                               StructType)
 
 import logkit
 from logkit.crc import crc32c
@@ -65,7 +67,7 @@ _PRODUCER = struct.Struct(">qhi")              # producerId, producerEpoch, base
 class SinkOptions:
     """Write options, checked on the driver."""
 
-    def __init__(self, options: Mapping[str, str], columns: list[str], *,
+    def __init__(self, options: Mapping[str, str], schema: StructType, *,
                  streaming: bool) -> None:
         # `options` is Spark's case-insensitive dict: a plain dict copy of it has
         # lower-cased keys, and options.get("sinkId") would then miss.
@@ -74,10 +76,8 @@ class SinkOptions:
             raise LogkitSparkError("logkit: option 'path' is required: the broker directory")
         self.path = os.path.abspath(self.path)
         self.topic = options.get("topic")
-        if "value" not in columns:
-            raise LogkitSparkError(f"logkit: the DataFrame needs a 'value' column "
-                                   f"(binary or string); it has {columns}")
-        if self.topic is None and "topic" not in columns:
+        _check_columns(schema)
+        if self.topic is None and "topic" not in schema.fieldNames():
             raise LogkitSparkError("logkit: set the 'topic' option or add a 'topic' column")
         broker = broker_for(self.path)
         if self.topic is not None:
@@ -123,6 +123,44 @@ class SinkOptions:
         return "queryName:" + str(self.query_name)
 
 
+_HEADERS = ArrayType(StructType([StructField("key", StringType()),
+                                 StructField("value", BinaryType())]))
+
+
+def _check_columns(schema: StructType) -> None:
+    """The DataFrame's columns, checked on the driver before any task runs: `value`
+    (and `key`) binary or string, `topic` string, `partition` int, `headers` as the
+    source's headers column. Other columns are ignored, as Spark's Kafka sink does."""
+    types = {field.name: field.dataType for field in schema.fields}
+    if "value" not in types:
+        raise LogkitSparkError("logkit: the DataFrame needs a 'value' column (binary or "
+                               f"string); it has {schema.fieldNames()}")
+    wanted = {"key": "binary or string", "value": "binary or string", "topic": "string",
+              "partition": "int", "headers": "array<struct<key:string,value:binary>>"}
+    for name, kind in wanted.items():
+        if name not in types:
+            continue
+        data_type = types[name]
+        ok = (isinstance(data_type, (BinaryType, StringType)) if kind == "binary or string"
+              else isinstance(data_type, StringType) if kind == "string"
+              else isinstance(data_type, IntegerType) if kind == "int"
+              else _same_headers(data_type))
+        if not ok:
+            raise LogkitSparkError(f"logkit: column {name!r} must be {kind}, got "
+                                   f"{data_type.simpleString()}; cast it, e.g. "
+                                   f"CAST({name} AS STRING)")
+
+
+def _same_headers(data_type: Any) -> bool:
+    if not isinstance(data_type, ArrayType) or not isinstance(data_type.elementType,
+                                                              StructType):
+        return False
+    fields = data_type.elementType.fields
+    return ([f.name for f in fields] == ["key", "value"]
+            and isinstance(fields[0].dataType, StringType)
+            and isinstance(fields[1].dataType, (BinaryType, StringType)))
+
+
 @dataclass
 class StagedFile(WriterCommitMessage):
     path: str
@@ -132,7 +170,12 @@ class StagedFile(WriterCommitMessage):
 
 def _column(batch: pa.RecordBatch, name: str) -> list | None:
     index = batch.schema.get_field_index(name)
-    return None if index < 0 else batch.column(index).to_pylist()
+    if index < 0:
+        return None
+    column = batch.column(index)
+    if name in ("key", "value") and pa.types.is_string(column.type):
+        column = column.cast(pa.binary())     # UTF-8 bytes, in C++, not per row
+    return column.to_pylist()
 
 
 def _as_bytes(value: Any) -> bytes | None:
@@ -145,70 +188,94 @@ def _as_bytes(value: Any) -> bytes | None:
     raise LogkitSparkError(f"logkit: key/value must be binary or string, got {type(value)}")
 
 
+class _Slots:
+    """A task's pending rows per (topic, partition), emitted as Kafka record batches
+    under STAGED_BATCH_RECORDS records and half the topic's max.message.bytes (Kafka's
+    limit counts the whole batch)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.rows: dict[tuple[str, int], list[tuple]] = {}
+        self.size_bytes: dict[tuple[str, int], int] = {}
+
+    def add(self, slot: tuple[str, int], key: bytes | None, value: bytes | None,
+            headers: list | None, limit_bytes: int) -> None:
+        size = 24 + (len(key) if key else 0) + (len(value) if value else 0)
+        rows = self.rows.get(slot)
+        if rows and (len(rows) >= STAGED_BATCH_RECORDS
+                     or self.size_bytes[slot] + size > limit_bytes):
+            self.emit(slot)
+            rows = None
+        if rows is None:
+            rows = self.rows[slot] = []
+            self.size_bytes[slot] = 61
+        rows.append((key, value, headers, None))
+        self.size_bytes[slot] += size
+
+    def emit(self, slot: tuple[str, int]) -> None:
+        encoded = encode_batch(self.rows.pop(slot))
+        name = slot[0].encode()
+        self.out.write(_FRAME.pack(len(name), slot[1], len(encoded)))
+        self.out.write(name)
+        self.out.write(encoded)
+
+    def emit_all(self) -> None:
+        for slot in list(self.rows):
+            self.emit(slot)
+
+
 def stage(path: str, writer_id: str, default_topic: str | None,
           batches: Iterator[pa.RecordBatch]) -> StagedFile:
-    """Encode rows as Kafka batches into one staging file (runs on a Spark worker)."""
+    """Encode rows as Kafka batches into one staging file (runs on a Spark worker).
+    Keyed rows go to murmur2(key) like the producer; null keys stick to one random
+    partition per topic for this task, like the producer's sticky partitioner."""
     broker = broker_for(path)
     directory = os.path.join(path, STAGING_DIR, writer_id)
     os.makedirs(directory, exist_ok=True)
     file_path = os.path.join(directory, f"{uuid.uuid4().hex}.stage")
     rng = random.Random()
+    topics: dict[str, tuple[Any, int, int]] = {}     # name -> topic, partitions, limit
     sticky: dict[str, int] = {}
-    pending: dict[tuple[str, int], list[tuple]] = {}
-    pending_bytes: dict[tuple[str, int], int] = {}
     total = 0
     with open(file_path, "wb") as out:
-        def emit(slot: tuple[str, int]) -> None:
-            rows = pending.pop(slot)
-            encoded = encode_batch(rows)
-            name = slot[0].encode()
-            out.write(_FRAME.pack(len(name), slot[1], len(encoded)))
-            out.write(name)
-            out.write(encoded)
-
+        slots = _Slots(out)
         for batch in batches:
-            keys = _column(batch, "key") or [None] * batch.num_rows
+            count = batch.num_rows
+            keys = _column(batch, "key") or [None] * count
             values = _column(batch, "value")
-            topics = _column(batch, "topic") or [default_topic] * batch.num_rows
+            names = _column(batch, "topic") if default_topic is None else None
             partitions = _column(batch, "partition")
             headers = _column(batch, "headers")
-            for i in range(batch.num_rows):
-                topic_name = default_topic or topics[i]
-                if not topic_name:
+            for i in range(count):
+                name = default_topic or names[i]
+                if not name:
                     raise LogkitSparkError("logkit: a row has no topic (null 'topic' column "
                                            "and no 'topic' option)")
-                topic = broker.get_or_create_topic(topic_name)
-                key = _as_bytes(keys[i])
+                known = topics.get(name)
+                if known is None:
+                    topic = broker.get_or_create_topic(name)
+                    known = topics[name] = (topic, topic.num_partitions,
+                                            topic.config["max.message.bytes"] // 2)
+                topic, num_partitions, limit_bytes = known
+                key = keys[i]
                 if partitions is not None and partitions[i] is not None:
                     number = partitions[i]
-                    topic.partition(number)                      # validates
+                    if not 0 <= number < num_partitions:
+                        raise LogkitSparkError(f"logkit: partition {number} does not exist "
+                                               f"in topic {name!r} ({num_partitions} "
+                                               "partitions)")
                 elif key is not None:
                     number = topic.partition_for(key)
                 else:
-                    number = sticky.get(topic_name)
+                    number = sticky.get(name)
                     if number is None:
-                        number = sticky[topic_name] = rng.randrange(topic.num_partitions)
+                        number = sticky[name] = rng.randrange(num_partitions)
                 row_headers = None
                 if headers is not None and headers[i]:
                     row_headers = [(h["key"], _as_bytes(h["value"])) for h in headers[i]]
-                slot = (topic_name, number)
-                value = _as_bytes(values[i])
-                size = 24 + (len(key) if key else 0) + (len(value) if value else 0)
-                rows = pending.get(slot)
-                # Keep each staged batch under the topic's max.message.bytes (Kafka's
-                # limit counts the whole batch) and under STAGED_BATCH_RECORDS records.
-                if rows and (len(rows) >= STAGED_BATCH_RECORDS or pending_bytes[slot] + size
-                             > topic.config["max.message.bytes"] // 2):
-                    emit(slot)
-                    rows = None
-                if rows is None:
-                    rows = pending[slot] = []
-                    pending_bytes[slot] = 61
-                rows.append((key, value, row_headers, None))
-                pending_bytes[slot] += size
-                total += 1
-        for slot in list(pending):
-            emit(slot)
+                slots.add((name, number), key, values[i], row_headers, limit_bytes)
+            total += count
+        slots.emit_all()
         out.flush()
         os.fsync(out.fileno())
     return StagedFile(file_path, total, 0)
