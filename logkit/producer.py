@@ -1,28 +1,48 @@
 """The producer: Kafka's `KafkaProducer` semantics over the embedded log.
 
-Owns: the record accumulator (one open batch per partition), partition choice (Kafka's
-murmur2 for keyed records, sticky or round-robin for null keys), batching by
-`batch_size` and `linger_ms`, the bounded buffer (`buffer_memory`, `max_block_ms`), and
-the futures that resolve to `RecordMetadata`.
+Owns: the record accumulator (at most one open batch per partition), partition choice
+(Kafka's murmur2 for keyed records, sticky or round-robin for null keys, or a callable),
+batching by `batch_size` and `linger_ms`, the bounded buffer (`buffer_memory`,
+`max_block_ms`), and the futures that resolve to `RecordMetadata`.
 
-How batches leave: a batch that reaches `batch_size` is appended at once by the thread
-that filled it; a partial batch is appended by the background sender thread when it is
-`linger_ms` old (with `linger_ms=0`, as soon as the sender thread runs, so records that
-arrive meanwhile join the batch — Kafka's behaviour while a request is in flight), and
-by `flush()` / `close()`. Appends go through `PartitionLog.append_batch`, so a batch is
-one Kafka record batch, atomically visible to every process.
+How batches leave the accumulator (the "sender" side of Kafka's producer, with a local
+append in place of a produce request):
 
-`acks`: 0 resolves futures without waiting (offset -1, as Kafka's client reports);
-1 waits for the append; "all" (or -1) waits for the append and, with no replication
-configured, means the same as 1 — the leader is the whole ISR.
+| trigger                                    | who appends                       |
+|--------------------------------------------|-----------------------------------|
+| the next record does not fit `batch_size`  | the thread that called `send()`   |
+| the batch is `linger_ms` old               | the background sender thread      |
+| `flush()` / `close()`                      | the calling thread                |
+| `future.result()` on a still-open batch    | the calling thread (no hand-off)  |
+| `buffer_memory` exhausted                  | the sender thread, ignoring linger|
 
-Thread-safety: every public method may be called from any thread.
+With `linger_ms=0` a batch is due at once, so it leaves as soon as the sender thread
+runs; records sent meanwhile join it — exactly what Kafka does while a request is in
+flight. An idle producer writes one-record batches; a busy one writes full batches.
+
+Buffer accounting is Kafka's: each open batch reserves `min(batch_size,
+buffer_memory)` bytes (more for one record bigger than that) until it is appended; a
+`send()` that needs a new batch and finds no room blocks up to `max_block_ms`, then
+raises `LogkitTimeoutError`. Appends are local, so the buffer fills only when appends
+stall (another process holding the partition lock, a slow disk).
+
+Timestamps: a record sent without one is stamped with the time its batch is sealed (at
+most `linger_ms` after `send()`), which is what the batch header and `RecordMetadata`
+report. `acks`: 0 resolves futures without waiting (offset -1, as Kafka's client
+reports); 1 waits for the append; "all" (or -1) waits for the append and, with no
+replication configured, means the same as 1 — the leader is the whole ISR.
+
+Thread-safety: every public method may be called from any thread. One lock guards the
+accumulator; it is never held while encoding or appending.
 Invariant: each record's future resolves exactly once, with the offset it was stored at
-or the error that kept it out; a record is never appended twice.
+or the error that kept it out; a record is never appended twice; batches of one
+partition are appended in the order they were sealed, so records keep their send order
+within a partition.
 """
 
 from __future__ import annotations
 
+import collections
 import random
 import threading
 import time
@@ -30,13 +50,13 @@ from typing import Any, Callable
 
 from .compression import codec_id, require
 from .config import snake_to_kafka
-from .errors import (ClosedError, ConfigError, LogkitError, LogkitTimeoutError,
-                     RecordTooLargeError)
+from .errors import (ClosedError, ConfigError, LogkitTimeoutError, RecordTooLargeError,
+                     UnknownTopicError)
 from .records import RECORDS_OFFSET, RecordMetadata, encode_batch, record_size_estimate
 
 __all__ = ["Producer", "FutureRecordMetadata"]
 
-# Keyword -> (default, validator). Kafka's producer names, snake_case, Kafka's defaults.
+# Keyword -> default: Kafka's producer names in snake_case, with kafka-python's defaults.
 DEFAULTS: dict[str, Any] = {
     "acks": 1, "linger_ms": 0, "batch_size": 16384, "compression_type": None,
     "buffer_memory": 33554432, "max_block_ms": 60000, "max_request_size": 1048576,
@@ -44,100 +64,171 @@ DEFAULTS: dict[str, Any] = {
     "client_id": "logkit-producer", "retries": 0, "request_timeout_ms": 30000,
     "enable_idempotence": False,
 }
-_KEY_CACHE_LIMIT = 100_000
+RECORD_OVERHEAD_BYTES = 21          # upper bound of a record's framing without headers
+KEY_CACHE_LIMIT = 100_000           # key -> partition entries per topic, then cleared
+SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
 
 
 class _Batch:
-    """Records bound for one partition, appended together."""
+    """Records bound for one partition, appended together as one Kafka record batch."""
 
-    __slots__ = ("topic", "partition", "rows", "size", "created", "done", "base_offset",
-                 "error", "callbacks", "producer", "ticket")
+    __slots__ = ("state", "partition", "rows", "size", "reserved", "created", "done",
+                 "base_offset", "timestamp_ms", "error", "callbacks", "_index",
+                 "outcomes")
 
-    def __init__(self, topic: str, partition: int, producer: "Producer") -> None:
-        self.producer = producer
-        self.topic = topic
+    def __init__(self, state: "_TopicState", partition: int, reserved: int) -> None:
+        self.state = state
         self.partition = partition
         self.rows: list[tuple] = []
-        self.size = RECORDS_OFFSET
+        self.size = RECORDS_OFFSET          # estimated encoded bytes so far
+        self.reserved = reserved            # buffer_memory held until appended
         self.created = time.monotonic()
         self.done = threading.Event()
         self.base_offset = -1
+        self.timestamp_ms = -1              # what records without a timestamp got
         self.error: BaseException | None = None
-        self.callbacks: list[tuple[int, Callable | None, Callable | None]] = []
-        self.ticket = -1              # its place in the partition's append order
+        self.callbacks: list[tuple[tuple, Callable | None, Callable | None]] = []
+        self._index: dict[int, int] | None = None
+        # Set only when the batch had to be split: id(row) -> offset or error.
+        self.outcomes: dict[int, int | BaseException] | None = None
+
+    def outcome(self, row: tuple) -> RecordMetadata | BaseException:
+        """`row`'s RecordMetadata, or the error that kept it out (batch done)."""
+        if self.error is not None:
+            return self.error
+        if self.outcomes is not None:
+            offset = self.outcomes[id(row)]
+            if isinstance(offset, BaseException):
+                return offset
+        else:
+            index = self._index
+            if index is None:
+                index = self._index = {id(r): i for i, r in enumerate(self.rows)}
+            offset = self.base_offset + index[id(row)]
+        ts = row[3]
+        return RecordMetadata(self.state.name, self.partition, offset,
+                              self.timestamp_ms if ts is None else ts)
+
+
+class _TopicState:
+    """The producer's view of one topic: its logs, open batches and partitioner state."""
+
+    __slots__ = ("producer", "name", "topic", "count", "open", "cache", "sticky",
+                 "round_robin", "sealed", "busy")
+
+    def __init__(self, producer: "Producer", topic: Any) -> None:
+        self.producer = producer
+        self.name = topic.name
+        self.topic = topic
+        self.count = topic.num_partitions
+        self.open: list[_Batch | None] = [None] * self.count
+        self.cache: dict[bytes, int] = {}          # key -> partition (murmur2 is pure)
+        self.sticky = random.randrange(self.count)
+        self.round_robin = -1
+        # Sealed batches per partition, in seal order, and whether some thread is
+        # appending that partition now: one appender per partition keeps the order.
+        self.sealed: list[collections.deque[_Batch]] = [collections.deque()
+                                                        for _ in range(self.count)]
+        self.busy = [False] * self.count
+
+    def keyed(self, key: bytes) -> int:
+        if len(self.cache) >= KEY_CACHE_LIMIT:
+            self.cache.clear()
+        partition = self.cache[key] = self.topic.partition_for(key)
+        return partition
 
 
 class FutureRecordMetadata:
-    """The future of one sent record (Kafka's FutureRecordMetadata)."""
+    """The future of one sent record (Kafka's FutureRecordMetadata).
 
-    __slots__ = ("_batch", "_index", "_acks")
+    Cheap on purpose: it holds its batch and its row; the offset is worked out only
+    when someone asks for it."""
 
-    def __init__(self, batch: _Batch, index: int, acks: Any) -> None:
+    __slots__ = ("_batch", "_row", "_acks")
+
+    def __init__(self, batch: _Batch, row: tuple, acks: int) -> None:
         self._batch = batch
-        self._index = index
+        self._row = row
         self._acks = acks
 
     def done(self) -> bool:
         return self._acks == 0 or self._batch.done.is_set()
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
-        """Block until the record is stored; RecordMetadata or the append's error."""
+        """Block until the record is stored; its RecordMetadata, or the append's error."""
         batch = self._batch
-        row = batch.rows[self._index]
         if self._acks == 0:
-            return RecordMetadata(batch.topic, batch.partition, -1, row[3])
+            ts = self._row[3]
+            return RecordMetadata(batch.state.name, batch.partition, -1,
+                                  batch.timestamp_ms if ts is None else ts)
         if not batch.done.is_set():
-            batch.producer._append_now(batch)        # the caller runs it: no hand-off
+            batch.state.producer._append_if_open(batch)   # the caller appends: no hand-off
         if not batch.done.wait(timeout):
             raise LogkitTimeoutError(f"record not stored within {timeout} s")
-        if batch.error is not None:
-            raise batch.error
-        return RecordMetadata(batch.topic, batch.partition, batch.base_offset + self._index,
-                              row[3])
+        outcome = batch.outcome(self._row)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     get = result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._batch.done.wait(timeout):
+        batch = self._batch
+        if not batch.done.is_set():
+            batch.state.producer._append_if_open(batch)
+        if not batch.done.wait(timeout):
             raise LogkitTimeoutError(f"record not stored within {timeout} s")
-        return self._batch.error
+        outcome = batch.outcome(self._row)
+        return outcome if isinstance(outcome, BaseException) else None
 
     def add_callback(self, fn: Callable[[RecordMetadata], Any]) -> "FutureRecordMetadata":
+        """Call fn(metadata) once the record is stored (at once if it already is)."""
         return self._add(fn, None)
 
     def add_errback(self, fn: Callable[[BaseException], Any]) -> "FutureRecordMetadata":
+        """Call fn(error) if the record could not be stored."""
         return self._add(None, fn)
 
     def _add(self, ok: Callable | None, err: Callable | None) -> "FutureRecordMetadata":
         batch = self._batch
         with _callback_lock:
             if not batch.done.is_set():
-                batch.callbacks.append((self._index, ok, err))
+                batch.callbacks.append((self._row, ok, err))
                 return self
-        _run_callback(batch, self._index, ok, err)
+        _run_callback(batch, self._row, ok, err)
         return self
 
 
-_callback_lock = threading.Lock()
-_time = time.time
+_callback_lock = threading.Lock()      # callbacks registered vs. run: exactly once
 
 
-def _coerce_bytes(data: Any) -> bytes | None:
+def _run_callback(batch: _Batch, row: tuple, ok: Callable | None,
+                  err: Callable | None) -> None:
+    outcome = batch.outcome(row)
+    if isinstance(outcome, BaseException):
+        if err is not None:
+            err(outcome)
+    elif ok is not None:
+        ok(outcome)
+
+
+def _as_bytes(data: Any) -> bytes | None:
     if data is None or type(data) is bytes:
         return data
-    if isinstance(data, (bytes, bytearray, memoryview)):
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    if isinstance(data, bytes):                      # a bytes subclass
         return bytes(data)
     raise TypeError(f"keys and values must be bytes (or set key_serializer / "
                     f"value_serializer), got {type(data).__name__}")
 
 
-def _run_callback(batch: _Batch, index: int, ok: Callable | None, err: Callable | None) -> None:
-    if batch.error is not None:
-        if err is not None:
-            err(batch.error)
-    elif ok is not None:
-        ok(RecordMetadata(batch.topic, batch.partition, batch.base_offset + index,
-                          batch.rows[index][3]))
+def _non_negative_int(settings: dict[str, Any], name: str) -> int:
+    value = settings[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} ({snake_to_kafka(name)}) must be a non-negative "
+                          f"integer, got {value!r}")
+    return value
 
 
 class Producer:
@@ -149,51 +240,55 @@ class Producer:
             raise ConfigError(f"unknown producer option(s) {sorted(unknown)}; known: "
                               f"{sorted(DEFAULTS)}")
         settings = {**DEFAULTS, **options}
-        self._broker = broker
-        self.config = settings
         acks = settings["acks"]
-        if acks not in (0, 1, -1, "all", "0", "1", "-1"):
+        if isinstance(acks, bool) or acks not in (0, 1, -1, "all", "0", "1", "-1"):
             raise ConfigError(f"acks must be 0, 1 or 'all', got {acks!r}")
-        self._acks = 0 if acks in (0, "0") else 1
         for name in ("linger_ms", "batch_size", "buffer_memory", "max_block_ms",
-                     "max_request_size"):
-            value = settings[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name} ({snake_to_kafka(name)}) must be a non-negative "
-                                  f"integer, got {value!r}")
+                     "max_request_size", "retries", "request_timeout_ms"):
+            _non_negative_int(settings, name)
+        for name in ("key_serializer", "value_serializer"):
+            if settings[name] is not None and not callable(settings[name]):
+                raise ConfigError(f"{name} must be a callable or None")
+        partitioner = settings["partitioner"]
+        if partitioner not in (None, "sticky", "murmur2", "round_robin") \
+                and not callable(partitioner):
+            raise ConfigError("partitioner must be None (Kafka's default), 'round_robin' "
+                              "or a callable (key_bytes, all_partitions, available) -> int")
+        self.config = settings
         self._codec = codec_id(settings["compression_type"])
         require(self._codec)
-        partitioner = settings["partitioner"]
-        if partitioner not in (None, "sticky", "round_robin", "murmur2") \
-                and not callable(partitioner):
-            raise ConfigError("partitioner must be None, 'round_robin' or a callable "
-                              "(key_bytes, all_partitions, available) -> partition")
-        self._partitioner = partitioner
+        self._broker = broker
+        self._acks = 0 if acks in (0, "0") else 1
         self._linger_s = settings["linger_ms"] / 1000
-        self._batch_size = max(settings["batch_size"], 1)
+        self._buffer_memory = settings["buffer_memory"]
+        self._batch_size = max(1, min(settings["batch_size"], self._buffer_memory))
+        self._max_record_bytes = settings["max_request_size"] - RECORDS_OFFSET
+        self._max_block_s = settings["max_block_ms"] / 1000
         self._key_serializer = settings["key_serializer"]
         self._value_serializer = settings["value_serializer"]
-        self._serializing = self._key_serializer is not None or \
-            self._value_serializer is not None
-        self._buffer_memory = settings["buffer_memory"]
-        self._max_record_bytes = settings["max_request_size"] - RECORDS_OFFSET
+        self._round_robin = partitioner == "round_robin"
+        self._custom = partitioner if callable(partitioner) else None
+        # send()'s fast path handles bytes in, default partitioner; anything else,
+        # and a closed producer, takes the general path.
+        self._slow = self._key_serializer is not None or \
+            self._value_serializer is not None or partitioner not in (None, "sticky",
+                                                                      "murmur2")
         self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
-        self._wake = threading.Condition(self._lock)
-        self._turn = threading.Condition(self._lock)
-        self._tickets: dict[tuple[str, int], int] = {}     # next ticket per partition
-        self._appended: dict[tuple[str, int], int] = {}    # next ticket to append
-        self._open: dict[tuple[str, int], _Batch] = {}
-        self._buffered = 0
-        self._in_flight = 0
-        self._sticky: dict[str, int] = {}
-        self._round_robin: dict[str, int] = {}
-        self._key_cache: dict[tuple[str, bytes], int] = {}
-        self._topics: dict[str, Any] = {}
+        self._acquire, self._release = self._lock.acquire, self._lock.release
+        self._changed = threading.Condition(self._lock)   # space freed, batch appended
+        self._wake = threading.Condition(self._lock)      # the sender has work
+        self._states: dict[str, _TopicState] = {}
+        self._open_count = 0
+        self._reserved = 0
+        self._in_flight = 0            # sealed batches not yet appended
+        self._exhausted = 0            # senders waiting for buffer space
         self._closed = False
         self._sender = threading.Thread(target=self._run_sender, name="logkit-producer",
                                         daemon=True)
         self._sender.start()
+
+    def __repr__(self) -> str:
+        return f"Producer(acks={self.config['acks']!r}, linger_ms={self.config['linger_ms']})"
 
     # ---- sending ---------------------------------------------------------------------
 
@@ -201,203 +296,304 @@ class Producer:
              partition: int | None = None, headers: Any = None,
              timestamp_ms: int | None = None, timestamp: int | None = None
              ) -> FutureRecordMetadata:
-        """Queue a record; returns a future of its RecordMetadata. (The hot path of
-        producing: kept flat on purpose; see benchmarks.)"""
+        """Queue a record; returns a future of its RecordMetadata.
+
+        The hot path of producing, flat on purpose (benchmarks/ and logkit.bench):
+        bytes key and value, no headers, no explicit partition or timestamp."""
+        state = self._states.get(topic)
+        if state is None or self._slow or type(value) is not bytes or \
+                not (partition is headers is timestamp_ms is timestamp is None):
+            return self._send_general(topic, value, key, partition, headers,
+                                      timestamp if timestamp_ms is None else timestamp_ms)
+        if key is None:
+            size = len(value) + RECORD_OVERHEAD_BYTES
+            p = state.sticky
+        elif type(key) is bytes:
+            size = len(key) + len(value) + RECORD_OVERHEAD_BYTES
+            p = state.cache.get(key)
+            if p is None:
+                p = state.keyed(key)
+        else:
+            return self._send_general(topic, value, key, None, None, None)
+        row = (key, value, None, None)
+        self._acquire()
+        batch = state.open[p]
+        if batch is None or batch.size + size > self._batch_size:
+            self._release()
+            return self._enqueue(state, p, row, size)
+        batch.rows.append(row)
+        batch.size += size
+        self._release()
+        return FutureRecordMetadata(batch, row, self._acks)
+
+    def _send_general(self, topic: str, value: Any, key: Any, partition: int | None,
+                      headers: Any, timestamp_ms: int | None) -> FutureRecordMetadata:
+        """Everything send() accepts: serializers, headers, explicit partitions and
+        timestamps, tombstones, first use of a topic."""
         if self._closed:
             raise ClosedError("producer is closed")
-        if self._serializing:
-            if self._key_serializer is not None and key is not None:
-                key = self._key_serializer(key)
-            if self._value_serializer is not None and value is not None:
-                value = self._value_serializer(value)
-        if (key is not None and type(key) is not bytes) or \
-                (value is not None and type(value) is not bytes):
-            key, value = _coerce_bytes(key), _coerce_bytes(value)
-        if timestamp_ms is None:
-            timestamp_ms = int(_time() * 1000) if timestamp is None else timestamp
-        size = 21 + (0 if key is None else len(key)) + (0 if value is None else len(value))
+        if self._key_serializer is not None and key is not None:
+            key = self._key_serializer(key)
+        if self._value_serializer is not None and value is not None:
+            value = self._value_serializer(value)
+        key, value = _as_bytes(key), _as_bytes(value)
         if headers:
-            headers = [(k, v) for k, v in headers]
-            size = record_size_estimate(key, value, headers)
-        if size > self._max_record_bytes:
-            raise RecordTooLargeError(f"record of about {size} bytes exceeds "
-                                      f"max_request_size={self.config['max_request_size']}")
-        handle = self._topics.get(topic)
-        if handle is None:
-            handle = self._topic(topic)
+            headers = [(str(k), _as_bytes(v)) for k, v in headers]
+        else:
+            headers = None
+        if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or
+                                         not isinstance(timestamp_ms, int) or
+                                         timestamp_ms < 0):
+            raise ValueError(f"timestamp must be a non-negative int (ms), got "
+                             f"{timestamp_ms!r}")
+        size = record_size_estimate(key, value, headers)
+        state = self._state(topic)
         if partition is None:
-            if key is not None and self._partitioner is None:
-                partition = self._key_cache.get((topic, key))
-                if partition is None:
-                    partition = self._choose(handle, key)
-            else:
-                partition = self._choose(handle, key)
+            partition = self._choose(state, key)
         elif isinstance(partition, bool) or not isinstance(partition, int) \
-                or not 0 <= partition < handle.num_partitions:
-            raise LogkitError(f"topic {topic!r} has no partition {partition!r}")
-        slot = (topic, partition)
-        full = None
-        with self._lock:
-            if self._buffered + size > self._buffer_memory:
-                self._wait_for_space(size)
-            batch = self._open.get(slot)
-            if batch is not None and batch.size + size > self._batch_size:
-                full = self._close_batch(slot)
-                batch = None
-            if batch is None:
-                batch = self._open[slot] = _Batch(topic, partition, self)
-                self._wake.notify()
-            rows = batch.rows
-            future = FutureRecordMetadata(batch, len(rows), self._acks)
-            rows.append((key, value, headers, timestamp_ms))
-            batch.size += size
-            self._buffered += size
-            if batch.size >= self._batch_size:
-                if full is not None:               # two batches closed by one send
-                    self._lock.release()
-                    try:
-                        self._append(full)
-                    finally:
-                        self._lock.acquire()
-                full = self._close_batch(slot)
-        if full is not None:
-            self._append(full)
-        return future
+                or not 0 <= partition < state.count:
+            raise UnknownTopicError(f"topic {topic!r} has no partition {partition!r} "
+                                    f"(it has {state.count})")
+        return self._enqueue(state, partition, (key, value, headers, timestamp_ms), size)
 
-    def _topic(self, name: str) -> Any:
-        handle = self._topics.get(name)
-        if handle is None:
-            handle = self._topics[name] = self._broker.get_or_create_topic(name)
-        return handle
+    def _state(self, name: str) -> _TopicState:
+        state = self._states.get(name)
+        if state is None:
+            topic = self._broker.get_or_create_topic(name)   # UnknownTopicError if off
+            with self._lock:
+                state = self._states.get(name)
+                if state is None:
+                    state = self._states[name] = _TopicState(self, topic)
+        return state
 
-    def _choose(self, topic: Any, key: bytes | None) -> int:
-        count = topic.num_partitions
-        name = topic.name
+    def _choose(self, state: _TopicState, key: bytes | None) -> int:
+        if self._custom is not None:
+            everything = list(range(state.count))
+            partition = self._custom(key, everything, everything)
+            if isinstance(partition, bool) or not isinstance(partition, int) \
+                    or not 0 <= partition < state.count:
+                raise ConfigError(f"the partitioner returned {partition!r} for a topic "
+                                  f"with {state.count} partitions")
+            return partition
         if key is not None:
-            if callable(self._partitioner):
-                return self._partitioner(key, list(range(count)), list(range(count)))
-            cached = self._key_cache.get((name, key))
-            if cached is None:
-                if len(self._key_cache) >= _KEY_CACHE_LIMIT:
-                    self._key_cache.clear()
-                cached = self._key_cache[(name, key)] = topic.partition_for(key)
-            return cached
-        if self._partitioner == "round_robin":
-            nxt = self._round_robin.get(name, -1) + 1
-            self._round_robin[name] = nxt
-            return nxt % count
-        sticky = self._sticky.get(name)
-        if sticky is None or sticky >= count:
-            sticky = self._sticky[name] = random.randrange(count)
-        return sticky
+            partition = state.cache.get(key)
+            return state.keyed(key) if partition is None else partition
+        if self._round_robin:
+            state.round_robin = (state.round_robin + 1) % state.count
+            return state.round_robin
+        return state.sticky
 
-    def _close_batch(self, slot: tuple[str, int]) -> _Batch:
-        """Take a batch out of the accumulator (lock held); moves the sticky choice."""
-        batch = self._open.pop(slot)
+    def _enqueue(self, state: _TopicState, p: int, row: tuple, size: int
+                 ) -> FutureRecordMetadata:
+        """Add `row` to partition p's open batch: seal a batch it does not fit, open a
+        new one (waiting for buffer space), seal one it fills."""
+        if size > self._max_record_bytes:
+            raise RecordTooLargeError(
+                f"record of about {size} bytes exceeds max_request_size="
+                f"{self.config['max_request_size']}")
+        if size + RECORDS_OFFSET > self._buffer_memory:
+            raise RecordTooLargeError(
+                f"record of about {size} bytes exceeds buffer_memory="
+                f"{self._buffer_memory}")
+        deadline = None
+        while True:
+            sealed = False
+            waited = False
+            with self._lock:
+                if self._closed:
+                    raise ClosedError("producer is closed")
+                batch = state.open[p]
+                if batch is not None and batch.size + size > self._batch_size \
+                        and batch.rows:
+                    self._seal(state, p)
+                    sealed, batch = True, None
+                if batch is None:
+                    reserve = max(self._batch_size, size + RECORDS_OFFSET)
+                    if self._reserved + reserve > self._buffer_memory and self._reserved:
+                        if deadline is None:
+                            deadline = time.monotonic() + self._max_block_s
+                        if not sealed:            # append ours first: they free space
+                            self._wait_for_space(deadline)
+                        waited = True
+                    else:
+                        batch = state.open[p] = _Batch(state, p, reserve)
+                        self._reserved += reserve
+                        self._open_count += 1
+                        self._wake.notify()
+                if not waited:
+                    batch.rows.append(row)
+                    batch.size += size
+                    if batch.size >= self._batch_size:
+                        self._seal(state, p)
+                        sealed = True
+            if sealed:
+                self._drain(state, p)
+            if not waited:
+                return FutureRecordMetadata(batch, row, self._acks)
+
+    def _wait_for_space(self, deadline: float) -> None:
+        """Wait (lock held) until buffer space may have been freed; raise at deadline."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise LogkitTimeoutError(
+                f"no room in buffer_memory={self._buffer_memory} within "
+                f"max_block_ms={self.config['max_block_ms']}: appends are not keeping up")
+        self._exhausted += 1                     # the sender ignores linger meanwhile
+        self._wake.notify()
+        try:
+            self._changed.wait(min(remaining, SENDER_IDLE_WAIT_S))
+        finally:
+            self._exhausted -= 1
+
+    def _seal(self, state: _TopicState, p: int) -> _Batch:
+        """Move partition p's open batch to its sealed queue (lock held); a sticky
+        partitioner moves on to another partition (Kafka's behaviour)."""
+        batch = state.open[p]
+        assert batch is not None
+        state.open[p] = None
+        state.sealed[p].append(batch)
+        self._open_count -= 1
         self._in_flight += 1
-        batch.ticket = self._tickets.get(slot, 0)
-        self._tickets[slot] = batch.ticket + 1
-        topic, partition = slot
-        if self._sticky.get(topic) == partition:
-            count = self._topics[topic].num_partitions
-            if count > 1:
-                choice = random.randrange(count - 1)
-                self._sticky[topic] = choice + (choice >= partition)
+        if state.sticky == p and state.count > 1:
+            choice = random.randrange(state.count - 1)
+            state.sticky = choice + (choice >= p)
         return batch
 
-    def _append_now(self, batch: _Batch) -> None:
-        """Append `batch` in this thread if it is still waiting in the accumulator."""
-        slot = (batch.topic, batch.partition)
+    def _append_if_open(self, batch: _Batch) -> None:
+        """Seal `batch` if it still waits in the accumulator, and append what is due."""
+        state, p = batch.state, batch.partition
         with self._lock:
-            if self._open.get(slot) is not batch:
-                return                      # already taken by the sender or a flush
-            self._close_batch(slot)
-        self._append(batch)
+            if state.open[p] is batch:
+                self._seal(state, p)
+        self._drain(state, p)
 
-    def _wait_for_space(self, size: int) -> None:
-        deadline = time.monotonic() + self.config["max_block_ms"] / 1000
-        while self._buffered + size > self.config["buffer_memory"] and self._buffered:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise LogkitTimeoutError(
-                    f"buffer_memory={self.config['buffer_memory']} full for "
-                    f"max_block_ms={self.config['max_block_ms']}")
-            self._wake.notify()
-            self._space.wait(remaining)
+    def _drain(self, state: _TopicState, p: int) -> None:
+        """Append partition p's sealed batches in order, in this thread — unless another
+        thread is appending p already; that thread appends them (it loops until the
+        queue is empty), so no thread waits for another's append and none hands off."""
+        while True:
+            with self._lock:
+                if state.busy[p] or not state.sealed[p]:
+                    return
+                state.busy[p] = True
+                batch = state.sealed[p].popleft()
+            try:
+                self._append(batch)
+            finally:
+                with self._lock:
+                    state.busy[p] = False
+                    self._reserved -= batch.reserved
+                    self._in_flight -= 1
+                    self._changed.notify_all()
 
     def _append(self, batch: _Batch) -> None:
-        """Append one batch to its partition and resolve its futures (no lock held).
-        Batches of one partition are appended in the order they were closed, whichever
-        thread appends them, so records keep their send order within a partition."""
-        slot = (batch.topic, batch.partition)
-        with self._lock:
-            while self._appended.get(slot, 0) != batch.ticket:
-                self._turn.wait()
+        """Append one sealed batch and resolve its futures (lock not held; the caller
+        holds the partition's busy flag)."""
         try:
-            log = self._topics[batch.topic].partition(batch.partition)._log
-            encoded = encode_batch(batch.rows, codec=self._codec)
-            batch.base_offset = log.append_batch(encoded)
+            log = batch.state.topic.partition(batch.partition)._log
+            now_ms = int(time.time() * 1000)
+            batch.timestamp_ms = now_ms
+            encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
+            if len(batch.rows) > 1 and len(encoded) > log.config["max.message.bytes"]:
+                batch.outcomes = {}
+                self._append_split(log, batch.rows, now_ms, batch.outcomes)
+            else:
+                batch.base_offset = log.append_batch(encoded)
         except BaseException as exc:   # the error belongs to the records' futures
             batch.error = exc
         with _callback_lock:
             batch.done.set()
             callbacks, batch.callbacks = batch.callbacks, []
-        for index, ok, err in callbacks:
+        for row, ok, err in callbacks:
             try:
-                _run_callback(batch, index, ok, err)
+                _run_callback(batch, row, ok, err)
             except Exception:        # a user callback must not break the producer
                 pass
-        with self._lock:
-            self._buffered -= batch.size - RECORDS_OFFSET
-            self._in_flight -= 1
-            self._appended[slot] = batch.ticket + 1
-            self._turn.notify_all()
-            self._space.notify_all()
+
+    def _append_split(self, log: Any, rows: list[tuple], now_ms: int,
+                      outcomes: dict[int, int | BaseException]) -> None:
+        """A batch over the topic's max.message.bytes goes in halves, recursively (as
+        Kafka's producer splits on MESSAGE_TOO_LARGE); each row's offset or error is
+        recorded, so only a record too big on its own fails."""
+        encoded = encode_batch(rows, codec=self._codec, now_ms=now_ms)
+        if len(rows) > 1 and len(encoded) > log.config["max.message.bytes"]:
+            half = len(rows) // 2
+            self._append_split(log, rows[:half], now_ms, outcomes)
+            self._append_split(log, rows[half:], now_ms, outcomes)
+            return
+        try:
+            base = log.append_batch(encoded)
+        except Exception as exc:       # the error belongs to these rows' futures
+            for row in rows:
+                outcomes[id(row)] = exc
+            return
+        for i, row in enumerate(rows):
+            outcomes[id(row)] = base + i
 
     # ---- the sender thread -----------------------------------------------------------
+
+    def _due(self, now: float) -> list[tuple[_TopicState, int]]:
+        """Seal the batches that are linger_ms old (all of them when the buffer is
+        exhausted or the producer is closing); the partitions to drain. Lock held."""
+        due = []
+        for state in self._states.values():
+            for p, batch in enumerate(state.open):
+                if batch is not None and (now - batch.created >= self._linger_s
+                                          or self._exhausted or self._closed):
+                    self._seal(state, p)
+                    due.append((state, p))
+        return due
 
     def _run_sender(self) -> None:
         while True:
             with self._lock:
-                while not self._open and not self._closed:
-                    self._wake.wait()
-                if self._closed and not self._open:
+                if self._closed and not self._open_count:
                     return
-                now = time.monotonic()
-                due = [slot for slot, b in self._open.items()
-                       if now - b.created >= self._linger_s or self._closed]
-                if not due:
-                    oldest = min(b.created for b in self._open.values())
-                    self._wake.wait(max(0.0, oldest + self._linger_s - now))
+                if not self._open_count:
+                    self._wake.wait(SENDER_IDLE_WAIT_S)
                     continue
-                ready = [self._close_batch(slot) for slot in due]
-            for batch in ready:
-                self._append(batch)
+                now = time.monotonic()
+                due = self._due(now)
+                if not due:
+                    oldest = min(b.created for s in self._states.values()
+                                 for b in s.open if b is not None)
+                    self._wake.wait(min(SENDER_IDLE_WAIT_S,
+                                        max(0.0, oldest + self._linger_s - now)))
+                    continue
+            for state, p in due:
+                self._drain(state, p)
 
     # ---- lifecycle -------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> None:
         """Append every queued record now and wait until all are stored."""
         with self._lock:
-            ready = [self._close_batch(slot) for slot in list(self._open)]
-        for batch in ready:
-            self._append(batch)
+            for state in self._states.values():
+                for p, batch in enumerate(state.open):
+                    if batch is not None:
+                        self._seal(state, p)
+            states = list(self._states.values())
+        for state in states:
+            for p in range(state.count):
+                self._drain(state, p)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while self._in_flight:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise LogkitTimeoutError("flush timed out")
-                self._space.wait(remaining if remaining is not None else 0.1)
+                    raise LogkitTimeoutError(f"flush did not finish within {timeout} s")
+                self._changed.wait(SENDER_IDLE_WAIT_S if remaining is None
+                                   else min(remaining, SENDER_IDLE_WAIT_S))
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush, then stop the sender thread. Safe to call twice."""
-        if self._closed:
-            return
-        self.flush(timeout)
+        """Flush, refuse further sends, stop the sender thread. Safe to call twice."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
+            self._slow = True               # send() checks _closed on the general path
             self._wake.notify_all()
+        self.flush(timeout)
         if self._sender is not threading.current_thread():
             self._sender.join(timeout=10)
 
@@ -408,4 +604,11 @@ class Producer:
         self.close()
 
     def partitions_for(self, topic: str) -> set[int]:
-        return set(range(self._topic(topic).num_partitions))
+        """The partition numbers of `topic` (auto-created if the broker allows)."""
+        return set(range(self._state(topic).count))
+
+    def metrics(self) -> dict[str, int]:
+        """A few accumulator gauges (Kafka's producer exposes many more)."""
+        with self._lock:
+            return {"open_batches": self._open_count, "in_flight_batches": self._in_flight,
+                    "buffer_reserved_bytes": self._reserved}

@@ -1,5 +1,5 @@
-"""Producer and consumer behaviour on a real broker: partitioning, batching, futures,
-blocking poll across processes, positions, bad input."""
+"""The producer on a real broker: partitioning, batching, linger, futures and callbacks,
+threads, limits and backpressure, acks, bad input."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ def drain(consumer, idle_ms=300):
         if not batch:
             return out
         out += batch
+
+
+def wait_until(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
 
 
 def test_keyed_records_follow_murmur2_and_keep_order(broker):
@@ -119,20 +127,99 @@ def test_threads_send_concurrently(broker):
 
 
 def test_producer_limits(broker):
-    """max_request_size, topic max.message.bytes and buffer_memory are enforced."""
+    """max_request_size refuses a record at send(); a batch over the topic's
+    max.message.bytes is split, and a single record over it fails its future."""
     broker.create_topic("t", 1, config={"max.message.bytes": 500})
-    producer = broker.producer(max_request_size=2000)
+    producer = broker.producer(max_request_size=2000, linger_ms=60_000)
     with pytest.raises(RecordTooLargeError):
         producer.send("t", b"x" * 5000)
+    small = [producer.send("t", b"%03d" % i + b"y" * 60) for i in range(20)]
     future = producer.send("t", b"x" * 1000)          # fits the producer, not the topic
+    producer.flush()
     with pytest.raises(RecordTooLargeError):
         future.result(timeout=5)
-    blocked = broker.producer(buffer_memory=1000, batch_size=10**6, linger_ms=10**6,
-                              max_block_ms=100)
-    blocked.send("t", b"x" * 400)
-    blocked.send("t", b"x" * 400)
-    with pytest.raises(LogkitTimeoutError):
-        blocked.send("t", b"x" * 400)
+    assert isinstance(future.exception(timeout=5), RecordTooLargeError)
+    offsets = [f.result(timeout=5).offset for f in small]
+    assert offsets == list(range(20))                 # split batches keep the order
+    records = broker.topic("t").partition(0).read(0, max_records=100)
+    assert [r.value[:3] for r in records] == [b"%03d" % i for i in range(20)]
+
+
+def test_full_buffer_blocks_send_then_times_out(broker):
+    """When appends stall (another process holds the partition lock), buffer_memory
+    fills and send() blocks for max_block_ms, then raises LogkitTimeoutError; once the
+    lock is released, every accepted record is stored."""
+    topic = broker.create_topic("t", 1)
+    lock_path = os.path.join(topic.partition(0).directory, "logkit.tail")
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys\nf = open(sys.argv[1], 'rb+')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+         "print('locked', flush=True)\nsys.stdin.read()", lock_path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        producer = broker.producer(buffer_memory=4096, batch_size=1024, max_block_ms=300)
+        first = producer.send("t", b"0000" + b"v" * 200)     # the sender takes it, blocks
+        wait_until(lambda: producer.metrics()["open_batches"] == 0, 30, "the sender")
+        accepted = [first]
+        with pytest.raises(LogkitTimeoutError):
+            for i in range(1, 1000):                  # 4 batches' worth fits, then blocks
+                accepted.append(producer.send("t", b"%04d" % i + b"v" * 200))
+        assert 1 < len(accepted) < 1000
+        assert not first.done()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    producer.flush(timeout=30)
+    stored = [r.value[:4] for r in topic.partition(0).read(0, max_records=2000)]
+    assert stored == [b"%04d" % i for i in range(len(accepted))]
+    assert [f.result(timeout=5).offset for f in accepted] == list(range(len(accepted)))
+
+
+def test_explicit_partition_callbacks_and_errbacks(broker):
+    """An explicit partition is honoured; callbacks get metadata, errbacks the error;
+    a callback added after completion runs at once."""
+    broker.create_topic("t", 3)
+    producer = broker.producer(linger_ms=60_000)
+    seen, errors = [], []
+    future = producer.send("t", b"v", key=b"k", partition=2).add_callback(seen.append)
+    producer.flush()
+    assert seen == [future.result()] and seen[0].partition == 2
+    late = []
+    future.add_callback(late.append)
+    assert late == seen
+    with pytest.raises(UnknownTopicError):
+        producer.send("t", b"v", partition=3)
+    bad = broker.producer()
+    broker.create_topic("small", 1, config={"max.message.bytes": 200})
+    bad.send("small", b"x" * 500).add_errback(errors.append).exception(timeout=5)
+    assert len(errors) == 1 and isinstance(errors[0], RecordTooLargeError)
+
+
+def test_record_order_and_offsets_survive_many_batches(broker):
+    """Across many full batches and a lingering tail, futures report exactly the offsets
+    the records were stored at, and each partition holds its records in send order."""
+    topic = broker.create_topic("t", 3)
+    producer = broker.producer(batch_size=2048, linger_ms=5)
+    futures = [(i, producer.send("t", b"%05d" % i, key=b"k%d" % (i % 7))) for i in range(3000)]
+    producer.flush()
+    for i, future in futures:
+        md = future.result(timeout=5)
+        [record] = topic.partition(md.partition).read(md.offset, max_records=1)
+        assert record.value == b"%05d" % i and md.timestamp == record.timestamp
+    for p in range(3):
+        values = [r.value for r in topic.partition(p).read(0, max_records=5000)]
+        assert values == sorted(values)
+
+
+def test_unknown_option_and_bad_values_raise_config_error(broker):
+    """Unknown keywords and out-of-range values are ConfigError (Kafka's names only)."""
+    for options in ({"linger.ms": 5}, {"bogus": 1}, {"acks": 2}, {"acks": True},
+                    {"batch_size": -1}, {"buffer_memory": "big"},
+                    {"compression_type": "rar"}, {"partitioner": "random"},
+                    {"value_serializer": 5}):
+        with pytest.raises(ConfigError):
+            broker.producer(**options)
 
 
 def test_acks(broker):
@@ -143,117 +230,3 @@ def test_acks(broker):
     with pytest.raises(ConfigError):
         broker.producer(acks=2)
 
-
-def test_blocking_poll_wakes_on_another_process(tmp_path):
-    """poll() blocks until a record produced by another process arrives, then returns it."""
-    with logkit.Broker(tmp_path) as broker:
-        broker.create_topic("t", 2)
-        consumer = broker.consumer("t", auto_offset_reset="latest")
-        assert consumer.poll(timeout_ms=0) == []
-        child = subprocess.Popen(
-            [sys.executable, "-c",
-             "import sys, time, logkit\ntime.sleep(0.5)\n"
-             "with logkit.Broker(sys.argv[1]) as b:\n"
-             "    b.producer().send('t', b'wake', key=b'k').result()", str(tmp_path)],
-            env={**os.environ, "PYTHONPATH": ROOT_DIR})
-        started = time.monotonic()
-        records = consumer.poll(timeout_ms=30_000)
-        waited = time.monotonic() - started
-        child.wait(timeout=30)
-        assert [r.value for r in records] == [b"wake"]
-        assert waited < 30                                  # it woke, it did not time out
-
-
-def test_positions_seek_pause_and_offsets_for_times(broker):
-    """seek, seek_to_*, position, pause/resume and offsets_for_times behave like Kafka."""
-    broker.create_topic("t", 1)
-    producer = broker.producer()
-    for i in range(10):
-        producer.send("t", b"%d" % i, timestamp_ms=1000 + i)
-    producer.flush()
-    tp = TopicPartition("t", 0)
-    consumer = broker.consumer(group_id="g", auto_offset_reset="earliest")
-    consumer.assign([tp])
-    assert consumer.position(tp) == 0
-    consumer.seek(tp, 7)
-    assert [r.offset for r in consumer.poll(timeout_ms=100)] == [7, 8, 9]
-    consumer.seek_to_beginning(tp)
-    consumer.pause(tp)
-    assert consumer.poll(timeout_ms=50) == []
-    consumer.resume(tp)
-    assert len(consumer.poll(timeout_ms=100)) == 10
-    consumer.seek_to_end(tp)
-    assert consumer.position(tp) == 10
-    found = consumer.offsets_for_times({tp: 1004})
-    assert found[tp] == (4, 1004)
-    assert consumer.offsets_for_times({tp: 99999})[tp] is None
-    consumer.commit({tp: 5})                        # manual assignment, empty group
-    assert consumer.committed(tp) == 5
-
-
-def test_auto_offset_reset_and_retention(broker):
-    """latest starts at the end, none raises, and a position lost to retention resets."""
-    topic = broker.create_topic("t", 1, config={"segment.bytes": 2048, "retention.ms": 1,
-                                                "file.delete.delay.ms": 0})
-    producer = broker.producer()
-    for i in range(50):
-        producer.send("t", b"x" * 100, timestamp_ms=1000)
-    producer.flush()
-    assert broker.consumer("t", auto_offset_reset="latest").poll(timeout_ms=100) == []
-    with pytest.raises(NoOffsetForPartitionError):
-        broker.consumer("t", group_id="n", auto_offset_reset="none").poll(timeout_ms=10)
-    consumer = broker.consumer(auto_offset_reset="earliest")
-    consumer.assign([TopicPartition("t", 0)])
-    consumer.seek(TopicPartition("t", 0), 3)
-    broker.enforce_retention()
-    assert topic.partition(0).log_start_offset > 3
-    producer.send("t", b"fresh").result()
-    records = drain(consumer)
-    assert records[0].offset == topic.partition(0).log_start_offset
-
-
-def test_auto_commit(broker):
-    """enable_auto_commit commits positions on the interval and on close."""
-    broker.create_topic("t", 1)
-    producer = broker.producer()
-    for i in range(5):
-        producer.send("t", b"%d" % i)
-    producer.flush()
-    consumer = broker.consumer("t", group_id="auto", auto_offset_reset="earliest",
-                               auto_commit_interval_ms=1)
-    assert len(drain(consumer)) == 5
-    assert consumer.committed(TopicPartition("t", 0)) == 5
-    consumer.close()
-
-
-def test_bad_input_raises_named_errors(tmp_path):
-    """Unknown topics, bad options, bad offsets and closed clients raise named errors."""
-    with logkit.Broker(tmp_path, config={"auto.create.topics.enable": False}) as broker:
-        broker.create_topic("t", 1)
-        with pytest.raises(UnknownTopicError):
-            broker.consumer("missing")
-        with pytest.raises(UnknownTopicError):
-            broker.producer().send("missing", b"v")
-        with pytest.raises(ConfigError):
-            broker.consumer("t", bogus_option=1)
-        with pytest.raises(ConfigError):
-            broker.consumer("t", auto_offset_reset="sometimes")
-        with pytest.raises(ConfigError):
-            broker.producer(linger_ms=-1)
-        with pytest.raises(ConfigError):
-            broker.producer(compression_type="rar")
-        consumer = broker.consumer("t")
-        with pytest.raises(OffsetOutOfRangeError):
-            consumer.seek(TopicPartition("t", 0), -1)
-        with pytest.raises(logkit.IllegalStateError):
-            consumer.seek(TopicPartition("other", 0), 1)
-        with pytest.raises(logkit.IllegalStateError):
-            consumer.commit()                              # no group_id
-        consumer.close()
-        consumer.close()
-        with pytest.raises(ClosedError):
-            consumer.poll()
-        producer = broker.producer()
-        producer.close()
-        with pytest.raises(ClosedError):
-            producer.send("t", b"v")

@@ -1,0 +1,143 @@
+"""The consumer on a real broker: blocking poll across processes, iteration, positions,
+seek/pause, offset reset, auto-commit, bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import logkit
+from logkit import (ClosedError, ConfigError, LogkitTimeoutError, NoOffsetForPartitionError,
+                    OffsetOutOfRangeError, RecordTooLargeError, TopicPartition,
+                    UnknownTopicError)
+
+ROOT_DIR = os.path.dirname(os.path.dirname(__file__))
+
+
+def drain(consumer, idle_ms=300):
+    out = []
+    while True:
+        batch = consumer.poll(timeout_ms=idle_ms)
+        if not batch:
+            return out
+        out += batch
+
+
+def test_blocking_poll_wakes_on_another_process(tmp_path):
+    """poll() blocks until a record produced by another process arrives, then returns it."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("t", 2)
+        consumer = broker.consumer("t", auto_offset_reset="latest")
+        assert consumer.poll(timeout_ms=0) == []
+        child = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sys, time, logkit\ntime.sleep(0.5)\n"
+             "with logkit.Broker(sys.argv[1]) as b:\n"
+             "    b.producer().send('t', b'wake', key=b'k').result()", str(tmp_path)],
+            env={**os.environ, "PYTHONPATH": ROOT_DIR})
+        started = time.monotonic()
+        records = consumer.poll(timeout_ms=30_000)
+        waited = time.monotonic() - started
+        child.wait(timeout=30)
+        assert [r.value for r in records] == [b"wake"]
+        assert waited < 30                                  # it woke, it did not time out
+
+
+def test_positions_seek_pause_and_offsets_for_times(broker):
+    """seek, seek_to_*, position, pause/resume and offsets_for_times behave like Kafka."""
+    broker.create_topic("t", 1)
+    producer = broker.producer()
+    for i in range(10):
+        producer.send("t", b"%d" % i, timestamp_ms=1000 + i)
+    producer.flush()
+    tp = TopicPartition("t", 0)
+    consumer = broker.consumer(group_id="g", auto_offset_reset="earliest")
+    consumer.assign([tp])
+    assert consumer.position(tp) == 0
+    consumer.seek(tp, 7)
+    assert [r.offset for r in consumer.poll(timeout_ms=100)] == [7, 8, 9]
+    consumer.seek_to_beginning(tp)
+    consumer.pause(tp)
+    assert consumer.poll(timeout_ms=50) == []
+    consumer.resume(tp)
+    assert len(consumer.poll(timeout_ms=100)) == 10
+    consumer.seek_to_end(tp)
+    assert consumer.position(tp) == 10
+    found = consumer.offsets_for_times({tp: 1004})
+    assert found[tp] == (4, 1004)
+    assert consumer.offsets_for_times({tp: 99999})[tp] is None
+    consumer.commit({tp: 5})                        # manual assignment, empty group
+    assert consumer.committed(tp) == 5
+
+
+def test_auto_offset_reset_and_retention(broker):
+    """latest starts at the end, none raises, and a position lost to retention resets."""
+    topic = broker.create_topic("t", 1, config={"segment.bytes": 2048, "retention.ms": 1,
+                                                "file.delete.delay.ms": 0})
+    producer = broker.producer()
+    for i in range(50):
+        producer.send("t", b"x" * 100, timestamp_ms=1000)
+    producer.flush()
+    assert broker.consumer("t", auto_offset_reset="latest").poll(timeout_ms=100) == []
+    with pytest.raises(NoOffsetForPartitionError):
+        broker.consumer("t", group_id="n", auto_offset_reset="none").poll(timeout_ms=10)
+    consumer = broker.consumer(auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("t", 0)])
+    consumer.seek(TopicPartition("t", 0), 3)
+    broker.enforce_retention()
+    assert topic.partition(0).log_start_offset > 3
+    producer.send("t", b"fresh").result()
+    records = drain(consumer)
+    assert records[0].offset == topic.partition(0).log_start_offset
+
+
+def test_auto_commit(broker):
+    """enable_auto_commit commits positions on the interval and on close."""
+    broker.create_topic("t", 1)
+    producer = broker.producer()
+    for i in range(5):
+        producer.send("t", b"%d" % i)
+    producer.flush()
+    consumer = broker.consumer("t", group_id="auto", auto_offset_reset="earliest",
+                               auto_commit_interval_ms=1)
+    assert len(drain(consumer)) == 5
+    assert consumer.committed(TopicPartition("t", 0)) == 5
+    consumer.close()
+
+
+def test_bad_input_raises_named_errors(tmp_path):
+    """Unknown topics, bad options, bad offsets and closed clients raise named errors."""
+    with logkit.Broker(tmp_path, config={"auto.create.topics.enable": False}) as broker:
+        broker.create_topic("t", 1)
+        with pytest.raises(UnknownTopicError):
+            broker.consumer("missing")
+        with pytest.raises(UnknownTopicError):
+            broker.producer().send("missing", b"v")
+        with pytest.raises(ConfigError):
+            broker.consumer("t", bogus_option=1)
+        with pytest.raises(ConfigError):
+            broker.consumer("t", auto_offset_reset="sometimes")
+        with pytest.raises(ConfigError):
+            broker.producer(linger_ms=-1)
+        with pytest.raises(ConfigError):
+            broker.producer(compression_type="rar")
+        consumer = broker.consumer("t")
+        with pytest.raises(OffsetOutOfRangeError):
+            consumer.seek(TopicPartition("t", 0), -1)
+        with pytest.raises(logkit.IllegalStateError):
+            consumer.seek(TopicPartition("other", 0), 1)
+        with pytest.raises(logkit.IllegalStateError):
+            consumer.commit()                              # no group_id
+        consumer.close()
+        consumer.close()
+        with pytest.raises(ClosedError):
+            consumer.poll()
+        producer = broker.producer()
+        producer.close()
+        with pytest.raises(ClosedError):
+            producer.send("t", b"v")
