@@ -345,3 +345,36 @@ def test_failed_batch_write_leaves_no_records_and_no_staging(spark, tmp_path):
     assert reader(spark, tmp_path, subscribe="good").count() == 0
     staging = os.path.join(tmp_path, ".spark-staging")
     assert not os.path.exists(staging) or not os.listdir(staging)
+
+
+@pytest.mark.parametrize("include_headers", [False, True])
+def test_retention_during_a_read_is_data_loss(tmp_path, include_headers):
+    """Retention that removes offsets while a task is reading them (the task is behind
+    the new log start) fails the task with failOnDataLoss=true; with
+    failOnDataLoss=false a read from below the log start skips to it."""
+    pytest.importorskip("pyspark")
+    from pyspark_logkit.brokers import broker_for
+    from pyspark_logkit.options import LogkitSparkError
+    from pyspark_logkit.reader import OffsetRange, read_range
+    with logkit.Broker(tmp_path) as broker:
+        topic = broker.create_topic("t", 1, config={"segment.bytes": 1 << 20,
+                                                    "retention.ms": 3_600_000})
+        for first in range(0, 60_000, 500):
+            expired = first < 45_000                 # timestamps from 1970
+            topic.partition(0).append([(b"k", b"v" * 100, None, 1000 if expired else None)
+                                       for _ in range(500)])
+    root = str(tmp_path)
+
+    def offsets_from_zero(fail_on_data_loss):
+        return read_range(OffsetRange(root, "t", 0, 0, 60_000, include_headers,
+                                      fail_on_data_loss))
+
+    reading = offsets_from_zero(True)
+    assert next(reading).num_rows > 0                # the task has begun
+    assert broker_for(root).enforce_retention() > 0  # ...and retention overtakes it
+    with pytest.raises(LogkitSparkError, match="removed by retention"):
+        list(reading)
+    start = broker_for(root).topic("t").partition(0).log_start_offset
+    assert start > 20_000
+    got = [o for batch in offsets_from_zero(False) for o in batch.column(4).to_pylist()]
+    assert got == list(range(start, 60_000))

@@ -79,21 +79,18 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
     broker = broker_for(part.path)
     partition = broker.topic(part.topic).partition(part.partition)
     arrow_schema = _arrow_schema(part.include_headers)
-    offset = part.start
-    if offset < partition.log_start_offset:
-        if part.fail_on_data_loss:
-            raise LogkitSparkError(
-                f"logkit: offsets {offset}..{partition.log_start_offset - 1} of "
-                f"{part.topic}-{part.partition} were removed by retention before they were "
-                "read. Set failOnDataLoss=false to skip them.")
-        offset = partition.log_start_offset
+    offset = _past_lost(partition, part, part.start)
     log = partition._log
     if not part.include_headers:
-        yield from _read_columns(log, part, offset, arrow_schema)
+        yield from _read_columns(log, partition, part, offset, arrow_schema)
         return
     while offset < part.end:
-        records = log.read(offset, max_records=min(CHUNK_RECORDS, part.end - offset),
-                           upto_offset=part.end)
+        try:
+            records = log.read(offset, max_records=min(CHUNK_RECORDS, part.end - offset),
+                               upto_offset=part.end)
+        except logkit.OffsetOutOfRangeError:
+            offset = _past_lost(partition, part, offset, raced=True)
+            continue
         if not records:
             break
         offset = records[-1].offset + 1
@@ -131,14 +128,39 @@ def _binary(count: int, nulls: pa.Array, bit: int, ends: bytearray,
                                  [validity, pa.py_buffer(ends), pa.py_buffer(data)])
 
 
-def _read_columns(log: Any, part: OffsetRange, offset: int,
+def _past_lost(partition: Any, part: OffsetRange, offset: int, *,
+               raced: bool = False) -> int:
+    """Where to read from when `offset` may be below the log start (retention removed
+    it): raise per failOnDataLoss, or skip to the log start. `raced`: a read said the
+    offset is out of range, so it must be below the start (retention ran while this
+    task read), else the error is not data loss and goes up as it is."""
+    start = partition.log_start_offset
+    if offset >= start:
+        if raced:
+            raise LogkitSparkError(f"logkit: offset {offset} of {part.topic}-"
+                                   f"{part.partition} is out of range (log start {start}, "
+                                   f"high watermark {partition.high_watermark})")
+        return offset
+    if part.fail_on_data_loss:
+        raise LogkitSparkError(
+            f"logkit: offsets {offset}..{start - 1} of {part.topic}-{part.partition} were "
+            "removed by retention before they were read. Set failOnDataLoss=false to skip "
+            "them.")
+    return start
+
+
+def _read_columns(log: Any, partition: Any, part: OffsetRange, offset: int,
                   arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The fast path (no headers): batches decoded straight into Arrow buffers."""
     from logkit.columns import Columns
     while offset < part.end:
         columns = Columns()
-        offset = log.read_columns(offset, columns, stop_offset=part.end,
-                                  max_records=CHUNK_RECORDS)
+        try:
+            offset = log.read_columns(offset, columns, stop_offset=part.end,
+                                      max_records=CHUNK_RECORDS)
+        except logkit.OffsetOutOfRangeError:
+            offset = _past_lost(partition, part, offset, raced=True)
+            continue
         count = columns.count
         if not count:
             break
