@@ -1,13 +1,9 @@
 """Consumer groups across real processes: assignment, rebalance on a killed member,
-resumption from commits, fencing, delivery semantics under SIGKILL."""
+resumption from commits, fencing, assignors, the admin API. (Delivery semantics under
+SIGKILL: test_delivery.py.)"""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
@@ -15,56 +11,7 @@ import pytest
 import logkit
 from logkit import CommitFailedError, TopicPartition
 from logkit.assignors import assign
-
-ROOT_DIR = os.path.dirname(os.path.dirname(__file__))
-WORKER = os.path.join(os.path.dirname(__file__), "helpers", "group_worker.py")
-
-
-class Worker:
-    """A group member process whose stdout lines are collected by a thread."""
-
-    def __init__(self, root, group, topic, mode):
-        self.proc = subprocess.Popen([sys.executable, WORKER, str(root), group, topic, mode],
-                                     stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": ROOT_DIR})
-        self.lines: list[str] = []
-        assert self.proc.stdout.readline().strip() == "ready"
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-
-    def owned(self):
-        latest = [line for line in self.lines if line.startswith("owned")]
-        if not latest:
-            return set()
-        body = latest[-1][len("owned "):]
-        return {tuple(x.split("/")) for x in body.split(",") if x}
-
-    def records(self):
-        return [tuple(map(int, line.split()[1:])) for line in self.lines
-                if line.startswith("rec ")]
-
-    def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self.reader.join(timeout=10)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-
-
-def wait_until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return time.monotonic()
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+from tests.helpers.procs import Worker, wait_until
 
 
 def all_partitions(n):
@@ -115,42 +62,6 @@ def produce(root, n, partitions=3):
         for i in range(n):
             producer.send("t", b"%d" % i, key=b"%d" % (i % 50))
         producer.close()
-
-
-@pytest.mark.parametrize("mode", ["alo", "amo"])
-def test_delivery_semantics_under_sigkill(tmp_path, mode):
-    """At-least-once loses nothing; at-most-once never delivers twice — with the
-    consumer process SIGKILLed mid-stream and a fresh one resuming from commits."""
-    produce(tmp_path, 3000)
-    first = Worker(tmp_path, "d", "t", mode)
-    wait_until(lambda: len(first.records()) > 300, 30, "the first consumer to make progress")
-    first.kill()
-    second = Worker(tmp_path, "d", "t", mode)
-    try:
-        def finished():
-            seen = {tuple(r) for r in first.records() + second.records()}
-            return len(seen) >= 3000 if mode == "alo" else \
-                len(second.records()) > 0 and _caught_up(tmp_path)
-        wait_until(finished, 60, "the second consumer to finish")
-        time.sleep(0.3)
-    finally:
-        second.stop()
-    delivered = first.records() + second.records()
-    unique = set(delivered)
-    with logkit.Broker(tmp_path) as broker:
-        expected = {(p, o) for p in range(3)
-                    for o in range(broker.topic("t").partition(p).log_end_offset)}
-    if mode == "alo":
-        assert unique == expected                          # nothing lost
-    else:
-        assert len(delivered) == len(unique)               # nothing twice
-        assert unique <= expected
-
-
-def _caught_up(root):
-    with logkit.Broker(root) as broker:
-        return all(lag == 0 for lag in broker.group("d").lag().values()) and \
-            len(broker.group("d").committed()) == 3
 
 
 def test_restart_resumes_from_committed_offsets(tmp_path):
