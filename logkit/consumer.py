@@ -421,6 +421,8 @@ class Consumer:
         """Records from the assigned partitions; blocks up to timeout_ms for data
         (appended by any process). timeout_ms=0 returns at once."""
         self._check()
+        if not self._subscription and not self._manual and self._pattern is None:
+            raise IllegalStateError("poll() needs subscribe() or assign() first")
         if max_records is None:
             max_records = self.config["max_poll_records"]
         if isinstance(max_records, bool) or not isinstance(max_records, int) \

@@ -126,6 +126,10 @@ def test_bad_input_raises_named_errors(tmp_path):
             broker.producer(linger_ms=-1)
         with pytest.raises(ConfigError):
             broker.producer(compression_type="rar")
+        with pytest.raises(logkit.IllegalStateError):
+            broker.consumer().poll(timeout_ms=0)         # neither subscribed nor assigned
+        with pytest.raises(UnknownTopicError):
+            broker.consumer().assign([TopicPartition("t", 5)])
         consumer = broker.consumer("t")
         with pytest.raises(OffsetOutOfRangeError):
             consumer.seek(TopicPartition("t", 0), -1)
@@ -141,3 +145,42 @@ def test_bad_input_raises_named_errors(tmp_path):
         producer.close()
         with pytest.raises(ClosedError):
             producer.send("t", b"v")
+
+
+def test_groups_are_pub_sub_and_members_share_the_work(broker):
+    """Each group receives every record; within one group the members split them."""
+    broker.create_topic("t", 4)
+    producer = broker.producer()
+    for i in range(200):
+        producer.send("t", b"%d" % i, key=b"%d" % i)
+    producer.close()
+    expected = sorted(b"%d" % i for i in range(200))
+    for group in ("billing", "audit"):
+        consumer = broker.consumer("t", group_id=group, auto_offset_reset="earliest")
+        assert sorted(r.value for r in drain(consumer)) == expected
+        consumer.close()
+    a = broker.consumer("t", group_id="shared", auto_offset_reset="earliest",
+                        enable_auto_commit=False)
+    b = broker.consumer("t", group_id="shared", auto_offset_reset="earliest",
+                        enable_auto_commit=False)
+    got_a, got_b = [], []
+    deadline = time.monotonic() + 20
+    while len(got_a) + len(got_b) < 200 and time.monotonic() < deadline:
+        got_a += a.poll(timeout_ms=20)
+        got_b += b.poll(timeout_ms=20)
+    assert got_a and got_b
+    assert sorted(r.value for r in got_a + got_b) == expected        # complete, no twice
+    assert not {r.partition for r in got_a} & {r.partition for r in got_b}
+
+
+def test_iteration_ends_after_consumer_timeout_ms(broker):
+    """`for record in consumer` blocks for data and ends after consumer_timeout_ms."""
+    broker.create_topic("t", 2)
+    producer = broker.producer(value_serializer=str.encode)
+    for i in range(30):
+        producer.send("t", str(i), partition=i % 2)
+    producer.flush()
+    consumer = broker.consumer("t", auto_offset_reset="earliest", consumer_timeout_ms=300,
+                               value_deserializer=bytes.decode)
+    values = [record.value for record in consumer]
+    assert sorted(values, key=int) == [str(i) for i in range(30)]

@@ -188,3 +188,93 @@ def test_group_admin_api(tmp_path):
         assert sum(group.lag().values()) == 90
         group.delete()
         assert group.committed() == {}
+
+
+def _fill(broker, partitions=4, per_partition=5):
+    broker.create_topic("h", partitions)
+    producer = broker.producer()
+    for p in range(partitions):
+        for i in range(per_partition):
+            producer.send("h", b"%d-%d" % (p, i), partition=p)
+    producer.close()
+
+
+def test_new_owner_waits_for_the_old_owner_to_release(tmp_path):
+    """After a join, the newcomer is assigned partitions the old member still holds;
+    it fetches nothing from them until the old member's next poll revokes (and
+    commits) them — so no two members ever fetch one partition at once."""
+    with logkit.Broker(tmp_path) as broker:
+        _fill(broker)
+        revoked = []
+        old = broker.consumer("h", group_id="hand", auto_offset_reset="earliest",
+                              enable_auto_commit=True, on_revoke=revoked.append)
+        got = old.poll(timeout_ms=1000, max_records=4)
+        assert got and old.assignment() == {TopicPartition("h", p) for p in range(4)}
+        new = broker.consumer("h", group_id="hand", auto_offset_reset="earliest",
+                              enable_auto_commit=False)
+        assert new.poll(timeout_ms=300) == []        # assigned, but not released to it
+        assert len(new.assignment()) == 2
+        assert old.poll(timeout_ms=0) is not None    # the old member learns, revokes
+        assert revoked and set(revoked[0]) == {TopicPartition("h", p) for p in range(4)}
+        mine = new.assignment()
+        records = []
+        wait_until(lambda: records.extend(new.poll(timeout_ms=50)) or
+                   {TopicPartition("h", r.partition) for r in records} == mine, 15,
+                   "the newcomer to fetch its partitions")
+        resumed = {tp: broker.group("hand").committed().get(tp, 0) for tp in mine}
+        firsts = {}
+        for r in records:
+            firsts.setdefault(TopicPartition("h", r.partition), r.offset)
+        assert firsts == resumed                     # it starts at the revoke commit
+        old.close()
+        new.close()
+
+
+def test_cooperative_sticky_revokes_only_what_moves(tmp_path):
+    """cooperative-sticky: on a join, the old member's on_revoke names only the
+    partitions that move; eager range revokes everything."""
+    with logkit.Broker(tmp_path) as broker:
+        _fill(broker)
+        for strategy, expect_all in (("cooperative-sticky", False), ("range", True)):
+            revoked, assigned = [], []
+            first = broker.consumer("h", group_id=strategy, auto_offset_reset="earliest",
+                                    partition_assignment_strategy=strategy,
+                                    on_revoke=revoked.append, on_assign=assigned.append)
+            first.poll(timeout_ms=200)
+            assert set(assigned[0]) == {TopicPartition("h", p) for p in range(4)}
+            second = broker.consumer("h", group_id=strategy, auto_offset_reset="earliest",
+                                     partition_assignment_strategy=strategy)
+            second.poll(timeout_ms=0)
+            first.poll(timeout_ms=0)
+            moved = set(second.assignment())
+            assert len(moved) == 2
+            assert set(revoked[-1]) == ({TopicPartition("h", p) for p in range(4)}
+                                        if expect_all else moved)
+            assert first.assignment() == {TopicPartition("h", p) for p in range(4)} - moved
+            first.close()
+            second.close()
+
+
+def test_a_member_that_stops_polling_is_evicted(tmp_path):
+    """max_poll_interval_ms: a member whose heartbeats go on but whose loop stalls is
+    evicted; its partitions move, its commit fails, and its next poll rejoins."""
+    with logkit.Broker(tmp_path) as broker:
+        _fill(broker, partitions=2)
+        options = dict(group_id="stall", auto_offset_reset="earliest",
+                       enable_auto_commit=False, session_timeout_ms=5000,
+                       heartbeat_interval_ms=50, max_poll_interval_ms=400)
+        stalled = broker.consumer("h", **options)
+        assert stalled.poll(timeout_ms=1000)
+        live = broker.consumer("h", **options)
+        records = []
+        wait_until(lambda: records.extend(live.poll(timeout_ms=50)) or
+                   {r.partition for r in records} == {0, 1}, 20,
+                   "the live member to own both partitions")
+        assert [m.member_id for m in broker.group("stall").members()] == \
+            [live._coordinator.member_id]
+        with pytest.raises(CommitFailedError):
+            stalled.commit({TopicPartition("h", 0): 1})
+        stalled.poll(timeout_ms=0)                   # rejoins: a new generation
+        assert len(broker.group("stall").members()) == 2
+        stalled.close()
+        live.close()
