@@ -33,7 +33,10 @@ reports); 1 waits for the append; "all" (or -1) waits for the append and, with n
 replication configured, means the same as 1 — the leader is the whole ISR.
 
 Thread-safety: every public method may be called from any thread. One lock guards the
-accumulator; it is never held while encoding or appending.
+accumulator's structure (opening and sealing batches, buffer accounting); it is never
+held while encoding or appending. The hot path of `send()` takes no lock: it appends to
+the open batch's deque (an atomic operation) and re-checks that the batch was not
+sealed meanwhile (see `Producer.send`).
 Invariant: each record's future resolves exactly once, with the offset it was stored at
 or the error that kept it out; a record is never appended twice; batches of one
 partition are appended in the order they were sealed, so records keep their send order
@@ -72,14 +75,20 @@ SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least th
 class _Batch:
     """Records bound for one partition, appended together as one Kafka record batch."""
 
-    __slots__ = ("state", "partition", "rows", "size", "reserved", "created", "done",
+    __slots__ = ("state", "partition", "inbox", "sealed", "rows", "size", "reserved",
+                 "created", "done",
                  "base_offset", "timestamp_ms", "error", "callbacks", "_index",
                  "outcomes")
 
     def __init__(self, state: "_TopicState", partition: int, reserved: int) -> None:
         self.state = state
         self.partition = partition
-        self.rows: list[tuple] = []
+        # send() appends rows to `inbox` without the producer lock (deque.append is
+        # atomic); sealing sets `sealed`, then moves the inbox into `rows` (see
+        # Producer.send for why no row is lost or taken twice).
+        self.inbox: collections.deque[tuple] = collections.deque()
+        self.sealed = False
+        self.rows: list[tuple] = []             # the rows encoded, once sealed
         self.size = RECORDS_OFFSET          # estimated encoded bytes so far
         self.reserved = reserved            # buffer_memory held until appended
         self.created = time.monotonic()
@@ -274,7 +283,6 @@ class Producer:
             self._value_serializer is not None or partitioner not in (None, "sticky",
                                                                       "murmur2")
         self._lock = threading.Lock()
-        self._acquire, self._release = self._lock.acquire, self._lock.release
         self._changed = threading.Condition(self._lock)   # space freed, batch appended
         self._wake = threading.Condition(self._lock)      # the sender has work
         self._states: dict[str, _TopicState] = {}
@@ -315,16 +323,33 @@ class Producer:
                 p = state.keyed(key)
         else:
             return self._send_general(topic, value, key, None, None, None)
+        # Lock-free: a sealer sets batch.sealed, then (holding the lock) drains the
+        # inbox. A row appended before `sealed` was set is drained; a row appended
+        # after is seen by the check below and rescued. Sizes may undercount under
+        # races between sending threads; that only moves when a batch is sealed.
         row = (key, value, None, None)
-        self._acquire()
         batch = state.open[p]
         if batch is None or batch.size + size > self._batch_size:
-            self._release()
             return self._enqueue(state, p, row, size)
-        batch.rows.append(row)
+        batch.inbox.append(row)
+        if batch.sealed:
+            return self._rescue(state, p, batch, row, size)
         batch.size += size
-        self._release()
         return FutureRecordMetadata(batch, row, self._acks)
+
+    def _rescue(self, state: _TopicState, p: int, batch: _Batch, row: tuple,
+                size: int) -> FutureRecordMetadata:
+        """`row` went into a batch that was being sealed: keep it there if the drain
+        took it, else take it back out and send it again."""
+        with self._lock:                     # sealers drain holding it: the drain is over
+            late = list(batch.inbox)
+            for i, other in enumerate(late):
+                if other is row:
+                    del batch.inbox[i]       # appenders only add on the right
+                    break
+            else:
+                return FutureRecordMetadata(batch, row, self._acks)
+        return self._enqueue(state, p, row, size)
 
     def _send_general(self, topic: str, value: Any, key: Any, partition: int | None,
                       headers: Any, timestamp_ms: int | None) -> FutureRecordMetadata:
@@ -404,7 +429,7 @@ class Producer:
                     raise ClosedError("producer is closed")
                 batch = state.open[p]
                 if batch is not None and batch.size + size > self._batch_size \
-                        and batch.rows:
+                        and batch.inbox:
                     self._seal(state, p)
                     sealed, batch = True, None
                 if batch is None:
@@ -421,7 +446,7 @@ class Producer:
                         self._open_count += 1
                         self._wake.notify()
                 if not waited:
-                    batch.rows.append(row)
+                    batch.inbox.append(row)
                     batch.size += size
                     if batch.size >= self._batch_size:
                         self._seal(state, p)
@@ -451,6 +476,10 @@ class Producer:
         batch = state.open[p]
         assert batch is not None
         state.open[p] = None
+        batch.sealed = True
+        inbox, rows = batch.inbox, batch.rows
+        while inbox:                         # late appends land after this: rescued
+            rows.append(inbox.popleft())
         state.sealed[p].append(batch)
         self._open_count -= 1
         self._in_flight += 1
@@ -490,15 +519,17 @@ class Producer:
         """Append one sealed batch and resolve its futures (lock not held; the caller
         holds the partition's busy flag)."""
         try:
-            log = batch.state.topic.partition(batch.partition)._log
-            now_ms = int(time.time() * 1000)
-            batch.timestamp_ms = now_ms
-            encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
-            if len(batch.rows) > 1 and len(encoded) > log.config["max.message.bytes"]:
-                batch.outcomes = {}
-                self._append_split(log, batch.rows, now_ms, batch.outcomes)
-            else:
-                batch.base_offset = log.append_batch(encoded)
+            if batch.rows:                       # every row may have been rescued
+                log = batch.state.topic.partition(batch.partition)._log
+                now_ms = int(time.time() * 1000)
+                batch.timestamp_ms = now_ms
+                encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
+                if len(batch.rows) > 1 and \
+                        len(encoded) > log.config["max.message.bytes"]:
+                    batch.outcomes = {}
+                    self._append_split(log, batch.rows, now_ms, batch.outcomes)
+                else:
+                    batch.base_offset = log.append_batch(encoded)
         except BaseException as exc:   # the error belongs to the records' futures
             batch.error = exc
         with _callback_lock:
