@@ -53,8 +53,8 @@ from typing import Any, Callable
 
 from .compression import codec_id, require
 from .config import snake_to_kafka
-from .errors import (ClosedError, ConfigError, LogkitTimeoutError, RecordTooLargeError,
-                     UnknownTopicError)
+from .errors import (ClosedError, ConfigError, IllegalStateError, LogkitTimeoutError,
+                     RecordTooLargeError, UnknownTopicError)
 from .records import RECORDS_OFFSET, RecordMetadata, encode_batch, record_size_estimate
 
 __all__ = ["Producer", "FutureRecordMetadata"]
@@ -209,6 +209,7 @@ class FutureRecordMetadata:
 
 
 _callback_lock = threading.Lock()      # callbacks registered vs. run: exactly once
+_in_callback = threading.local()      # flush() from a callback would wait for itself
 
 
 def _run_callback(batch: _Batch, row: tuple, ok: Callable | None,
@@ -535,11 +536,15 @@ class Producer:
         with _callback_lock:
             batch.done.set()
             callbacks, batch.callbacks = batch.callbacks, []
-        for row, ok, err in callbacks:
-            try:
-                _run_callback(batch, row, ok, err)
-            except Exception:        # a user callback must not break the producer
-                pass
+        _in_callback.active = True
+        try:
+            for row, ok, err in callbacks:
+                try:
+                    _run_callback(batch, row, ok, err)
+                except Exception:    # a user callback must not break the producer
+                    pass
+        finally:
+            _in_callback.active = False
 
     def _append_split(self, log: Any, rows: list[tuple], now_ms: int,
                       outcomes: dict[int, int | BaseException]) -> None:
@@ -598,6 +603,9 @@ class Producer:
 
     def flush(self, timeout: float | None = None) -> None:
         """Append every queued record now and wait until all are stored."""
+        if getattr(_in_callback, "active", False):
+            raise IllegalStateError("flush() from a send callback would wait for the "
+                                    "batch that is running the callback")
         with self._lock:
             for state in self._states.values():
                 for p, batch in enumerate(state.open):

@@ -297,3 +297,20 @@ def test_a_row_appended_after_its_batch_was_drained_is_sent_again(broker):
     assert future.result(timeout=5).offset == 1
     assert [r.value for r in topic.partition(0).read(0)] == [b"first", b"late"]
     assert not batch.inbox
+
+
+def test_flush_inside_a_callback_is_refused(broker):
+    """flush() from a send callback would wait for its own batch: IllegalStateError."""
+    broker.create_topic("t", 1)
+    producer = broker.producer(linger_ms=60_000)       # appended by the flush below
+    errors = []
+
+    def callback(metadata):
+        try:
+            producer.flush()
+        except logkit.IllegalStateError as exc:
+            errors.append(exc)
+
+    producer.send("t", b"v").add_callback(callback)
+    producer.flush(timeout=10)
+    assert len(errors) == 1
