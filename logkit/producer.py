@@ -10,7 +10,9 @@ append in place of a produce request):
 
 | trigger                                    | who appends                       |
 |--------------------------------------------|-----------------------------------|
-| the next record does not fit `batch_size`  | the thread that called `send()`   |
+| the next record does not fit `batch_size`  | the thread that called `send()`,  |
+|                                            | or the thread already appending   |
+|                                            | that partition                    |
 | the batch is `linger_ms` old               | the background sender thread      |
 | `flush()` / `close()`                      | the calling thread                |
 | `future.result()` on a still-open batch    | the calling thread (no hand-off)  |
@@ -26,11 +28,15 @@ buffer_memory)` bytes (more for one record bigger than that) until it is appende
 raises `LogkitTimeoutError`. Appends are local, so the buffer fills only when appends
 stall (another process holding the partition lock, a slow disk).
 
-Timestamps: a record sent without one is stamped with the time its batch is sealed (at
-most `linger_ms` after `send()`), which is what the batch header and `RecordMetadata`
-report. `acks`: 0 resolves futures without waiting (offset -1, as Kafka's client
+Timestamps: a record sent without one is stamped with the time its batch is
+appended (about `linger_ms` after `send()` at most), which is what the batch header and
+`RecordMetadata` report. `acks`: 0 resolves futures without waiting (offset -1, as Kafka's client
 reports); 1 waits for the append; "all" (or -1) waits for the append and, with no
 replication configured, means the same as 1 — the leader is the whole ISR.
+
+The compiled twin: `logkit/_sendpath.c` (optional, like `_speedups`) does send()'s
+common case — bytes in, default partitioner, known topic, room in the open batch — and
+hands every other call to the Python `send` unchanged; LOGKIT_PURE_PYTHON=1 disables it.
 
 Thread-safety: every public method may be called from any thread. One lock guards the
 accumulator's structure (opening and sealing batches, buffer accounting); it is never
@@ -46,6 +52,7 @@ within a partition.
 from __future__ import annotations
 
 import collections
+import os
 import random
 import threading
 import time
@@ -58,6 +65,22 @@ from .errors import (ClosedError, ConfigError, IllegalStateError, LogkitTimeoutE
 from .records import RECORDS_OFFSET, RecordMetadata, encode_batch, record_size_estimate
 
 __all__ = ["Producer", "FutureRecordMetadata"]
+
+
+def _load_sendpath() -> Any:
+    """The compiled twin of send()'s fast path (logkit/_sendpath.c), if built and not
+    disabled by LOGKIT_PURE_PYTHON (as for `_speedups`)."""
+    if os.environ.get("LOGKIT_PURE_PYTHON"):
+        return None
+    try:
+        from . import _sendpath  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _sendpath
+
+
+_sendpath = _load_sendpath()
+_CSender = None if _sendpath is None else _sendpath.Sender
 
 # Keyword -> default: Kafka's producer names in snake_case, with kafka-python's defaults.
 DEFAULTS: dict[str, Any] = {
@@ -147,11 +170,9 @@ class _TopicState:
         return partition
 
 
-class FutureRecordMetadata:
-    """The future of one sent record (Kafka's FutureRecordMetadata).
-
-    Cheap on purpose: it holds its batch and its row; the offset is worked out only
-    when someone asks for it."""
+class _PyFutureBase:
+    """The fields of a future; `_sendpath.FutureBase` is the compiled twin, which the
+    C send path allocates without running a Python __init__."""
 
     __slots__ = ("_batch", "_row", "_acks")
 
@@ -159,6 +180,18 @@ class FutureRecordMetadata:
         self._batch = batch
         self._row = row
         self._acks = acks
+
+
+_FutureBase: Any = _PyFutureBase if _sendpath is None else _sendpath.FutureBase
+
+
+class FutureRecordMetadata(_FutureBase):
+    """The future of one sent record (Kafka's FutureRecordMetadata).
+
+    Cheap on purpose: it holds its batch and its row; the offset is worked out only
+    when someone asks for it."""
+
+    __slots__ = ()
 
     def done(self) -> bool:
         return self._acks == 0 or self._batch.done.is_set()
@@ -291,10 +324,16 @@ class Producer:
         self._reserved = 0
         self._in_flight = 0            # sealed batches not yet appended
         self._exhausted = 0            # senders waiting for buffer space
+        self._sender_idle = False      # the sender thread waits with no open batch
         self._closed = False
         self._sender = threading.Thread(target=self._run_sender, name="logkit-producer",
                                         daemon=True)
         self._sender.start()
+        if _CSender is not None and not self._slow:
+            # The instance attribute shadows the method: the C twin does the fast path
+            # and hands every other call to the Python method, arguments unchanged.
+            self.send = _CSender(Producer.send.__get__(self), self._rescue, self._states,
+                                 FutureRecordMetadata, self._acks, self._batch_size)
 
     def __repr__(self) -> str:
         return f"Producer(acks={self.config['acks']!r}, linger_ms={self.config['linger_ms']})"
@@ -445,7 +484,8 @@ class Producer:
                         batch = state.open[p] = _Batch(state, p, reserve)
                         self._reserved += reserve
                         self._open_count += 1
-                        self._wake.notify()
+                        if self._sender_idle or not self._linger_s:
+                            self._wake.notify()   # else it wakes for an older batch
                 if not waited:
                     batch.inbox.append(row)
                     batch.size += size
@@ -586,7 +626,9 @@ class Producer:
                 if self._closed and not self._open_count:
                     return
                 if not self._open_count:
+                    self._sender_idle = True
                     self._wake.wait(SENDER_IDLE_WAIT_S)
+                    self._sender_idle = False
                     continue
                 now = time.monotonic()
                 due = self._due(now)
@@ -631,6 +673,8 @@ class Producer:
                 return
             self._closed = True
             self._slow = True               # send() checks _closed on the general path
+            if _CSender is not None and isinstance(self.send, _CSender):
+                self.send.slow = 1
             self._wake.notify_all()
         self.flush(timeout)
         if self._sender is not threading.current_thread():

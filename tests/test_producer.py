@@ -12,6 +12,7 @@ import time
 import pytest
 
 import logkit
+from logkit import producer as producer_module
 from logkit import (ClosedError, ConfigError, LogkitTimeoutError, NoOffsetForPartitionError,
                     OffsetOutOfRangeError, RecordTooLargeError, TopicPartition,
                     UnknownTopicError)
@@ -36,10 +37,34 @@ def wait_until(predicate, timeout_s, what):
         time.sleep(0.01)
 
 
-def test_keyed_records_follow_murmur2_and_keep_order(broker):
+SEND_PATHS = ["python"] + (["compiled"] if producer_module._CSender is not None else [])
+
+
+def use_path(producer, path):
+    """Pin a producer's send() to one implementation: the compiled fast path (with the
+    Python method behind it) or the Python method alone."""
+    if path == "python":
+        producer.send = logkit.Producer.send.__get__(producer)
+    else:
+        assert isinstance(producer.send, producer_module._CSender)
+    return producer
+
+
+def test_the_compiled_send_path_is_used_when_built(broker):
+    """Without LOGKIT_PURE_PYTHON, a built _sendpath serves send() (see benchmarks)."""
+    if producer_module._CSender is None:
+        pytest.skip("logkit._sendpath is not built or LOGKIT_PURE_PYTHON is set")
+    producer = broker.producer()
+    assert isinstance(producer.send, producer_module._CSender)
+    assert not isinstance(broker.producer(value_serializer=str.encode).send,
+                          producer_module._CSender)
+
+
+@pytest.mark.parametrize("path", SEND_PATHS)
+def test_keyed_records_follow_murmur2_and_keep_order(broker, path):
     """Keyed records land on Kafka's murmur2 partition, in send order per partition."""
     topic = broker.create_topic("t", 4)
-    producer = broker.producer()
+    producer = use_path(broker.producer(), path)
     futures = [producer.send("t", b"%d" % i, key=b"key-%d" % (i % 13)) for i in range(500)]
     producer.flush()
     for i, future in enumerate(futures):
@@ -232,13 +257,14 @@ def test_acks(broker):
 
 
 
-def test_concurrent_sends_seals_and_flushes_lose_and_duplicate_nothing(broker):
+@pytest.mark.parametrize("path", SEND_PATHS)
+def test_concurrent_sends_seals_and_flushes_lose_and_duplicate_nothing(broker, path):
     """Threads race the lock-free send path against batch sealing (tiny batches, the
     sender thread with linger_ms=0, a thread flushing in a loop) with a switch interval
     of 1 µs: every future reports the offset its own record was stored at, and each
     partition holds each thread's records in that thread's send order."""
     topic = broker.create_topic("t", 2)
-    producer = broker.producer(batch_size=300, linger_ms=0)
+    producer = use_path(broker.producer(batch_size=300, linger_ms=0), path)
     results: dict[int, list] = {}
     stop = threading.Event()
 
