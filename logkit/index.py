@@ -41,11 +41,18 @@ class _Index:
         try:
             if create_bytes:
                 os.ftruncate(fd, create_bytes - create_bytes % self.entry_size)
-            size = os.fstat(fd).st_size
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            for attempt in range(3):
+                size = os.fstat(fd).st_size
+                if not size:
+                    break
+                try:
+                    self._mmap = mmap.mmap(fd, size, access=access)
+                    break
+                except ValueError:     # another process's roll trimmed it meanwhile
+                    if attempt == 2:
+                        raise
             self.capacity = size // self.entry_size
-            if size:
-                access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-                self._mmap = mmap.mmap(fd, size, access=access)
         finally:
             os.close(fd)
         if entries is None:         # sealed: its size, less any zero padding a roller
