@@ -141,11 +141,8 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local[2]").appName("logkit-spark-read-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    from pyspark_logkit import local_session
+    spark = local_session("logkit-spark-read-bench")
     spark.dataSource.register(FloorSource)
     n = args.records
 

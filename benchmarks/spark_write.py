@@ -29,11 +29,8 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local[2]").appName("logkit-spark-write-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    from pyspark_logkit import local_session
+    spark = local_session("logkit-spark-write-bench")
     root = tempfile.mkdtemp(prefix="logkit-spark-write-bench-")
     try:
         with logkit.Broker(root) as broker:

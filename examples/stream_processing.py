@@ -25,17 +25,9 @@ PAGES = ["/", "/pricing", "/docs", "/blog", "/signup", "/login", "/about", "/car
 
 
 def spark_session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local[2]").appName("logkit-stream-processing")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.extraJavaOptions",
-                     "-Dlog4j2.configurationFile=" + os.path.join(
-                         os.path.dirname(os.path.abspath(__file__)), "log4j2.properties"))
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    from pyspark_logkit import local_session
+    return local_session("logkit-stream-processing", log4j_config=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "log4j2.properties"))
 
 
 def produce_page_views(root: str, count: int, *, seed: int = 7) -> dict[str, int]:

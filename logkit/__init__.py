@@ -13,7 +13,8 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      InvalidTopicError, LogkitError, LogkitTimeoutError,
                      NoOffsetForPartitionError, NotEnoughReplicasError,
                      OffsetOutOfRangeError, RecordTooLargeError, TopicExistsError,
-                     UnknownTopicError)
+                     UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
+                     ForkedProcessError, ReadOnlyError)
 from .murmur2 import murmur2
 from .records import Record, RecordMetadata
 from .topic import Partition, Topic, TopicPartition
@@ -29,4 +30,6 @@ __all__ = [
     "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",
     "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
+    "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
+    "ReadOnlyError",
 ]

@@ -12,7 +12,11 @@ __all__ = [
     "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",
     "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
+    "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
+    "ReadOnlyError", "storage_error",
 ]
+
+import errno as _errno
 
 
 class LogkitError(Exception):
@@ -91,3 +95,44 @@ class NoOffsetForPartitionError(LogkitError):
 
 class IllegalStateError(LogkitError):
     """A client call that the client's current state does not allow."""
+
+
+class StorageError(LogkitError):
+    """An I/O operation on the broker's files failed. Names the operation and the path;
+    the `OSError` (or LMDB error) that caused it is kept as `__cause__`. What was
+    acknowledged before stays acknowledged; the failed operation stored nothing."""
+
+    def __init__(self, message: str, *, operation: str = "", path: str = "",
+                 errno: int | None = None) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.path = path
+        self.errno = errno
+
+
+class DiskFullError(StorageError):
+    """ENOSPC or EDQUOT: the filesystem (or the quota) is full. Free space and retry."""
+
+
+class MetadataStoreError(StorageError):
+    """The LMDB metadata store under `<root>/meta` failed or is unusable."""
+
+
+class ForkedProcessError(LogkitError):
+    """A Broker (or a client, topic or partition from it) used in a process forked after
+    it was opened. Open a new `logkit.Broker(path)` in the child instead."""
+
+
+class ReadOnlyError(LogkitError):
+    """A write through a Broker opened with `read_only=True`."""
+
+
+def storage_error(exc: OSError, operation: str, path: str = "") -> StorageError:
+    """The named error for an OSError raised by `operation` on `path`; raise it `from`
+    the OSError so the cause is kept."""
+    path = path or (exc.filename if isinstance(exc.filename, str) else "")
+    code = exc.errno
+    cls = DiskFullError if code in (_errno.ENOSPC, _errno.EDQUOT) else StorageError
+    reason = exc.strerror or str(exc)
+    return cls(f"{operation} failed on {path or '?'}: {reason}", operation=operation,
+               path=path, errno=code)

@@ -24,14 +24,10 @@ def broker(tmp_path):
 @pytest.fixture(scope="session")
 def spark():
     """A real local[2] Spark session, shared by every Spark test (Java 17 required)."""
-    pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[2]").appName("logkit-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-               .config("spark.driver.memory", "1g")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from pyspark_logkit import local_session
+    session = local_session(
+        "logkit-tests", **{"spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+                           "spark.driver.memory": "1g"})
     yield session
     session.stop()

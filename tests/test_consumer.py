@@ -6,26 +6,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 import logkit
-from logkit import (ClosedError, ConfigError, LogkitTimeoutError, NoOffsetForPartitionError,
-                    OffsetOutOfRangeError, RecordTooLargeError, TopicPartition,
-                    UnknownTopicError)
+from logkit import (ClosedError, ConfigError, NoOffsetForPartitionError,
+                    OffsetOutOfRangeError, TopicPartition, UnknownTopicError)
+from tests.helpers.clients import drain
+from tests.helpers.procs import ROOT_DIR
 
-ROOT_DIR = os.path.dirname(os.path.dirname(__file__))
-
-
-def drain(consumer, idle_ms=300):
-    out = []
-    while True:
-        batch = consumer.poll(timeout_ms=idle_ms)
-        if not batch:
-            return out
-        out += batch
 
 
 def test_blocking_poll_wakes_on_another_process(tmp_path):

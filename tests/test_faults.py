@@ -12,9 +12,9 @@ import time
 
 import logkit
 from tests.helpers.tailpoke import simulate_reboot
+from tests.helpers.procs import ROOT_DIR
 
 WRITER = os.path.join(os.path.dirname(__file__), "helpers", "writer.py")
-ROOT_DIR = os.path.dirname(os.path.dirname(__file__))
 
 
 def start_writer(root, writer_id, segment_bytes=None):

@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import logkit
+from tests.helpers.procs import ROOT_DIR
 
-ROOT_DIR = os.path.dirname(os.path.dirname(__file__))
 
 APPENDER = r"""
 import sys, logkit

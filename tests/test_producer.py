@@ -7,34 +7,14 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 import logkit
 from logkit import producer as producer_module
-from logkit import (ClosedError, ConfigError, LogkitTimeoutError, NoOffsetForPartitionError,
-                    OffsetOutOfRangeError, RecordTooLargeError, TopicPartition,
-                    UnknownTopicError)
-
-ROOT_DIR = os.path.dirname(os.path.dirname(__file__))
-
-
-def drain(consumer, idle_ms=300):
-    out = []
-    while True:
-        batch = consumer.poll(timeout_ms=idle_ms)
-        if not batch:
-            return out
-        out += batch
-
-
-def wait_until(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+from logkit import ConfigError, LogkitTimeoutError, RecordTooLargeError, UnknownTopicError
+from tests.helpers.clients import drain
+from tests.helpers.procs import wait_until
 
 
 SEND_PATHS = ["python"] + (["compiled"] if producer_module._CSender is not None else [])

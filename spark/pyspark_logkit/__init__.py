@@ -20,7 +20,7 @@ from .reader import LogkitBatchReader, LogkitStreamReader, schema
 from .writer import LogkitBatchWriter, LogkitStreamWriter, SinkOptions
 
 __all__ = ["DefaultSource", "LogkitDataSource", "LogkitSparkError", "register",
-           "python_for_workers"]
+           "python_for_workers", "local_session"]
 
 
 class LogkitDataSource(DataSource):
@@ -62,3 +62,24 @@ def python_for_workers() -> str:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     return os.environ["PYSPARK_PYTHON"]
+
+
+def local_session(app_name: str = "logkit", *, log4j_config: str | None = None,
+                  **confs: str) -> Any:
+    """A local[2] SparkSession set up for logkit: workers run this interpreter, the UI
+    and console progress are off, 2 shuffle partitions, JVM logging at ERROR.
+    `log4j_config` names a log4j2 properties file; `confs` are extra Spark settings."""
+    python_for_workers()
+    from pyspark.sql import SparkSession
+    builder = (SparkSession.builder.master("local[2]").appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2"))
+    if log4j_config:
+        builder = builder.config("spark.driver.extraJavaOptions",
+                                 f"-Dlog4j2.configurationFile={log4j_config}")
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
