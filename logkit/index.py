@@ -37,10 +37,12 @@ class _Index:
         flags = os.O_RDWR if writable else os.O_RDONLY
         if create_bytes:
             flags |= os.O_CREAT | os.O_TRUNC
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             if create_bytes:
-                os.ftruncate(fd, create_bytes - create_bytes % self.entry_size)
+                # Real blocks, not a sparse file: on a full disk this raises OSError
+                # here instead of a SIGBUS at the first store through the map.
+                os.posix_fallocate(fd, 0, create_bytes - create_bytes % self.entry_size)
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             for attempt in range(3):
                 size = os.fstat(fd).st_size
@@ -57,7 +59,25 @@ class _Index:
             os.close(fd)
         if entries is None:         # sealed: its size, less any zero padding a roller
             entries = self._entries_before_padding()   # killed before the trim left
+            entries = self._sane_prefix(entries)
         self.entries = min(entries, self.capacity)
+
+    def _sane_prefix(self, entries: int) -> int:
+        """Derived data is checked before it is trusted: a sealed index is used only up
+        to its first entry that breaks the order (both fields strictly increasing from
+        a non-negative start). Fewer entries only mean longer scans, never wrong data."""
+        if not entries or self._mmap is None:
+            return 0
+        unpack, size, mm = self.ENTRY.unpack_from, self.entry_size, self._mmap
+        previous = unpack(mm, 0)
+        if previous[0] < 0 or previous[1] < 0:
+            return 0
+        for n in range(1, entries):
+            entry = unpack(mm, n * size)
+            if entry[0] <= previous[0] or entry[1] <= previous[1]:
+                return n
+            previous = entry
+        return entries
 
     def _entries_before_padding(self) -> int:
         """Entries of a sealed file: all of them, unless a roll died between publishing
@@ -98,7 +118,7 @@ class _Index:
         os.truncate(self.path, valid)
         self.capacity = self.entries
         if valid:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 self._mmap = mmap.mmap(fd, valid, access=mmap.ACCESS_READ)
             finally:

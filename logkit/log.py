@@ -30,7 +30,9 @@ exactly one segment; bytes below each segment's committed size are CRC-valid bat
 from __future__ import annotations
 
 import bisect
+import errno
 import fcntl
+import logging
 import mmap
 import os
 import struct
@@ -39,7 +41,9 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, NamedTuple
 
-from .errors import ClosedError, CorruptRecordError, OffsetOutOfRangeError, RecordTooLargeError
+from . import _fork
+from .errors import (ClosedError, CorruptRecordError, LogkitTimeoutError, OffsetOutOfRangeError,
+                     RecordTooLargeError, StorageError, UnknownTopicError, storage_error)
 from .records import (ATTR_CODEC_MASK, ATTR_CONTROL, ATTRIBUTES_OFFSET, CRC_OFFSET, LOG_OVERHEAD,
                       RECORDS_OFFSET, Record, _CRC, _HEADER, check_batch, decode_batch,
                       encode_batch, read_header, stamp_base_offset)
@@ -52,6 +56,12 @@ TAIL_FILE = "logkit.tail"
 TAIL_MAGIC = b"LKT1"
 TAIL_FILE_BYTES = 4096
 DELETED_SUFFIX = ".deleted"
+FILE_MODE = 0o600                     # data files are the owner's alone (docs/storage.md)
+LOCK_TIMEOUT_S = 30.0
+MAX_OPEN_SEGMENTS = 8                 # per partition: sealed ones beyond are closed                 # default bound on waiting for the append lock
+_LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tries
+
+log = logging.getLogger("logkit.log")
 MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
 SEQLOCK_SPINS = 10000                 # reader retries before suspecting a dead writer
 
@@ -77,12 +87,14 @@ class Tail(NamedTuple):
     unflushed_messages: int
     first_unflushed_ms: int
     leader_epoch: int
+    deleted: int = 0             # 1: the topic was deleted; every use raises
 
 
 _SEQ = struct.Struct("<Q")
 _SEQ_OFFSET = 8
-_BODY = struct.Struct("<16sqqqqqqQqqqqqqqqq")
+_BODY = struct.Struct("<16sqqqqqqQqqqqqqqqqq")
 _BODY_OFFSET = 16
+_DELETED_OFFSET = _BODY_OFFSET + _BODY.size - 8      # the last field: `deleted`
 _MAGIC = struct.Struct("<4sI")
 
 
@@ -109,11 +121,18 @@ class TailFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.created = os.fstat(self.fd).st_size < TAIL_FILE_BYTES
-        if self.created:
-            os.ftruncate(self.fd, TAIL_FILE_BYTES)
-        self.mm = mmap.mmap(self.fd, TAIL_FILE_BYTES)
+        self.fd = open_file(path, os.O_RDWR | os.O_CREAT)
+        try:
+            self.created = os.fstat(self.fd).st_size < TAIL_FILE_BYTES
+            if self.created:      # real blocks, so a full disk fails here, not as SIGBUS
+                os.posix_fallocate(self.fd, 0, TAIL_FILE_BYTES)
+            self.mm = mmap.mmap(self.fd, TAIL_FILE_BYTES)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def deleted(self) -> bool:
+        return bool(struct.unpack_from("<q", self.mm, _DELETED_OFFSET)[0])
 
     def valid(self) -> bool:
         magic, version = _MAGIC.unpack_from(self.mm, 0)
@@ -161,6 +180,25 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def open_file(path: str, flags: int) -> int:
+    """os.open that never follows a symbolic link at `path` (a link planted in the data
+    directory must not redirect our writes); raises StorageError naming the path."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"refusing to open {path}: it is a symbolic link",
+                               operation="open", path=path, errno=exc.errno) from exc
+        raise
+
+
+def check_directory(path: str) -> None:
+    """A partition directory must be a real directory, not a link to one elsewhere."""
+    if os.path.islink(path):
+        raise StorageError(f"refusing to use {path}: it is a symbolic link",
+                           operation="open", path=path, errno=errno.ELOOP)
+
+
 class PartitionLog:
     """One partition directory. Thread-safe; process-safe through the tail file."""
 
@@ -171,32 +209,112 @@ class PartitionLog:
         self.topic = topic
         self.partition = partition
         self.config = dict(config)
+        # Two thread locks: `_append_lock` queues this process's appenders (flock is per
+        # open file, so it cannot tell our own threads apart) and is held while waiting
+        # for the flock; `_thread_lock` guards the cached segments and maps, and is only
+        # ever held for short, local work, so a reader never waits on another process.
+        self._append_lock = threading.Lock()
         self._thread_lock = threading.RLock()
+        self._pid = _fork.owner_pid()
         self._segments: dict[int, LogSegment] = {}
+        self._sealed_sizes: dict[int, int] = {}
         self._bases: list[int] = []
         self._segments_version = -1
         self._dirty = False            # this process appended since its last clean flush
         self._closed = False
         self.last_recovery: RecoveryReport | None = None
-        os.makedirs(directory, exist_ok=True)
-        self._tail_file = TailFile(os.path.join(directory, TAIL_FILE))
-        self._open_checks()
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            check_directory(directory)
+            self._tail_file = TailFile(os.path.join(directory, TAIL_FILE))
+        except OSError as exc:
+            raise storage_error(exc, "open partition", directory) from exc
+        try:
+            self._open_checks()
+        except OSError as exc:
+            self._tail_file.close()
+            raise storage_error(exc, "open partition", directory) from exc
+        except BaseException:
+            self._tail_file.close()
+            raise
 
     # ---- locking and tail ------------------------------------------------------------
 
+    def _check_usable(self) -> None:
+        """Raise for a closed partition, a forked process, or a deleted topic."""
+        _fork.check_owner(self._pid, f"partition {self.topic}-{self.partition}")
+        if self._closed:
+            raise ClosedError(f"partition {self.topic}-{self.partition} is closed")
+        if self._tail_file.deleted():
+            raise UnknownTopicError(f"topic {self.topic!r} was deleted")
+
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            if self._closed:
-                raise ClosedError(f"partition {self.topic}-{self.partition} is closed")
-            fcntl.flock(self._tail_file.fd, fcntl.LOCK_EX)
+    def _locked(self, timeout_s: float | None = LOCK_TIMEOUT_S) -> Iterator[None]:
+        """The append lock: this process's appenders queue on `_append_lock`, then the
+        flock excludes other processes, then `_thread_lock` excludes our readers for
+        the (short) mutation. Waits at most `timeout_s` (None: no bound) in all, then
+        raises LogkitTimeoutError; the deleted flag is checked once the lock is held."""
+        self._check_usable()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if not self._append_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise self._lock_timeout(timeout_s)
+        try:
+            self._flock(deadline, timeout_s)
             try:
-                yield
+                with self._thread_lock:
+                    self._check_usable()
+                    yield
             finally:
-                fcntl.flock(self._tail_file.fd, fcntl.LOCK_UN)
+                self._funlock()
+        finally:
+            self._append_lock.release()
+
+    def _lock_timeout(self, timeout_s: float | None) -> LogkitTimeoutError:
+        return LogkitTimeoutError(f"the append lock of {self.topic}-{self.partition} was "
+                                  f"not free within {timeout_s} s (another process holds "
+                                  f"it: {self._tail_file.path})")
+
+    def _flock(self, deadline: float | None, timeout_s: float | None) -> None:
+        fd = self._tail_file.fd
+        try:
+            if deadline is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                return
+            sleep_s = _LOCK_POLL_S[0]
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._lock_timeout(timeout_s) from None
+                    time.sleep(min(sleep_s, left))
+                    sleep_s = min(sleep_s * 2, _LOCK_POLL_S[1])
+        except OSError as exc:
+            raise storage_error(exc, "lock", self._tail_file.path) from exc
+
+    def _funlock(self) -> None:
+        """Release the flock. What was done under it is done: a failing unlock must not
+        turn a stored append into an error, so fall back to closing the descriptor,
+        which releases the lock with it, and reopen the tail file."""
+        try:
+            fcntl.flock(self._tail_file.fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            log.warning("unlock of %s failed (%s); reopening it to release the lock",
+                        self._tail_file.path, exc)
+            old = self._tail_file
+            try:
+                self._tail_file = TailFile(old.path)
+            except OSError:
+                log.error("could not reopen %s; the partition is closed", old.path)
+                self._closed = True
+            old.close()
 
     def tail(self) -> Tail:
         """The current tail; repairs a tail left torn by a writer that died mid-update."""
+        if self._closed or self._pid != _fork._pid:
+            self._check_usable()
         tail = self._tail_file.read()
         if tail is None:
             with self._locked():
@@ -204,7 +322,18 @@ class PartitionLog:
                     self._recover(full=False)
                 tail = self._tail_file.read()
                 assert tail is not None
+        if tail.deleted:
+            raise UnknownTopicError(f"topic {self.topic!r} was deleted")
         return tail
+
+    def mark_deleted(self) -> None:
+        """Flag the partition deleted (topic deletion's first step): from the moment the
+        lock is released, every process's appends and reads of it raise."""
+        with self._locked():
+            tail = self._tail_file.read()
+            assert tail is not None
+            self._publish(tail._replace(deleted=1))
+            self._tail_file.sync()
 
     def _publish(self, tail: Tail) -> None:
         self._tail_file.write(tail._replace(boot_id=BOOT_ID))
@@ -241,10 +370,11 @@ class PartitionLog:
         names = set(os.listdir(self.directory))
         # A segment above the active one was never published (a roller died before
         # publishing it); the next roll removes it.
-        bases = sorted(b for b in map(parse_segment_name, names)
-                       if b is not None and b <= tail.active_base_offset)
+        bases = live_bases(names, tail)
         if not bases or bases[-1] != tail.active_base_offset:
             return False
+        if leftovers(names, bases):
+            return False                  # an interrupted retention or roll: sweep them
         for base in bases:
             if (segment_file_name(base, ".index") not in names
                     or segment_file_name(base, ".timeindex") not in names):
@@ -267,6 +397,15 @@ class PartitionLog:
         self._close_segments()
         names = set(os.listdir(self.directory))
         bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
+        if previous_start is not None and bases:
+            # Segments wholly below the published log start are retention's leftovers
+            # (it publishes the new start before renaming): finish their deletion
+            # rather than bring deleted records back.
+            keep = max(0, bisect.bisect_right(bases, previous_start) - 1)
+            for base in bases[:keep]:
+                self._retire_segment(base)
+            bases = bases[keep:]
+        self._sweep_orphans(set(os.listdir(self.directory)))
         config = self.config
         index_bytes = config["segment.index.bytes"]
         if not bases:
@@ -304,10 +443,14 @@ class PartitionLog:
             segment.close()
         previous = old if old is not None else torn
         version = (previous.segments_version + 1) if previous is not None else 1
-        self._publish(Tail(BOOT_ID, bases[0], next_offset, bases[-1], size, entries,
+        start = bases[0]
+        if previous_start is not None and start < previous_start <= next_offset:
+            start = previous_start        # a log start inside the first segment stays
+        self._publish(Tail(BOOT_ID, start, next_offset, bases[-1], size, entries,
                            time_entries, version, next_offset, max_ts, max_ts_offset,
                            min(recovery_point, next_offset), _now_ms() if size else -1, 0, 0,
-                           -1, previous.leader_epoch if previous is not None else 0))
+                           -1, previous.leader_epoch if previous is not None else 0,
+                           previous.deleted if previous is not None else 0))
         self._tail_file.sync()
         report = RecoveryReport(segments_checked, checked, truncated,
                                 time.perf_counter() - started)
@@ -326,6 +469,26 @@ class PartitionLog:
                 os.unlink(path)
         return removed
 
+    def _retire_segment(self, base: int) -> None:
+        """Rename a segment's files `.deleted` (unlinked after file.delete.delay.ms)."""
+        for suffix in (".log", ".index", ".timeindex"):
+            path = os.path.join(self.directory, segment_file_name(base, suffix))
+            try:
+                os.rename(path, path + DELETED_SUFFIX)
+            except FileNotFoundError:
+                pass
+
+    def _sweep_orphans(self, names: set[str]) -> None:
+        """Remove index files whose `.log` is gone (a retention or roll interrupted
+        between its renames)."""
+        for name in names:
+            if name.endswith((".index", ".timeindex")) and name[:20].isdigit() \
+                    and f"{name[:20]}.log" not in names:
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except FileNotFoundError:
+                    pass
+
     def recover(self) -> RecoveryReport:
         """Force a full recovery scan (what an unclean open does), under the lock."""
         with self._locked():
@@ -338,9 +501,7 @@ class PartitionLog:
         assert tail is not None
         if tail.segments_version == self._segments_version:
             return
-        names = os.listdir(self.directory)
-        bases = sorted(b for b in map(parse_segment_name, names)
-                       if b is not None and b <= tail.active_base_offset)
+        bases = live_bases(os.listdir(self.directory), tail)
         stale = [b for b, seg in self._segments.items()
                  if b not in bases or seg.active != (b == tail.active_base_offset)]
         for base in stale:
@@ -357,7 +518,16 @@ class PartitionLog:
             segment = LogSegment(self.directory, base, active=active,
                                  index_entries=tail.index_entries if active else None,
                                  timeindex_entries=tail.timeindex_entries if active else None)
-            self._segments[base] = segment
+            segments = self._segments
+            if len(segments) >= MAX_OPEN_SEGMENTS:
+                # Sealed segments are opened on demand and closed first-in first-out, so
+                # a long log does not hold a descriptor per segment (Kafka maps its
+                # indexes lazily for the same reason).
+                for old in list(segments):
+                    if not segments[old].active:
+                        segments.pop(old).close()
+                        break
+            segments[base] = segment
         return segment
 
     def _close_segments(self) -> None:
@@ -383,8 +553,9 @@ class PartitionLog:
 
     def size_bytes(self) -> int:
         tail = self.tail()
-        self._refresh(tail)
-        return sum(self._segment(b).sealed_size for b in self._bases[:-1]) + tail.active_size
+        with self._thread_lock:
+            self._refresh(tail)
+            return sum(self._sealed_size(b) for b in self._bases[:-1]) + tail.active_size
 
     # ---- append ----------------------------------------------------------------------
 
@@ -392,11 +563,16 @@ class PartitionLog:
         """Encode records as one batch and append it; returns its base offset."""
         return self.append_batch(encode_batch(records, codec=codec, **batch_fields))
 
-    def append_batch(self, batch: bytearray, *, verify: bool = False) -> int:
+    def append_batch(self, batch: bytearray, *, verify: bool = False,
+                     lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> int:
         """Append one encoded batch (baseOffset is stamped here); returns base offset.
 
         `verify` re-checks the CRC first (for batches that did not come from our own
-        encoder). Raises RecordTooLargeError above max.message.bytes."""
+        encoder). Raises RecordTooLargeError above max.message.bytes, LogkitTimeoutError
+        when the append lock is not free within `lock_timeout_s`, StorageError (with the
+        OSError as its cause) when a write or fsync fails — and then nothing of the
+        batch is stored: the file is cut back to the published end before the lock is
+        released, and a later roll never seals bytes past that end either."""
         config = self.config
         size = len(batch)
         header = read_header(batch, 0, size)
@@ -418,56 +594,80 @@ class PartitionLog:
             header = read_header(batch, 0, size)
         assert header is not None
         count = header.last_offset_delta + 1
-        with self._locked():
+        with self._locked(lock_timeout_s):
             tail = self._tail_file.read()
             if tail is None:
                 self._recover(full=False)
                 tail = self._tail_file.read()
             assert tail is not None
-            self._refresh(tail)
-            # Another process may have added index entries since this one last
-            # appended: take the published counts, or we would overwrite theirs.
-            self._segment(tail.active_base_offset).set_index_entries(
-                tail.index_entries, tail.timeindex_entries)
-            now = _now_ms()
-            if self._must_roll(tail, size, count, now):
-                tail = self._roll(tail)
-            segment = self._segment(tail.active_base_offset)
-            if not self._dirty:
-                self._first_append(segment, tail)
-            base_offset = tail.log_end_offset
-            stamp_base_offset(batch, base_offset, tail.leader_epoch)
-            position = tail.active_size
+            try:
+                base_offset = self._append_locked(batch, header, size, count, tail)
+            except OSError as exc:
+                raise storage_error(exc, "append", self.directory) from exc
+        if self._doorbell is not None:
+            self._doorbell.ring()
+        return base_offset
+
+    def _append_locked(self, batch: bytearray, header: Any, size: int, count: int,
+                       tail: Tail) -> int:
+        config = self.config
+        self._refresh(tail)
+        # Another process may have added index entries since this one last
+        # appended: take the published counts, or we would overwrite theirs.
+        self._segment(tail.active_base_offset).set_index_entries(
+            tail.index_entries, tail.timeindex_entries)
+        now = _now_ms()
+        if self._must_roll(tail, size, count, now):
+            tail = self._roll(tail)
+        segment = self._segment(tail.active_base_offset)
+        if not self._dirty:
+            self._first_append(segment, tail)
+        base_offset = tail.log_end_offset
+        stamp_base_offset(batch, base_offset, tail.leader_epoch)
+        position = tail.active_size
+        last_offset = base_offset + count - 1
+        flush = tail.unflushed_messages + count >= config["flush.messages"]
+        try:
             segment.write(batch, position)
-            last_offset = base_offset + count - 1
-            max_ts, max_ts_offset = tail.max_timestamp, tail.max_timestamp_offset
-            if header.max_timestamp > max_ts:
-                max_ts, max_ts_offset = header.max_timestamp, last_offset
-            segment.index_batch(last_offset, position, config["index.interval.bytes"],
-                                max_ts, max_ts_offset)
-            entries, time_entries = segment.index_entry_counts()
-            unflushed = tail.unflushed_messages + count
-            tail = tail._replace(
-                log_end_offset=last_offset + 1, active_size=position + size,
-                index_entries=entries, timeindex_entries=time_entries,
-                high_watermark=last_offset + 1, max_timestamp=max_ts,
-                max_timestamp_offset=max_ts_offset,
-                roll_time_ms=now if tail.roll_time_ms < 0 else tail.roll_time_ms, clean=0,
-                unflushed_messages=unflushed,
-                first_unflushed_ms=now if tail.first_unflushed_ms < 0 else
-                tail.first_unflushed_ms)
-            if unflushed >= config["flush.messages"]:
+            if flush:
                 # The log file only: the active segment's indexes are derived data that
                 # recovery rebuilds after an OS crash, and an fsync of each (dirty) index
                 # map would triple the device flushes per durable append.
                 segment.flush_log()
-                tail = tail._replace(recovery_point=last_offset + 1, unflushed_messages=0,
-                                     first_unflushed_ms=-1)
-            self._publish(tail)
-            self._dirty = True
-        if self._doorbell is not None:
-            self._doorbell.ring()
+        except OSError:
+            self._cut_back(segment, position)
+            raise
+        max_ts, max_ts_offset = tail.max_timestamp, tail.max_timestamp_offset
+        if header.max_timestamp > max_ts:
+            max_ts, max_ts_offset = header.max_timestamp, last_offset
+        segment.index_batch(last_offset, position, config["index.interval.bytes"],
+                            max_ts, max_ts_offset)
+        entries, time_entries = segment.index_entry_counts()
+        tail = tail._replace(
+            log_end_offset=last_offset + 1, active_size=position + size,
+            index_entries=entries, timeindex_entries=time_entries,
+            high_watermark=last_offset + 1, max_timestamp=max_ts,
+            max_timestamp_offset=max_ts_offset,
+            roll_time_ms=now if tail.roll_time_ms < 0 else tail.roll_time_ms, clean=0,
+            unflushed_messages=0 if flush else tail.unflushed_messages + count,
+            first_unflushed_ms=-1 if flush else
+            now if tail.first_unflushed_ms < 0 else tail.first_unflushed_ms)
+        if flush:
+            tail = tail._replace(recovery_point=last_offset + 1)
+        self._publish(tail)
+        self._dirty = True
         return base_offset
+
+    def _cut_back(self, segment: LogSegment, position: int) -> None:
+        """After a failed write or fsync, cut the file back to the published end so the
+        failed batch can never be sealed or recovered as data. If even that fails, the
+        bytes stay past the committed size, where no reader looks and the next roll or
+        append cuts them."""
+        try:
+            segment.truncate(position)
+        except OSError as exc:
+            log.warning("could not cut %s back to %d after a failed append: %s",
+                        segment.path, position, exc)
 
     def _first_append(self, segment: LogSegment, tail: Tail) -> None:
         """Cut bytes a dead writer left past the committed size before writing."""
@@ -494,6 +694,11 @@ class PartitionLog:
         them any more (a sealed index left untrimmed reads as its non-zero entries)."""
         sealed = tail
         old = self._segment(tail.active_base_offset)
+        if old.file_size() > tail.active_size:
+            # Bytes past the committed size were never acknowledged (a writer died
+            # between its write and its publish, or its write failed): a sealed segment
+            # is read to its file size, so they must go before it is sealed.
+            old.truncate(tail.active_size)
         old.set_index_entries(tail.index_entries, tail.timeindex_entries)
         old.time_index.append(tail.max_timestamp, tail.max_timestamp_offset)
         old.flush()
@@ -522,7 +727,10 @@ class PartitionLog:
             assert tail is not None
             self._refresh(tail)
             if tail.active_size:
-                self._roll(tail)
+                try:
+                    self._roll(tail)
+                except OSError as exc:
+                    raise storage_error(exc, "roll", self.directory) from exc
 
     def _log_append_time(self, batch: bytearray) -> bytearray:
         now = _now_ms()
@@ -551,10 +759,13 @@ class PartitionLog:
             assert tail is not None
             self._refresh(tail)
             if tail.unflushed_messages or tail.recovery_point < tail.log_end_offset:
-                self._segment(tail.active_base_offset).flush()
-                self._publish(tail._replace(recovery_point=tail.log_end_offset,
-                                            unflushed_messages=0, first_unflushed_ms=-1))
-                self._tail_file.sync()
+                try:
+                    self._segment(tail.active_base_offset).flush()
+                    self._publish(tail._replace(recovery_point=tail.log_end_offset,
+                                                unflushed_messages=0, first_unflushed_ms=-1))
+                    self._tail_file.sync()
+                except OSError as exc:
+                    raise storage_error(exc, "flush", self.directory) from exc
 
     def maybe_flush(self, now_ms: int | None = None) -> bool:
         """The flush.ms policy: fsync if the oldest unflushed append is old enough."""
@@ -578,14 +789,21 @@ class PartitionLog:
         are available, even when that batch is bigger than `max_bytes`."""
         if max_records <= 0:
             raise ValueError("max_records must be positive")
-        with self._thread_lock:        # segments and their maps are shared by threads
-            return self._read(offset, max_records, max_bytes, upto_offset)
+        for _ in range(100):              # a retention run may pull a segment away
+            tail = self.tail()            # may take the lock: never under _thread_lock
+            with self._thread_lock:       # segments and their maps are shared by threads
+                self._check_usable()
+                try:
+                    return self._read(tail, offset, max_records, max_bytes, upto_offset)
+                except FileNotFoundError:
+                    self._segments_version = -1
+                except OSError as exc:
+                    raise storage_error(exc, "read", self.directory) from exc
+        raise LogkitTimeoutError(f"{self.topic}-{self.partition}: segments kept vanishing "
+                                 "under a read")
 
-    def _read(self, offset: int, max_records: int, max_bytes: int,
+    def _read(self, tail: Tail, offset: int, max_records: int, max_bytes: int,
               upto_offset: int | None) -> list[Record]:
-        if self._closed:
-            raise ClosedError(f"partition {self.topic}-{self.partition} is closed")
-        tail = self._tail_file.read() or self.tail()
         if tail.segments_version != self._segments_version:
             self._refresh(tail)
         end = tail.high_watermark if upto_offset is None else min(upto_offset,
@@ -596,14 +814,12 @@ class PartitionLog:
                 f"{tail.high_watermark}] of {self.topic}-{self.partition}")
         bases = self._bases
         i = max(0, bisect.bisect_right(bases, offset) - 1)
+        if offset < end:
+            self._check_covered(bases, i, offset)
         out: list[Record] = []
         while offset < end and i < len(bases) and len(out) < max_records and max_bytes > 0:
             base = bases[i]
-            try:
-                segment = self._segment(base)
-            except FileNotFoundError:      # retention removed it since we listed
-                self._segments_version = -1
-                return out or self._read(offset, max_records, max_bytes, upto_offset)
+            segment = self._segment(base)
             if segment.active:
                 segment.set_index_entries(tail.index_entries, tail.timeindex_entries)
                 size = tail.active_size
@@ -619,10 +835,32 @@ class PartitionLog:
                     out.extend(records)
                 offset = records[-1].offset + 1
             max_bytes -= used
+            if len(out) >= max_records or max_bytes <= 0 or not segment.scanned_to_end:
+                break
             i += 1
             if i < len(bases):
+                self._check_contiguous(segment, bases[i])
                 offset = max(offset, bases[i])
         return out
+
+    def _check_covered(self, bases: list[int], i: int, offset: int) -> None:
+        """The segment list must hold `offset` (>= the log start): a first segment that
+        begins above it means files are missing at the start of the log."""
+        if not bases or bases[i] > offset:
+            first = bases[i] if bases else None
+            raise CorruptRecordError(
+                f"{self.topic}-{self.partition}: offset {offset} is in no segment (the "
+                f"first segment starts at {first}); segment files are missing",
+                path=self.directory, position=0, expected=offset, actual=first)
+
+    def _check_contiguous(self, segment: LogSegment, next_base: int) -> None:
+        """A segment read to its end must end where the next one begins: no silent gap
+        from a missing or truncated segment."""
+        if segment.scan_end_offset != next_base:
+            raise CorruptRecordError(
+                "segment ends before the next segment begins (missing or truncated "
+                "segment)", path=segment.path, position=segment.sealed_size,
+                expected=next_base, actual=segment.scan_end_offset)
 
     def read_columns(self, offset: int, columns: Any, *, stop_offset: int,
                      max_records: int) -> int:
@@ -630,10 +868,9 @@ class PartitionLog:
         `columns` (a columns.Columns), adding at least one batch's records and about
         max_records; returns the next offset to read. Raises OffsetOutOfRangeError like
         read()."""
+        tail = self.tail()
         with self._thread_lock:
-            if self._closed:
-                raise ClosedError(f"partition {self.topic}-{self.partition} is closed")
-            tail = self.tail()
+            self._check_usable()
             self._refresh(tail)
             if offset < tail.log_start_offset or offset > tail.high_watermark:
                 raise OffsetOutOfRangeError(
@@ -642,6 +879,8 @@ class PartitionLog:
             end = min(stop_offset, tail.high_watermark)
             bases = list(self._bases)
             i = max(0, bisect.bisect_right(bases, offset) - 1)
+            if offset < end:
+                self._check_covered(bases, i, offset)
             target = columns.count + max_records
             while offset < end and i < len(bases) and columns.count < target:
                 segment = self._segment(bases[i])
@@ -649,25 +888,31 @@ class PartitionLog:
                     segment.set_index_entries(tail.index_entries, tail.timeindex_entries)
                 size = tail.active_size if segment.active else segment.sealed_size
                 buf = segment.view(size)
+                segment_end = None
                 for pos, header in segment.headers(segment.find(offset, size), size):
                     if header.base_offset >= end:
                         break
                     if not header.attributes & ATTR_CONTROL:
                         columns.add_batch(buf, pos, header, min_offset=offset,
                                           stop_offset=end, path=segment.path)
-                    offset = min(header.last_offset + 1, end)
+                    segment_end = header.last_offset + 1
+                    offset = min(segment_end, end)
                     if columns.count >= target or offset >= end:
                         return offset              # stopped inside this segment
                 i += 1                             # this segment is done: the next one
                 if i < len(bases):
+                    segment.scan_end_offset = (segment.end_offset(size) if segment_end
+                                               is None else segment_end)
+                    self._check_contiguous(segment, bases[i])
                     offset = max(offset, bases[i])
             return offset
 
     def batch_headers(self, start_offset: int) -> list[Any]:
         """Headers of the committed batches whose last offset >= start_offset (CRC not
         checked). For idempotence checks that look for a producer's batches."""
+        tail = self.tail()
         with self._thread_lock:
-            tail = self.tail()
+            self._check_usable()
             self._refresh(tail)
             bases = list(self._bases)
             out = []
@@ -684,11 +929,12 @@ class PartitionLog:
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """Earliest offset whose timestamp >= timestamp_ms, None if there is none."""
-        with self._thread_lock:
-            return self._offset_for_timestamp(timestamp_ms)
-
-    def _offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         tail = self.tail()
+        with self._thread_lock:
+            self._check_usable()
+            return self._offset_for_timestamp(tail, timestamp_ms)
+
+    def _offset_for_timestamp(self, tail: Tail, timestamp_ms: int) -> int | None:
         self._refresh(tail)
         for base in list(self._bases):
             segment = self._segment(base)
@@ -709,51 +955,80 @@ class PartitionLog:
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Delete whole segments past retention.ms / retention.bytes; returns how many.
 
-        Deleted segments are renamed `.deleted` and unlinked after file.delete.delay.ms,
-        so a reader holding one open keeps reading."""
+        Order, for a crash or an error at any step: the new log start is published (and
+        synced) first, then the files are renamed `.deleted` and unlinked after
+        file.delete.delay.ms, so a reader holding one open keeps reading. Files left
+        below the published start by an interrupted run are swept at the next open."""
         now_ms = _now_ms() if now_ms is None else now_ms
         config = self.config
-        deleted = 0
+        retention_ms, retention_bytes = config["retention.ms"], config["retention.bytes"]
+        if retention_ms < 0 and retention_bytes < 0:
+            with self._thread_lock:
+                self._check_usable()
+                self._unlink_deleted()
+            return 0
         with self._locked():
-            tail = self._tail_file.read()
-            assert tail is not None
-            self._refresh(tail)
-            retention_ms, retention_bytes = config["retention.ms"], config["retention.bytes"]
-            sizes = [self._segment(b).sealed_size for b in self._bases[:-1]]
-            sizes.append(tail.active_size)
-            excess = sum(sizes) - retention_bytes if retention_bytes >= 0 else 0
-            doomed = 0
-            for i, base in enumerate(self._bases):
-                segment = self._segment(base)
-                if segment.active:
-                    newest = tail.max_timestamp
-                    if sizes[i] == 0:
-                        break
-                else:
-                    newest = segment.time_index.last_timestamp()
-                by_time = retention_ms >= 0 and newest < now_ms - retention_ms
-                by_size = excess > 0 and excess - sizes[i] >= 0
-                if not (by_time or by_size):
+            try:
+                return self._enforce_retention(now_ms, retention_ms, retention_bytes)
+            except OSError as exc:
+                raise storage_error(exc, "retention", self.directory) from exc
+
+    def _enforce_retention(self, now_ms: int, retention_ms: int, retention_bytes: int) -> int:
+        tail = self._tail_file.read()
+        assert tail is not None
+        self._refresh(tail)
+        bases = self._bases
+        sizes = [self._sealed_size(b) for b in bases[:-1]]
+        sizes.append(tail.active_size)
+        excess = sum(sizes) - retention_bytes if retention_bytes >= 0 else 0
+        doomed = 0
+        for i, base in enumerate(bases):
+            if i == len(bases) - 1:
+                newest = tail.max_timestamp
+                if sizes[i] == 0:
                     break
-                excess -= sizes[i]
-                doomed += 1
-            if doomed == len(self._bases):        # the active segment too: roll first
-                tail = self._roll(tail)
-            for base in self._bases[:doomed]:
-                self._segments.pop(base).close()
-                for suffix in (".log", ".index", ".timeindex"):
-                    path = os.path.join(self.directory, segment_file_name(base, suffix))
-                    if os.path.exists(path):
-                        os.rename(path, path + DELETED_SUFFIX)
-                deleted += 1
-            if deleted:
-                remaining = self._bases[doomed:]
-                tail = tail._replace(log_start_offset=remaining[0],
-                                     segments_version=tail.segments_version + 1)
-                self._publish(tail)
-                self._refresh(tail)
-            self._unlink_deleted()
-        return deleted
+            else:
+                newest = self._sealed_max_timestamp(base)
+            by_time = retention_ms >= 0 and newest < now_ms - retention_ms
+            by_size = excess > 0 and excess - sizes[i] >= 0
+            if not (by_time or by_size):
+                break
+            excess -= sizes[i]
+            doomed += 1
+        if doomed == len(bases):                  # the active segment too: roll first
+            tail = self._roll(tail)
+            bases = self._bases
+        if doomed:
+            tail = tail._replace(log_start_offset=bases[doomed],
+                                 segments_version=tail.segments_version + 1)
+            self._publish(tail)
+            self._tail_file.sync()
+            for base in bases[:doomed]:
+                segment = self._segments.pop(base, None)
+                if segment is not None:
+                    segment.close()
+                self._sealed_sizes.pop(base, None)
+                self._retire_segment(base)
+            self._refresh(tail)
+        self._unlink_deleted()
+        return doomed
+
+    def _sealed_size(self, base: int) -> int:
+        """A sealed segment's size, without keeping its file open."""
+        size = self._sealed_sizes.get(base)
+        if size is None:
+            segment = self._segments.get(base)
+            size = segment.sealed_size if segment is not None else os.stat(
+                os.path.join(self.directory, segment_file_name(base, ".log"))).st_size
+            self._sealed_sizes[base] = size
+        return size
+
+    def _sealed_max_timestamp(self, base: int) -> int:
+        """A sealed segment's largest timestamp: its time index's last entry."""
+        segment = self._segments.get(base)
+        if segment is not None:
+            return segment.time_index.last_timestamp()
+        return LogSegment.read_last_timestamp(self.directory, base)
 
     def _unlink_deleted(self) -> None:
         delay_s = self.config["file.delete.delay.ms"] / 1000
@@ -769,23 +1044,42 @@ class PartitionLog:
     # ---- lifecycle -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush and mark the tail clean if this process appended; safe to call twice."""
+        """Flush and mark the tail clean if this process appended; safe to call twice.
+        The files are released even when the flush fails; the error (a StorageError) is
+        raised after, and the tail is then left unclean, so the next open recovers. In a
+        forked child it releases nothing the parent still uses and touches no file."""
+        if self._closed:
+            return
+        if self._pid != _fork.owner_pid():
+            self._closed = True           # the parent's maps and locks: leave them be
+            return
+        error: BaseException | None = None
+        if self._dirty and not self._tail_file.deleted():
+            try:
+                self._mark_clean()        # takes the locks itself: not under _thread_lock
+            except (OSError, StorageError, LogkitTimeoutError, ClosedError) as exc:
+                error = exc
         with self._thread_lock:
             if self._closed:
                 return
-            if self._dirty:
-                with self._locked():
-                    tail = self._tail_file.read()
-                    assert tail is not None
-                    self._refresh(tail)
-                    self._segment(tail.active_base_offset).flush()
-                    self._publish(tail._replace(recovery_point=tail.log_end_offset,
-                                                unflushed_messages=0, first_unflushed_ms=-1,
-                                                clean=1))
-                    self._tail_file.sync()
             self._closed = True
             self._close_segments()
             self._tail_file.close()
+        if isinstance(error, OSError):
+            raise storage_error(error, "close", self.directory) from error
+        if error is not None:
+            raise error
+
+    def _mark_clean(self) -> None:
+        with self._locked():
+            tail = self._tail_file.read()
+            assert tail is not None
+            self._refresh(tail)
+            self._segment(tail.active_base_offset).flush()
+            self._publish(tail._replace(recovery_point=tail.log_end_offset,
+                                        unflushed_messages=0, first_unflushed_ms=-1,
+                                        clean=1))
+            self._tail_file.sync()
 
     def check(self) -> None:
         """Full consistency check (tests call it after mutations): every batch valid,
@@ -809,6 +1103,30 @@ class PartitionLog:
             for n in range(index.entries):
                 assert index.entry(n)[1] in starts, (segment.path, n)
         assert expected == tail.log_end_offset, (expected, tail.log_end_offset)
+
+
+def live_bases(names: Any, tail: Tail) -> list[int]:
+    """Base offsets of the published segments: from the one holding the log start up to
+    the active one (a roller's unpublished segment above it and retention's leftovers
+    below the start are not part of the log)."""
+    bases = sorted(b for b in map(parse_segment_name, names)
+                   if b is not None and b <= tail.active_base_offset)
+    first = max(0, bisect.bisect_right(bases, tail.log_start_offset) - 1)
+    return bases[first:]
+
+
+def leftovers(names: Any, bases: list[int]) -> bool:
+    """True when files other than the live segments' remain: segments below the log
+    start, or index files without their log."""
+    live = {segment_file_name(b, ".log") for b in bases}
+    for name in names:
+        if name.endswith(".log") and parse_segment_name(name) is not None:
+            if name not in live and int(name[:20]) < bases[0]:
+                return True
+        elif name.endswith((".index", ".timeindex")) and name[:20].isdigit() \
+                and f"{name[:20]}.log" not in names:
+            return True
+    return False
 
 
 _CODEC_NAME = {0: "uncompressed", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}

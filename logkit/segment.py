@@ -17,6 +17,7 @@ Readers map the file with mmap and remap only when asked to read past the mapped
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from typing import Any
@@ -66,16 +67,25 @@ class LogSegment:
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create_index_bytes else 0)
-        self._fd = os.open(self.path, flags, 0o644)
+        self._fd = os.open(self.path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self._mmap: mmap.mmap | None = None
         self._mapped = 0
         # (next offset, position of the first batch whose last offset >= it, whether
         # that batch must start exactly at next offset): where the previous read
         # stopped, so a sequential reader skips the index scan.
         self._cursor: tuple[int, int, bool] | None = None
-        self.sealed_size = -1 if active else self.file_size()
-        if create_index_bytes:
-            self._create_indexes(create_index_bytes)
+        # Set by each read: whether it scanned to the end of the segment, and the offset
+        # after the last batch it saw there (the caller checks the next segment starts
+        # exactly there).
+        self.scanned_to_end = False
+        self.scan_end_offset = -1
+        try:
+            self.sealed_size = -1 if active else self.file_size()
+            if create_index_bytes:
+                self._create_indexes(create_index_bytes)
+        except BaseException:
+            self.close()
+            raise
 
     # ---- files ---------------------------------------------------------------------
 
@@ -159,7 +169,8 @@ class LogSegment:
         """Write a stamped batch at `position` (the committed end of this segment)."""
         written = os.pwrite(self._fd, batch, position)
         if written != len(batch):   # a short write to a regular file: disk full
-            raise OSError(f"short write to {self.path}: {written} of {len(batch)} bytes")
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(batch)} bytes)",
+                          self.path)
 
     def index_batch(self, last_offset: int, position: int, interval_bytes: int,
                     max_timestamp: int, max_timestamp_offset: int) -> None:
@@ -282,6 +293,8 @@ class LogSegment:
         max_bytes of batches (always at least one batch); also the batch bytes read."""
         pos, exact = self._find(offset, size)
         if pos >= size:
+            self.scanned_to_end = True
+            self.scan_end_offset = self.end_offset(size)
             return [], 0
         if size <= self._mapped or size - pos > PREAD_MAX_BYTES:
             return self._read(self.view(size), 0, pos, offset, size, topic, partition,
@@ -334,6 +347,8 @@ class LogSegment:
             pos += header.size
             if budget <= 0:
                 break
+        self.scanned_to_end = pos >= size
+        self.scan_end_offset = expected
         if len(out) > max_records:
             del out[max_records:]
         if out:
@@ -344,6 +359,26 @@ class LogSegment:
             else:
                 self._cursor = (next_offset, last_pos, False)
         return out, max_bytes - budget
+
+    def end_offset(self, size: int) -> int:
+        """The offset after the last batch in [0, size) (base_offset when empty)."""
+        end = self.base_offset
+        for _, header in self.headers(self._index_entry(self.base_offset + 2**31 - 1)[1],
+                                      size):
+            end = header.last_offset + 1
+        return end
+
+    @staticmethod
+    def read_last_timestamp(directory: str, base_offset: int) -> int:
+        """The last time index entry's timestamp of a sealed segment (-1 if none),
+        without keeping the file open."""
+        index = TimeIndex(os.path.join(directory, segment_file_name(base_offset,
+                                                                    ".timeindex")),
+                          base_offset, writable=False)
+        try:
+            return index.last_timestamp()
+        finally:
+            index.close()
 
     def offset_for_timestamp(self, timestamp: int, size: int) -> int | None:
         """First offset whose record timestamp >= timestamp, None if none here."""
