@@ -6,13 +6,22 @@ background scheduler that runs retention (`log.retention.check.interval.ms`) and
 `flush.ms` policy. Several processes may open the same root at once; everything they
 share lives in files (see log.py and meta.py), never in this object.
 
-Invariant: a topic's partition directories exist before its metadata record commits,
-and a deleted topic's record is gone before its directories are renamed away.
+Invariant: a topic's partition directories exist, initialised and stamped with the
+topic's id (Kafka's `partition.metadata`), before its metadata record commits, and a
+failed create leaves neither. Deletion runs in an order that a crash at any step leaves
+finishable, never undone: (1) every partition is flagged deleted in its tail state,
+under its append lock, so no process appends to it or reads it from then on; (2) the
+directories are renamed to `.<topic id>-<n>.delete` tombstones (a name that always fits
+and never parses as a partition directory); (3) the metadata record goes; (4) the
+tombstones are removed. An interrupted deletion is finished when the topic or the root
+is next opened; a re-created topic never adopts an old directory, because a directory
+whose `partition.metadata` names another topic id is moved away first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -20,9 +29,11 @@ import time
 import uuid
 from typing import Any, Mapping
 
+from . import _fork
 from .config import LONG_MAX, overrides_only, resolve_broker_config, resolve_topic_config
-from .errors import (ClosedError, ConfigError, IncompatibleFormatError, UnknownTopicError)
-from .log import PartitionLog
+from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
+                     StorageError, UnknownTopicError, storage_error)
+from .log import PartitionLog, check_directory
 from .meta import MetaStore
 from .notify import Doorbell
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
@@ -31,6 +42,11 @@ __all__ = ["Broker", "FORMAT_VERSION"]
 
 FORMAT_VERSION = "1.0"
 FORMAT_FILE = "logkit.json"
+PARTITION_METADATA = "partition.metadata"     # Kafka's: version and topic id
+TOMBSTONE_SUFFIX = ".delete"
+STALE_TMP_S = 60                              # a format temp file older is a crash's
+
+log = logging.getLogger("logkit.broker")
 
 
 def _check_format(root: str) -> None:
@@ -42,10 +58,17 @@ def _check_format(root: str) -> None:
         major = int(version.split(".")[0])
     except FileNotFoundError:
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"format_version": FORMAT_VERSION, "created_by": "logkit"}, f)
-            f.write("\n")
-        os.replace(tmp, path)          # atomic: a concurrent opener sees all or nothing
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with open(fd, "w", encoding="utf-8") as f:
+                json.dump({"format_version": FORMAT_VERSION, "created_by": "logkit"}, f)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)      # atomic: a concurrent opener sees all or nothing
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise storage_error(exc, "create format file", path) from exc
         return
     except (ValueError, KeyError, TypeError) as exc:
         raise IncompatibleFormatError(f"{path} is not a logkit format file: {exc}") from None
@@ -55,8 +78,63 @@ def _check_format(root: str) -> None:
             f"{FORMAT_VERSION.split('.')[0]}.x")
 
 
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _sweep_format_temps(root: str) -> None:
+    """Remove `logkit.json.<pid>.tmp` files a crashed or failed opener left."""
+    now = time.time()
+    for name in os.listdir(root):
+        if name.startswith(FORMAT_FILE + ".") and name.endswith(".tmp"):
+            path = os.path.join(root, name)
+            try:
+                if now - os.lstat(path).st_mtime > STALE_TMP_S:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
 def partition_dir(root: str, topic: str, partition: int) -> str:
     return os.path.join(root, f"{topic}-{partition}")
+
+
+def read_topic_id(directory: str) -> str | None:
+    """The topic id in a partition directory's `partition.metadata`, None if absent."""
+    path = os.path.join(directory, PARTITION_METADATA)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with open(fd, encoding="utf-8") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "topic_id":
+                return value.strip()
+    return None
+
+
+def write_topic_id(directory: str, topic_id: str) -> None:
+    """Write Kafka's `partition.metadata` (version 0, topic id), durably."""
+    path = os.path.join(directory, PARTITION_METADATA)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(f"version: 0\ntopic_id: {topic_id}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory tree; a failure is logged, and the tombstone is swept at the
+    next open of the root."""
+    def report(_function: Any, failed: str, exc_info: Any) -> None:
+        log.warning("could not remove %s: %s", failed, exc_info[1])
+    shutil.rmtree(path, onerror=report)
 
 
 class Broker:
@@ -67,10 +145,26 @@ class Broker:
                  background: bool = True) -> None:
         self.path = os.fspath(path)
         self.config = resolve_broker_config(config)
-        os.makedirs(self.path, exist_ok=True)
+        self._pid = _fork.owner_pid()
+        try:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            if os.stat(self.path).st_uid != os.geteuid():
+                log.warning("%s is owned by another user (uid %d); its files may be "
+                            "changed under this process", self.path,
+                            os.stat(self.path).st_uid)
+            _sweep_format_temps(self.path)
+            check_directory(os.path.join(self.path, "meta"))
+        except OSError as exc:
+            raise storage_error(exc, "open root", self.path) from exc
         _check_format(self.path)
         self.meta = MetaStore(os.path.join(self.path, "meta"))
         self.doorbell = Doorbell(self.path)
+        try:
+            self._finish_interrupted_deletes()
+        except BaseException:
+            self.meta.close()
+            self.doorbell.close()
+            raise
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -92,6 +186,7 @@ class Broker:
         self.close()
 
     def _check_open(self) -> None:
+        _fork.check_owner(self._pid, f"Broker({self.path!r})")
         if self._closed:
             raise ClosedError(f"broker {self.path!r} is closed")
 
@@ -113,13 +208,43 @@ class Broker:
         record = {"name": name, "partitions": partitions, "config": overrides,
                   "topic_id": uuid.uuid4().hex, "created_ms": int(time.time() * 1000)}
 
-        def make_dirs() -> None:
-            for number in range(partitions):
-                os.makedirs(partition_dir(self.path, name, number), exist_ok=True)
+        config_resolved = resolve_topic_config(overrides, self.config)
+        made: list[str] = []
+
+        def make_partitions() -> None:
+            """Runs inside the metadata write transaction: a failure here rolls the
+            whole create back, directories included."""
+            try:
+                for number in range(partitions):
+                    directory = partition_dir(self.path, name, number)
+                    if os.path.lexists(directory):
+                        self._move_away(directory, "an orphan (no topic record owns it)")
+                    os.makedirs(directory, mode=0o700)
+                    made.append(directory)
+                    write_topic_id(directory, record["topic_id"])
+                    # Initialise it now (tail, first segment), so a full disk or a
+                    # descriptor limit fails the create rather than the first use.
+                    PartitionLog(directory, name, number, config_resolved).close()
+            except BaseException as exc:
+                for directory in made:
+                    remove_tree(directory)
+                if isinstance(exc, OSError):
+                    raise storage_error(exc, "create topic", self.path) from exc
+                raise
 
         with self._lock:
-            self.meta.create_topic(name, record, before_commit=make_dirs)
+            self.meta.create_topic(name, record, before_commit=make_partitions)
         return self.topic(name)
+
+    def _move_away(self, directory: str, why: str) -> None:
+        """Rename a partition directory that is not the live topic's to a tombstone and
+        remove it (its records must never be adopted by a topic of the same name)."""
+        topic_id = read_topic_id(directory) or uuid.uuid4().hex
+        tombstone = os.path.join(self.path, f".{topic_id}-{uuid.uuid4().hex[:8]}"
+                                 f"{TOMBSTONE_SUFFIX}")
+        log.warning("moving %s away: %s", directory, why)
+        os.rename(directory, tombstone)
+        remove_tree(tombstone)
 
     def topic(self, name: str) -> Topic:
         """Open an existing topic (UnknownTopicError if there is none)."""
@@ -137,12 +262,40 @@ class Broker:
             if cached is not None:                    # deleted and re-created elsewhere
                 self._topics.pop(name).close()
             config = resolve_topic_config(record["config"], self.config)
-            logs = [PartitionLog(partition_dir(self.path, name, n), name, n, config,
-                                 doorbell=self.doorbell)
-                    for n in range(record["partitions"])]
-            topic = Topic(name, logs, config, record["topic_id"])
+            first = self._open_partition(record, 0, config)
+            if first.deleted:                 # an interrupted deletion: finish it
+                first.close()
+                self._finish_delete(name, record)
+                raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
+            topic = Topic(name, record["partitions"],
+                          lambda n: first if n == 0 else self._open_partition(record, n,
+                                                                              config),
+                          config, record["topic_id"])
+            topic.partition(0)._log                   # noqa: B018 — adopt the open one
             self._topics[name] = topic
             return topic
+
+    def _open_partition(self, record: dict[str, Any], number: int,
+                        config: dict[str, Any]) -> PartitionLog:
+        name, topic_id = record["name"], record["topic_id"]
+        directory = partition_dir(self.path, name, number)
+        on_disk = read_topic_id(directory) if os.path.isdir(directory) else None
+        if on_disk is not None and on_disk != topic_id:
+            raise StorageError(f"{directory} belongs to another incarnation of topic "
+                               f"{name!r} (topic id {on_disk}, expected {topic_id})",
+                               operation="open partition", path=directory)
+        if not os.path.isdir(directory) and self._tombstones(topic_id):
+            # renamed away by an interrupted delete: report it as deleted
+            raise UnknownTopicError(f"topic {name!r} is being deleted")
+        partition_log = PartitionLog(directory, name, number, config,
+                                     doorbell=self.doorbell)
+        if on_disk is None:
+            try:
+                write_topic_id(directory, topic_id)    # directories made before ids
+            except OSError as exc:
+                partition_log.close()
+                raise storage_error(exc, "open partition", directory) from exc
+        return partition_log
 
     def get_or_create_topic(self, name: str) -> Topic:
         """The topic, auto-created with num.partitions when auto.create.topics.enable."""
@@ -164,21 +317,63 @@ class Broker:
         return sorted(self.meta.topic_names())
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic's metadata, then its directories (renamed away first)."""
+        """Delete a topic: flag its partitions deleted, rename them to tombstones,
+        remove its record, remove the tombstones (see the module docstring)."""
         self._check_open()
         validate_topic_name(name)
         with self._lock:
-            record = self.meta.delete_topic(name)
-            cached = self._topics.pop(name, None)
-            if cached is not None:
-                cached.close()
-            tag = uuid.uuid4().hex
+            record = self.meta.get_topic(name)
+            if record is None:
+                raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
+            try:
+                topic = self.topic(name)
+            except UnknownTopicError:
+                return                                 # finished an interrupted delete
+            except StorageError:
+                topic = None                           # unreadable: delete it anyway
+            if topic is not None:
+                for partition in topic.partitions:
+                    partition._log.mark_deleted()
+            self._finish_delete(name, record)
+
+    def _finish_delete(self, name: str, record: dict[str, Any]) -> None:
+        """Steps (2)-(4) of a deletion; safe to run again after a crash at any step."""
+        cached = self._topics.pop(name, None)
+        if cached is not None:
+            cached.close()
+        topic_id = record["topic_id"]
+        try:
             for number in range(record["partitions"]):
                 directory = partition_dir(self.path, name, number)
-                if os.path.isdir(directory):
-                    doomed = f"{directory}.{tag}-delete"
-                    os.rename(directory, doomed)
-                    shutil.rmtree(doomed, ignore_errors=True)
+                if os.path.isdir(directory) and read_topic_id(directory) in (topic_id, None):
+                    os.rename(directory, os.path.join(
+                        self.path, f".{topic_id}-{number}{TOMBSTONE_SUFFIX}"))
+        except OSError as exc:
+            raise storage_error(exc, "delete topic", self.path) from exc
+        current = self.meta.get_topic(name)
+        if current is not None and current["topic_id"] == topic_id:
+            self.meta.delete_topic(name)
+        for tombstone in self._tombstones(topic_id):
+            remove_tree(tombstone)
+
+    def _tombstones(self, topic_id: str | None = None) -> list[str]:
+        prefix = f".{topic_id}-" if topic_id else "."
+        return [os.path.join(self.path, entry) for entry in os.listdir(self.path)
+                if entry.startswith(prefix) and entry.endswith(TOMBSTONE_SUFFIX)]
+
+    def _finish_interrupted_deletes(self) -> None:
+        """At open: a tombstone whose topic record still exists is a deletion that died
+        between its renames and its metadata commit; finish it, then sweep."""
+        tombstones = self._tombstones()
+        if not tombstones:
+            return
+        ids = {os.path.basename(t)[1:].split("-")[0] for t in tombstones}
+        for name in self.meta.topic_names():
+            record = self.meta.get_topic(name)
+            if record is not None and record["topic_id"] in ids:
+                self._finish_delete(name, record)
+        for tombstone in self._tombstones():
+            remove_tree(tombstone)
 
     # ---- chores ----------------------------------------------------------------------
 
@@ -251,11 +446,16 @@ class Broker:
     # ---- lifecycle -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close clients, stop chores, flush and mark logs clean. Safe to call twice."""
+        """Close clients, stop chores, flush and mark logs clean. Safe to call twice.
+        Every partition is closed even if one fails; the first failure is raised after.
+        In a process forked from the one that opened it, it touches nothing."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        if self._pid != _fork.owner_pid():
+            return
+        errors: list[BaseException] = []
         for client in reversed(self._clients):
             try:
                 client.close()
@@ -267,7 +467,18 @@ class Broker:
             self._scheduler.join(timeout=10)
         with self._lock:
             for topic in self._topics.values():
-                topic.close()
+                try:
+                    topic.close()
+                except (OSError, LogkitError) as exc:
+                    errors.append(exc)
             self._topics.clear()
-        self.meta.close()
-        self.doorbell.close()
+        for closer in (self.meta.close, self.doorbell.close):
+            try:
+                closer()
+            except (OSError, LogkitError) as exc:
+                errors.append(exc)
+        if errors:
+            first = errors[0]
+            if isinstance(first, OSError):
+                raise storage_error(first, "close", self.path) from first
+            raise first

@@ -329,11 +329,23 @@ class PartitionLog:
     def mark_deleted(self) -> None:
         """Flag the partition deleted (topic deletion's first step): from the moment the
         lock is released, every process's appends and reads of it raise."""
-        with self._locked():
-            tail = self._tail_file.read()
-            assert tail is not None
-            self._publish(tail._replace(deleted=1))
-            self._tail_file.sync()
+        if self._tail_file.deleted():
+            return
+        try:
+            with self._locked():
+                tail = self._tail_file.read()
+                assert tail is not None
+                self._publish(tail._replace(deleted=1))
+                self._tail_file.sync()
+        except UnknownTopicError:
+            pass                          # another process flagged it meanwhile
+        except OSError as exc:
+            raise storage_error(exc, "delete topic", self.directory) from exc
+
+    @property
+    def deleted(self) -> bool:
+        """True once the topic was deleted (by any process)."""
+        return self._tail_file.deleted()
 
     def _publish(self, tail: Tail) -> None:
         self._tail_file.write(tail._replace(boot_id=BOOT_ID))

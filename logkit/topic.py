@@ -9,7 +9,7 @@ the broker root: it has no path separator and is neither '.' nor '..'.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from .compression import codec_id, require
 from .errors import InvalidTopicError, UnknownTopicError
@@ -38,12 +38,29 @@ def validate_topic_name(name: Any) -> str:
 
 
 class Partition:
-    """One partition of a topic: offsets, reads, time lookups and raw appends."""
+    """One partition of a topic: offsets, reads, time lookups and raw appends.
 
-    def __init__(self, log: PartitionLog) -> None:
+    Its log is opened on first use (a topic of thousands of partitions costs no
+    descriptor for the ones a process never touches); `_opener` makes it."""
+
+    def __init__(self, topic: str, partition: int,
+                 opener: Callable[[int], PartitionLog]) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._opener = opener
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only while `_log` is not yet set: open the log once, then the
+        # attribute is an ordinary one and costs nothing more.
+        if name != "_log":
+            raise AttributeError(name)
+        log = self._opener(self.partition)
         self._log = log
-        self.topic = log.topic
-        self.partition = log.partition
+        return log
+
+    @property
+    def opened(self) -> bool:
+        return "_log" in self.__dict__
 
     def __repr__(self) -> str:
         return f"Partition({self.topic!r}, {self.partition})"
@@ -103,12 +120,12 @@ class Partition:
 class Topic:
     """A topic: its partitions and resolved config."""
 
-    def __init__(self, name: str, logs: list[PartitionLog], config: Mapping[str, Any],
-                 topic_id: str) -> None:
+    def __init__(self, name: str, partitions: int, opener: Callable[[int], PartitionLog],
+                 config: Mapping[str, Any], topic_id: str) -> None:
         self.name = name
         self.config = dict(config)
         self.topic_id = topic_id
-        self._partitions = [Partition(log) for log in logs]
+        self._partitions = [Partition(name, n, opener) for n in range(partitions)]
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r}, partitions={self.num_partitions})"
@@ -133,5 +150,14 @@ class Topic:
         return partition_for_key(key, len(self._partitions))
 
     def close(self) -> None:
+        """Close every partition, even when one fails; the first error is raised."""
+        first: BaseException | None = None
         for partition in self._partitions:
-            partition._log.close()
+            if not partition.opened:
+                continue
+            try:
+                partition._log.close()
+            except Exception as exc:      # go on: the other partitions' files too
+                first = first or exc
+        if first is not None:
+            raise first
