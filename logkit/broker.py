@@ -159,18 +159,18 @@ class Broker:
         _check_format(self.path)
         self.meta = MetaStore(os.path.join(self.path, "meta"))
         self.doorbell = Doorbell(self.path)
-        try:
-            self._finish_interrupted_deletes()
-        except BaseException:
-            self.meta.close()
-            self.doorbell.close()
-            raise
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
         self._closed = False
         self._clients: list[Any] = []
         self._stop = threading.Event()
         self._scheduler: threading.Thread | None = None
+        try:
+            self._finish_interrupted_deletes()
+        except BaseException:
+            self.meta.close()
+            self.doorbell.close()
+            raise
         if background:
             self._scheduler = threading.Thread(target=self._run_scheduler,
                                                name="logkit-scheduler", daemon=True)
