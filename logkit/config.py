@@ -93,6 +93,8 @@ BROKER_CONFIG: dict[str, Setting] = {
     "min.insync.replicas": Setting(_INT, 1, minimum=1),
     "log.preallocate": Setting(_BOOL, False),
     "offsets.retention.minutes": Setting(_INT, 10080, minimum=1),
+    "offset.metadata.max.bytes": Setting(_INT, 4096, minimum=0, maximum=1 << 20,
+                                         doc="longest commit metadata, in UTF-8 bytes"),
     "group.initial.rebalance.delay.ms": Setting(_INT, 3000, minimum=0),
 }
 

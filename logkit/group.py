@@ -18,7 +18,14 @@ Fencing: a commit is accepted only from a live member that owns the partition it
 commits, or — for consumers with manual assignment — while the group has no members.
 Anything else raises `CommitFailedError`.
 
-Thread-safety: each method runs in one LMDB transaction; any thread may call them.
+Limits, checked before LMDB sees a key or value: a group id is 1..`MAX_GROUP_ID_BYTES`
+UTF-8 bytes (so every offset key fits LMDB's 511-byte key limit), a client id (and so a
+member id) at most `MAX_CLIENT_ID_CHARS`, commit metadata at most
+`offset.metadata.max.bytes` (Kafka's OFFSET_METADATA_TOO_LARGE).
+
+Thread-safety: each method runs in one LMDB transaction (`meta.read`/`meta.write`, which
+retry after a repair, so the functions they run start from what they read); any thread
+may call them.
 """
 
 from __future__ import annotations
@@ -30,11 +37,39 @@ import uuid
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from .assignors import ASSIGNORS, EAGER, assign
-from .errors import CommitFailedError, ConfigError, IllegalStateError, UnknownTopicError
-from .meta import decode, encode
-from .topic import TopicPartition
+from .errors import (CommitFailedError, ConfigError, IllegalStateError, InvalidTopicError,
+                     UnknownTopicError)
+from .meta import MAX_KEY_BYTES, decode
+from .topic import MAX_PARTITIONS, TopicPartition
 
-__all__ = ["GroupCoordinator", "ConsumerGroup", "MemberInfo", "OffsetAndMetadata"]
+__all__ = ["GroupCoordinator", "ConsumerGroup", "MemberInfo", "OffsetAndMetadata",
+           "OffsetMetadataTooLargeError", "validate_group_id", "MAX_GROUP_ID_BYTES"]
+
+MAX_TOPIC_NAME_BYTES = 249                 # Kafka's topic name rule (topic.py)
+MAX_GROUP_ID_BYTES = 249                   # like a topic name, so an offset key fits:
+assert MAX_GROUP_ID_BYTES + 1 + MAX_TOPIC_NAME_BYTES + 1 \
+    + len(str(MAX_PARTITIONS - 1)) <= MAX_KEY_BYTES
+MAX_CLIENT_ID_CHARS = 255                  # a member id is client id + 13 characters
+
+
+class OffsetMetadataTooLargeError(ConfigError):
+    """Commit metadata longer than `offset.metadata.max.bytes` (Kafka's
+    OFFSET_METADATA_TOO_LARGE). Nothing of that commit is stored."""
+
+
+def validate_group_id(group_id: Any) -> str:
+    """Return `group_id`, or raise ConfigError: a non-empty str without NUL of at most
+    MAX_GROUP_ID_BYTES UTF-8 bytes."""
+    if not isinstance(group_id, str) or not group_id or "\0" in group_id:
+        raise ConfigError(f"invalid group id {group_id!r}")
+    try:
+        size = len(group_id.encode())
+    except UnicodeEncodeError:
+        raise ConfigError(f"group id {group_id!r} is not valid Unicode text") from None
+    if size > MAX_GROUP_ID_BYTES:
+        raise ConfigError(f"group id {group_id[:40]!r}... is {size} bytes; the limit is "
+                          f"{MAX_GROUP_ID_BYTES}")
+    return group_id
 
 
 class OffsetAndMetadata(NamedTuple):
@@ -77,6 +112,10 @@ class GroupCoordinator:
         if strategy not in ASSIGNORS:
             raise ConfigError(f"unknown partition_assignment_strategy {strategy!r}; use one "
                               f"of {sorted(ASSIGNORS)}")
+        validate_group_id(group_id)
+        if not isinstance(client_id, str) or len(client_id) > MAX_CLIENT_ID_CHARS:
+            raise ConfigError(f"client_id must be a string of at most "
+                              f"{MAX_CLIENT_ID_CHARS} characters, got {client_id!r:.60}")
         self.broker = broker
         self.meta = broker.meta
         self.group_id = group_id
@@ -95,18 +134,23 @@ class GroupCoordinator:
         return decode(raw) if raw is not None else _empty_state(self.strategy)
 
     def _store(self, txn: Any, state: dict[str, Any]) -> None:
-        txn.put(self._key, encode(state), db=self.meta.db("groups"))
-        txn.put(self._gen_key, str(state["generation"]).encode(), db=self.meta.db("groups"))
+        self.meta.put(txn, "groups", self._key, state)
+        self.meta.put(txn, "groups", self._gen_key, state["generation"])
+
+    def _read(self, body: Any, what: str) -> Any:
+        return self.meta.read(body, operation=f"{what} of group {self.group_id!r}")
+
+    def _write(self, body: Any, what: str) -> Any:
+        return self.meta.write(body, operation=f"{what} in group {self.group_id!r}")
 
     def generation(self) -> int:
         """The current generation; a cheap read (one small key)."""
-        with self.meta.begin() as txn:
-            raw = txn.get(self._gen_key, db=self.meta.db("groups"))
+        raw = self._read(lambda txn: txn.get(self._gen_key, db=self.meta.db("groups")),
+                         "read the generation")
         return int(raw) if raw is not None else 0
 
     def state(self) -> dict[str, Any]:
-        with self.meta.begin() as txn:
-            return self._load(txn)
+        return self._read(self._load, "read the state")
 
     def _partition_counts(self, txn: Any, topics: Iterable[str]) -> dict[str, int]:
         counts = {}
@@ -146,11 +190,12 @@ class GroupCoordinator:
     def join(self, topics: list[str]) -> None:
         """Become a member subscribed to `topics` (a new member id) and rebalance."""
         now = _now_ms()
-        self.member_id = f"{self.client_id}-{uuid.uuid4().hex[:12]}"
-        with self.meta.begin(write=True) as txn:
+        member_id = self.member_id = f"{self.client_id}-{uuid.uuid4().hex[:12]}"
+
+        def join(txn: Any) -> None:
             state = self._load(txn)
             self._evict_expired(state, now)
-            state["members"][self.member_id] = {
+            state["members"][member_id] = {
                 "client_id": self.client_id, "topics": sorted(topics), "heartbeat_ms": now,
                 "poll_ms": now, "session_timeout_ms": self.session_timeout_ms,
                 "max_poll_interval_ms": self.max_poll_interval_ms, "pid": os.getpid(),
@@ -158,8 +203,10 @@ class GroupCoordinator:
             self._rebalance(txn, state)
             self._store(txn, state)
 
+        self._write(join, f"join {member_id}")
+
     def update_subscription(self, topics: list[str]) -> None:
-        with self.meta.begin(write=True) as txn:
+        def update(txn: Any) -> None:
             state = self._load(txn)
             info = state["members"].get(self.member_id)
             if info is None:
@@ -168,22 +215,28 @@ class GroupCoordinator:
             self._rebalance(txn, state)
             self._store(txn, state)
 
+        self._write(update, f"update the subscription of {self.member_id}")
+
     def leave(self) -> None:
         if self.member_id is None:
             return
-        with self.meta.begin(write=True) as txn:
+
+        def leave(txn: Any) -> None:
             state = self._load(txn)
             if self.member_id in state["members"]:
                 self._drop(state, self.member_id)
                 self._evict_expired(state, _now_ms())
                 self._rebalance(txn, state)
                 self._store(txn, state)
+
+        self._write(leave, f"leave as {self.member_id}")
         self.member_id = None
 
     def heartbeat(self, last_poll_ms: int) -> bool:
         """Refresh this member; evict expired members. False if this member is gone."""
         now = _now_ms()
-        with self.meta.begin(write=True) as txn:
+
+        def heartbeat(txn: Any) -> bool:
             state = self._load(txn)
             info = state["members"].get(self.member_id)
             if info is None:
@@ -199,6 +252,8 @@ class GroupCoordinator:
             self._store(txn, state)
             return True
 
+        return self._write(heartbeat, f"heartbeat of {self.member_id}")
+
     def assignment(self, state: Mapping[str, Any]) -> set[TopicPartition]:
         return {TopicPartition(t, p) for t, p in state["assignment"].get(self.member_id, [])}
 
@@ -212,13 +267,14 @@ class GroupCoordinator:
         wanted = list(wanted)
         if not wanted:
             return set()
-        taken = set()
-        with self.meta.begin(write=True) as txn:
+
+        def acquire(txn: Any) -> set[TopicPartition]:
             state = self._load(txn)
             if self.member_id not in state["members"]:
                 return set()
             mine = self.assignment(state)
             owners = state["owners"]
+            taken = set()
             for tp in wanted:
                 key = _tp_key(*tp)
                 owner = owners.get(key)
@@ -228,13 +284,16 @@ class GroupCoordinator:
                     taken.add(tp)
             if taken:
                 self._store(txn, state)
-        return taken
+            return taken
+
+        return self._write(acquire, f"acquire partitions for {self.member_id}")
 
     def release(self, partitions: Iterable[TopicPartition]) -> None:
         partitions = list(partitions)
         if not partitions:
             return
-        with self.meta.begin(write=True) as txn:
+
+        def release(txn: Any) -> None:
             state = self._load(txn)
             owners = state["owners"]
             for tp in partitions:
@@ -242,39 +301,64 @@ class GroupCoordinator:
                     del owners[_tp_key(*tp)]
             self._store(txn, state)
 
+        self._write(release, f"release partitions of {self.member_id}")
+
     # ---- offsets ---------------------------------------------------------------------
 
     def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
                *, member_id: str | None) -> None:
         """Store offsets atomically, fenced as described in the module docstring."""
         now = _now_ms()
-        with self.meta.begin(write=True) as txn:
-            state = self._load(txn)
-            if member_id is None:
-                if state["members"]:
-                    raise CommitFailedError(
-                        f"group {self.group_id!r} has active members; a consumer with "
-                        "manual assignment may commit only to an empty group")
-            else:
-                if member_id not in state["members"]:
-                    raise CommitFailedError(
-                        f"member {member_id} is no longer in group {self.group_id!r} "
-                        f"(generation {state['generation']}): it was evicted or left; "
-                        "its partitions may already belong to another member")
-                owners = state["owners"]
-                for tp in offsets:
-                    if owners.get(_tp_key(*tp)) != member_id:
-                        raise CommitFailedError(
-                            f"{tp.topic}-{tp.partition} is not assigned to member "
-                            f"{member_id} in generation {state['generation']}")
-            db = self.meta.db("offsets")
+        self._check_metadata(offsets)
+
+        def commit(txn: Any) -> None:
+            self._fence(self._load(txn), offsets, member_id)
             for tp, om in offsets.items():
-                txn.put(offset_key(self.group_id, tp.topic, tp.partition),
-                        encode({"offset": om.offset, "metadata": om.metadata,
-                                "commit_ms": now}), db=db)
+                self.meta.put(txn, "offsets", offset_key(self.group_id, tp.topic,
+                                                          tp.partition),
+                              {"offset": om.offset, "metadata": om.metadata,
+                               "commit_ms": now})
+
+        self._write(commit, "commit offsets")
+
+    def _check_metadata(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
+        # Kafka bounds the metadata string's length; logkit bounds its UTF-8 bytes, the
+        # size it stores.
+        limit = self.broker.config["offset.metadata.max.bytes"]
+        for tp, om in offsets.items():
+            if not isinstance(om.metadata, str):
+                raise ConfigError(f"commit metadata for {tp.topic}-{tp.partition} must be "
+                                  f"a string, got {type(om.metadata).__name__}")
+            size = len(om.metadata.encode("utf-8", "surrogatepass"))
+            if size > limit:
+                raise OffsetMetadataTooLargeError(
+                    f"commit metadata for {tp.topic}-{tp.partition} is {size} bytes; "
+                    f"offset.metadata.max.bytes is {limit} (OFFSET_METADATA_TOO_LARGE)")
+
+    def _fence(self, state: Mapping[str, Any],
+               offsets: Mapping[TopicPartition, OffsetAndMetadata],
+               member_id: str | None) -> None:
+        if member_id is None:
+            if state["members"]:
+                raise CommitFailedError(
+                    f"group {self.group_id!r} has active members; a consumer with "
+                    "manual assignment may commit only to an empty group")
+            return
+        if member_id not in state["members"]:
+            raise CommitFailedError(
+                f"member {member_id} is no longer in group {self.group_id!r} "
+                f"(generation {state['generation']}): it was evicted or left; "
+                "its partitions may already belong to another member")
+        owners = state["owners"]
+        for tp in offsets:
+            if owners.get(_tp_key(*tp)) != member_id:
+                raise CommitFailedError(
+                    f"{tp.topic}-{tp.partition} is not assigned to member "
+                    f"{member_id} in generation {state['generation']}")
 
 
 def committed_offsets(meta: Any, group_id: str) -> dict[TopicPartition, OffsetAndMetadata]:
+    validate_group_id(group_id)
     out = {}
     for key, value in meta.items("offsets", group_id.encode() + b"\0"):
         _, topic, partition = key.decode().split("\0")
@@ -284,8 +368,9 @@ def committed_offsets(meta: Any, group_id: str) -> dict[TopicPartition, OffsetAn
 
 
 def committed_offset(meta: Any, group_id: str, tp: TopicPartition) -> int | None:
-    with meta.begin() as txn:
-        raw = txn.get(offset_key(group_id, tp.topic, tp.partition), db=meta.db("offsets"))
+    key = offset_key(validate_group_id(group_id), tp.topic, tp.partition)
+    raw = meta.read(lambda txn: txn.get(key, db=meta.db("offsets")),
+                    operation=f"read the committed offset of group {group_id!r}")
     return None if raw is None else decode(raw)["offset"]
 
 
@@ -293,8 +378,7 @@ class ConsumerGroup:
     """`broker.group("billing")`: inspect and administer a consumer group."""
 
     def __init__(self, broker: Any, group_id: str) -> None:
-        if not isinstance(group_id, str) or not group_id or "\0" in group_id:
-            raise ConfigError(f"invalid group id {group_id!r}")
+        validate_group_id(group_id)
         self._broker = broker
         self.group_id = group_id
         self._coordinator = GroupCoordinator(broker, group_id, strategy="range",
@@ -341,10 +425,12 @@ class ConsumerGroup:
     def reset_offsets(self, to: Any, *, topics: Iterable[str] | None = None) -> dict:
         """Set committed offsets to "earliest", "latest", or {TopicPartition: offset}.
         Like Kafka's kafka-consumer-groups --reset-offsets: only with no active members.
-        Without `topics`, resets every topic the group has committed offsets for."""
+        Without `topics`, resets every topic the group has committed offsets for.
+        Everything is checked before anything is committed: a negative offset raises
+        ConfigError, a topic or partition that does not exist UnknownTopicError."""
         self._require_empty("reset offsets of")
         if isinstance(to, Mapping):
-            target = {TopicPartition(*tp): int(o) for tp, o in to.items()}
+            target = self._explicit_offsets(to)
         elif to in ("earliest", "latest"):
             names = set(topics) if topics is not None else \
                 {tp.topic for tp in self.committed()}
@@ -360,16 +446,48 @@ class ConsumerGroup:
                                  member_id=None)
         return target
 
+    def _explicit_offsets(self, to: Mapping[Any, Any]) -> dict[TopicPartition, int]:
+        target = {}
+        for tp, offset in to.items():
+            tp = TopicPartition(*tp)
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ConfigError(f"reset_offsets: offset for {tp.topic}-{tp.partition} "
+                                  f"must be an integer >= 0, got {offset!r}")
+            target[tp] = offset
+        missing = []
+        for name in sorted({tp.topic for tp in target}):
+            count = self._partition_count(name)
+            missing += [f"{tp.topic}-{tp.partition}" for tp in sorted(target)
+                        if tp.topic == name and not 0 <= tp.partition < count]
+        if missing:
+            raise UnknownTopicError(f"reset_offsets: no such partition(s): "
+                                    f"{', '.join(missing)}; nothing was committed")
+        return target
+
+    def _partition_count(self, name: str) -> int:
+        """Partitions of topic `name`; 0 when it does not exist."""
+        try:
+            return len(self._broker.topic(name).partitions)
+        except (UnknownTopicError, InvalidTopicError):
+            return 0
+
     def delete(self) -> None:
-        """Remove the group and its committed offsets (no active members allowed)."""
+        """Remove the group and its committed offsets (no active members allowed). Works
+        on a full store: a change that frees space may grow the map past its limit."""
         self._require_empty("delete")
         meta = self._broker.meta
-        keys = [k for k, _ in meta.items("offsets", self.group_id.encode() + b"\0")]
-        with meta.begin(write=True) as txn:
-            for key in keys:
-                txn.delete(key, db=meta.db("offsets"))
+        prefix = self.group_id.encode() + b"\0"
+
+        def delete(txn: Any) -> None:
+            cursor = txn.cursor(db=meta.db("offsets"))
+            if cursor.set_range(prefix):
+                while cursor.key().startswith(prefix):
+                    if not cursor.delete():         # moves to the next key itself
+                        break
             txn.delete(self.group_id.encode(), db=meta.db("groups"))
             txn.delete(b"gen\0" + self.group_id.encode(), db=meta.db("groups"))
+
+        meta.write(delete, operation=f"delete group {self.group_id!r}", frees=True)
 
     def streams(self, topic_counts: Mapping[str, int], **options: Any) -> dict[str, list]:
         """{"topic": n} -> {"topic": [n consumers]}: each an iterator over a disjoint

@@ -1,59 +1,422 @@
 """The broker's metadata store: one LMDB environment under `<root>/meta/`.
 
 Owns: opening the environment once per process (LMDB forbids two handles on one file in
-a process, so handles are shared and reference-counted), the named sub-databases, and
-the topic records. Other modules keep their own keys in their own sub-database:
-`groups` and `offsets` (group.py), `replication` (replication), `spark` (the Spark sink).
+a process, so handles are shared and reference-counted), the named sub-databases, the
+topic records, and every transaction on them. Other modules keep their own keys in their
+own sub-database: `groups` and `offsets` (group.py), `replication` (replication),
+`spark` (the Spark sink). They read and write through `read()`/`write()` (a function run
+in one transaction, retried after a repair) or `transaction()` (a context manager).
 
 Invariant: every multi-key change is one LMDB write transaction, so processes sharing
-the directory see all of it or none of it. Values are JSON (readable with any LMDB tool).
+the directory see all of it or none of it. Values are JSON (readable with any LMDB tool);
+every key is at most `MAX_KEY_BYTES` and every value at most `MAX_VALUE_BYTES`, checked
+before LMDB sees them. Every LMDB error that reaches a caller is a `MetadataStoreError`
+(`_translate`, the one place that names them), with the LMDB error as `__cause__`.
+
+Repairs, made under an exclusive hold (no transaction of this process open on the env):
+- map full: the map doubles, up to `max_map_size_bytes` (a write that only deletes may
+  go to twice that, so freeing space always works), and the transaction runs again;
+- map resized by another process: adopt its size and run again;
+- MDB_PANIC (a failed meta-page write poisons the env for the whole process): close and
+  reopen the shared env, then run again once. Handles read the env from the shared
+  entry, so every MetaStore in the process picks up the new one.
+
+Fork: LMDB handles cannot be used after fork. Before a fork the store waits until no
+other thread is inside a transaction (and holds new ones off); the child then closes the
+inherited envs, which with no transaction open touches nothing the parent owns (LMDB
+clears only reader slots of the closing pid), so the child can open its own. An env
+that was mid-transaction in the forking thread is kept alive, never closed, in
+`_inherited`. A MetaStore made before the fork raises `ForkedProcessError` in the child.
+
+Thread-safety: any thread may use a MetaStore; `_state` guards the registry and the
+hold counts.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import struct
 import threading
-from typing import Any, Iterator
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 import lmdb
 
-from .errors import ClosedError, TopicExistsError, UnknownTopicError
+from ._fork import at_fork_in_child, check_owner, owner_pid
+from .errors import (ClosedError, ConfigError, DiskFullError, MetadataStoreError,
+                     ReadOnlyError, TopicExistsError, UnknownTopicError)
 
-__all__ = ["MetaStore", "DATABASES"]
+__all__ = ["MetaStore", "DATABASES", "MetadataDiskFullError", "MAX_KEY_BYTES",
+           "MAX_VALUE_BYTES"]
+
+log = logging.getLogger("logkit.meta")
 
 DATABASES = ("topics", "groups", "offsets", "members", "replication", "spark")
 MAP_SIZE_BYTES = 1 << 30          # address space, not disk: LMDB files grow as needed
+MAX_MAP_SIZE_BYTES = 1 << 36      # 64 GiB: growth stops here; metadata is small
 MAX_READERS = 1024
+MAX_KEY_BYTES = 511               # LMDB's compiled-in key limit (mdb_env_get_maxkeysize)
+MAX_VALUE_BYTES = 16 << 20        # one record; offsets and groups are far smaller
+MAX_REPAIRS = 64                  # repairs per call: doublings plus a reopen, with room
 
-_registry_lock = threading.Lock()
-_registry: dict[tuple[str, int], list[Any]] = {}     # (realpath, pid) -> [env, refcount]
-
-
-def _open_env(path: str) -> lmdb.Environment:
-    key = (os.path.realpath(path), os.getpid())       # a forked child opens its own
-    with _registry_lock:
-        entry = _registry.get(key)
-        if entry is None:
-            os.makedirs(path, exist_ok=True)
-            env = lmdb.open(path, map_size=MAP_SIZE_BYTES, max_dbs=len(DATABASES) + 2,
-                            max_readers=MAX_READERS, subdir=True, lock=True)
-            entry = _registry[key] = [env, 0]
-        entry[1] += 1
-        return entry[0]
+T = TypeVar("T")
 
 
-def _release_env(path: str) -> None:
-    key = (os.path.realpath(path), os.getpid())
-    with _registry_lock:
-        entry = _registry.get(key)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            entry[0].close()
-            del _registry[key]
+class MetadataDiskFullError(MetadataStoreError, DiskFullError):
+    """ENOSPC on the metadata store: the disk is full. Free space and retry."""
 
+
+# ---- LMDB errors -> named errors (the one place) -----------------------------------------
+
+# (LMDB error, our class, errno, what it means for the operator). First match wins.
+_LMDB_ERRORS: tuple[tuple[type, type, int | None, str], ...] = (
+    (lmdb.DiskError, MetadataDiskFullError, errno.ENOSPC,
+     "the disk is full; free space and retry"),
+    (lmdb.MapFullError, MetadataStoreError, None,
+     "the store reached its size limit of {limit} bytes; delete unused consumer groups "
+     "or topics, then retry"),
+    (lmdb.PanicError, MetadataStoreError, None,
+     "LMDB hit a fatal I/O error (MDB_PANIC) and reopening the environment did not "
+     "clear it; check the disk (dmesg), then close every Broker on this directory and "
+     "open it again"),
+    (lmdb.ReadonlyError, MetadataStoreError, errno.EACCES,
+     "the files are not writable (permission denied)"),
+    (lmdb.ReadersFullError, MetadataStoreError, None,
+     f"more than {MAX_READERS} readers are open on it at once"),
+    ((lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
+      lmdb.VersionMismatchError), MetadataStoreError, None,
+     "the files are corrupt or not an LMDB store; restore <root>/meta from a copy"),
+    (lmdb.Error, MetadataStoreError, None, "nothing was stored; retry, and if it "
+     "repeats check the disk"),
+)
+
+# Errors a retry can cure once the env is repaired (see the module docstring).
+_REPAIRABLE = (lmdb.MapFullError, lmdb.MapResizedError, lmdb.PanicError)
+
+
+def _translate(exc: lmdb.Error, path: str, operation: str,
+               limit: int = MAX_MAP_SIZE_BYTES) -> MetadataStoreError:
+    """The named error for an LMDB error; raise it `from exc`."""
+    for lmdb_class, cls, code, advice in _LMDB_ERRORS:
+        if isinstance(exc, lmdb_class):
+            return cls(f"{operation} failed on metadata store {path} ({exc}): "
+                       + advice.format(limit=limit),
+                       operation=operation, path=path, errno=code)
+    raise AssertionError("lmdb.Error is the last row")      # pragma: no cover
+
+
+@contextmanager
+def _lmdb_errors(path: str, operation: str, limit: int = MAX_MAP_SIZE_BYTES
+                 ) -> Iterator[None]:
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise _translate(exc, path, operation, limit) from exc
+
+
+# ---- the data file, checked before it is mapped ----------------------------------------
+
+# LMDB 0.9 data file (format 1, 64-bit, little-endian): pages 0 and 1 are meta pages, the
+# newer (higher txnid) one is current. Reading a page past the end of a truncated file
+# through the map is SIGBUS, so the size is checked against the meta page first.
+PAGE_HEADER_BYTES = 16
+MAGIC_OFFSET = PAGE_HEADER_BYTES                  # u32 0xBEEFC0DE
+VERSION_OFFSET = MAGIC_OFFSET + 4                 # u32 data format
+ADDRESS_OFFSET = VERSION_OFFSET + 4               # u64 fixed map address (unused)
+MAPSIZE_OFFSET = ADDRESS_OFFSET + 8               # u64 map size
+PAGE_SIZE_OFFSET = MAPSIZE_OFFSET + 8             # u32: the free DB's md_pad is psize
+DB_RECORD_BYTES = 48                              # MDB_db: 4+2+2 + 5*8
+LAST_PAGE_OFFSET = PAGE_SIZE_OFFSET + 2 * DB_RECORD_BYTES    # u64 last used page
+TXNID_OFFSET = LAST_PAGE_OFFSET + 8               # u64 transaction id
+META_END = TXNID_OFFSET + 8
+META_MAGIC = 0xBEEFC0DE
+META_FORMAT = 1
+_META = struct.Struct("<II8xQI")                  # magic, version, map size, psize
+assert MAGIC_OFFSET + _META.size == PAGE_SIZE_OFFSET + 4
+_TAIL = struct.Struct("<QQ")                      # last page, txnid
+assert LAST_PAGE_OFFSET + _TAIL.size == META_END
+
+
+def _read_meta(f: Any, position: int) -> tuple[int, int, int, int] | None:
+    """(version, page size, last page, txnid) of the meta page at `position`, or None
+    when it does not carry LMDB's magic."""
+    f.seek(position)
+    page = f.read(META_END)
+    if len(page) < META_END:
+        return None
+    magic, version, _, psize = _META.unpack_from(page, MAGIC_OFFSET)
+    last_page, txnid = _TAIL.unpack_from(page, LAST_PAGE_OFFSET)
+    return (version, psize, last_page, txnid) if magic == META_MAGIC else None
+
+
+def check_data_file(path: str) -> None:
+    """Raise MetadataStoreError naming `<path>/data.mdb` when it is shorter than its own
+    meta page says (mapping it would end in SIGBUS). A missing or empty file is a new
+    store; a format this check does not know is left to LMDB."""
+    data = os.path.join(path, "data.mdb")
+    try:
+        with open(data, "rb") as f:
+            first = _read_meta(f, 0)
+            if first is None or first[0] != META_FORMAT:
+                size = os.fstat(f.fileno()).st_size
+                if 0 < size < META_END:
+                    raise _truncated(data, size, META_END)
+                return
+            psize = first[1]
+            second = _read_meta(f, psize)
+            size = os.fstat(f.fileno()).st_size    # after the meta: data lands first
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise MetadataStoreError(f"cannot read {data}: {exc.strerror}", operation="open",
+                                 path=data, errno=exc.errno) from exc
+    metas = [m for m in (first, second) if m is not None and m[0] == META_FORMAT]
+    version, psize, last_page, _ = max(metas, key=lambda m: m[3])
+    needed = max(2, last_page + 1) * psize
+    if size < needed:
+        raise _truncated(data, size, needed)
+
+
+def _truncated(data: str, size: int, needed: int) -> MetadataStoreError:
+    return MetadataStoreError(
+        f"{data} is truncated: {size} bytes, but its meta page records {needed} bytes of "
+        "pages; restore <root>/meta from a copy (opening it would crash the process)",
+        operation="open", path=data)
+
+
+# ---- one shared env per directory per process -------------------------------------------
+
+_state = threading.Condition()              # guards everything below and the holds
+_registry: dict[str, "_SharedEnv"] = {}      # realpath -> the process's env on it
+_inherited: list[Any] = []                   # envs from before a fork: kept, never closed
+_forking: int | None = None                  # thread id of a thread about to fork
+
+
+class _SharedEnv:
+    """The process's one LMDB env on a directory, its sub-database handles and the
+    transactions open on it (per thread). Repairs swap `env` under an exclusive hold."""
+
+    def __init__(self, path: str, *, read_only: bool, map_size_bytes: int,
+                 max_map_size_bytes: int) -> None:
+        self.path = path
+        self.read_only = read_only
+        self.max_map_size_bytes = max_map_size_bytes
+        self.refs = 0
+        self.holders: dict[int, int] = {}         # thread id -> open transactions
+        self.exclusive: int | None = None         # thread id making a repair
+        self.env: Any = None
+        self.dbs: dict[str, Any] = {}
+        self._open(map_size_bytes)
+
+    # -- open / close --
+
+    def _open(self, map_size_bytes: int) -> None:
+        check_data_file(self.path)
+        with _lmdb_errors(self.path, "open", self.max_map_size_bytes):
+            self.env = _open_lmdb(self.path, read_only=self.read_only,
+                                  map_size_bytes=map_size_bytes)
+            try:
+                self.dbs = _open_databases(self.env, self.path, self.read_only)
+            except BaseException:
+                self.env.close()
+                raise
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- holds: many transactions, or one repair --
+
+    @contextmanager
+    def hold(self) -> Iterator[Any]:
+        """Yield the env; no repair swaps it until the hold ends."""
+        me = threading.get_ident()
+        with _state:
+            _state.wait_for(lambda: self.exclusive in (None, me)
+                            and _forking in (None, me))
+            self.holders[me] = self.holders.get(me, 0) + 1
+            env = self.env
+        try:
+            yield env
+        finally:
+            with _state:
+                self.holders[me] -= 1
+                if not self.holders[me]:
+                    del self.holders[me]
+                _state.notify_all()
+
+    def _busy_elsewhere(self, me: int) -> bool:
+        return any(count for thread, count in self.holders.items() if thread != me)
+
+    @contextmanager
+    def exclusive_hold(self) -> Iterator[None]:
+        """No other thread of this process has a transaction open on the env."""
+        me = threading.get_ident()
+        with _state:
+            _state.wait_for(lambda: self.exclusive is None and not self._busy_elsewhere(me))
+            self.exclusive = me
+            try:
+                yield
+            finally:
+                self.exclusive = None
+                _state.notify_all()
+
+    # -- repairs: each returns False when retrying cannot help --
+
+    def repair(self, exc: lmdb.Error, failed_env: Any, *, frees: bool) -> bool:
+        with self.exclusive_hold():
+            if self.env is not failed_env:
+                return True                 # another thread repaired it already
+            if isinstance(exc, lmdb.MapFullError):
+                return self._grow(frees)
+            if isinstance(exc, lmdb.MapResizedError):
+                self.env.set_mapsize(0)     # adopt the size another process chose
+                return True
+            self._reopen(exc)
+            return True
+
+    def _grow(self, frees: bool) -> bool:
+        limit = self.max_map_size_bytes * (2 if frees else 1)
+        size = self._map_size()
+        if size >= limit:
+            return False
+        new_size = min(size * 2, limit)
+        log.info("metadata store %s is full at %d bytes; growing the map to %d",
+                 self.path, size, new_size)
+        self.env.set_mapsize(new_size)
+        return True
+
+    def _map_size(self) -> int:
+        try:
+            return self.env.info()["map_size"]
+        except lmdb.Error:                  # a panicked env may refuse even this
+            return MAP_SIZE_BYTES
+
+    def _reopen(self, exc: lmdb.Error) -> None:
+        size = self._map_size()
+        log.warning("metadata store %s: %s; closing and reopening the environment",
+                    self.path, exc)
+        self.env.close()
+        self._open(size)
+
+    def make_writable(self) -> None:
+        """A read-write MetaStore joined a read-only env: reopen it read-write."""
+        with self.exclusive_hold():
+            size = self._map_size()
+            self.env.close()
+            self.read_only = False
+            try:
+                self._open(size)
+            except BaseException:
+                self.read_only = True
+                self._open(size)
+                raise
+
+    # -- fork --
+
+    def detach_in_child(self) -> None:
+        """After fork: close the inherited env unless a transaction was open on it (the
+        forking thread's own), in which case keep it alive forever."""
+        if self.holders:
+            _inherited.append(self.env)
+        else:
+            self.env.close()
+
+
+def _open_lmdb(path: str, *, read_only: bool, map_size_bytes: int) -> Any:
+    options = dict(map_size=map_size_bytes, max_dbs=len(DATABASES) + 2,
+                   max_readers=MAX_READERS, subdir=True)
+    if not read_only:
+        os.makedirs(path, exist_ok=True)
+        return lmdb.open(path, lock=True, **options)
+    if not os.path.exists(os.path.join(path, "data.mdb")):
+        raise MetadataStoreError(f"no metadata store at {path} to open read-only",
+                                 operation="open", path=path, errno=errno.ENOENT)
+    # Without a writable lock file (read-only filesystem, immutable file) LMDB cannot
+    # take its reader lock; read lock-free, which is safe only with no live writer.
+    lock_file = os.path.join(path, "lock.mdb")
+    lock = os.access(lock_file, os.W_OK) if os.path.exists(lock_file) \
+        else os.access(path, os.W_OK)
+    if not lock:
+        log.warning("metadata store %s: lock file not writable; reading without locks "
+                    "(a process writing to it at the same time may be misread)", path)
+    return lmdb.open(path, readonly=True, lock=lock, create=False, **options)
+
+
+def _open_databases(env: Any, path: str, read_only: bool) -> dict[str, Any]:
+    if not read_only:
+        return {name: env.open_db(name.encode()) for name in DATABASES}
+    dbs = {}
+    for name in DATABASES:
+        try:
+            dbs[name] = env.open_db(name.encode(), create=False)
+        except lmdb.NotFoundError:
+            raise MetadataStoreError(
+                f"metadata store {path} has no {name!r} sub-database (written by an "
+                "older logkit); open it read-write once to add it",
+                operation="open", path=path) from None
+    return dbs
+
+
+def _acquire(path: str, *, read_only: bool, map_size_bytes: int,
+             max_map_size_bytes: int) -> _SharedEnv:
+    key = os.path.realpath(path)
+    with _state:
+        _state.wait_for(lambda: _forking in (None, threading.get_ident()))
+        shared = _registry.get(key)
+        if shared is None:
+            shared = _SharedEnv(path, read_only=read_only, map_size_bytes=map_size_bytes,
+                                max_map_size_bytes=max_map_size_bytes)
+            _registry[key] = shared
+        elif shared.read_only and not read_only:
+            shared.make_writable()
+        shared.refs += 1
+        return shared
+
+
+def _release(shared: _SharedEnv) -> None:
+    with _state:
+        shared.refs -= 1
+        if shared.refs == 0:
+            _registry.pop(os.path.realpath(shared.path), None)
+            with shared.exclusive_hold():
+                shared.close()
+
+
+def _before_fork() -> None:
+    """Hold new transactions off and wait for open ones in other threads to end, so the
+    child inherits envs with no transaction open. `_state` stays held across the fork."""
+    global _forking
+    _state.acquire()
+    me = threading.get_ident()
+    _forking = me
+    _state.wait_for(lambda: not any(s._busy_elsewhere(me) for s in _registry.values()))
+
+
+def _after_fork_in_parent() -> None:
+    global _forking
+    _forking = None
+    _state.notify_all()
+    _state.release()
+
+
+def _after_fork_in_child() -> None:
+    global _state, _forking
+    _state = threading.Condition()        # the parent's may be held by a lost thread
+    _forking = None
+    shared_envs = list(_registry.values())
+    _registry.clear()
+    for shared in shared_envs:
+        shared.detach_in_child()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+at_fork_in_child(_after_fork_in_child)
+
+
+# ---- values ------------------------------------------------------------------------------
 
 def encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
@@ -63,67 +426,173 @@ def decode(raw: bytes) -> Any:
     return json.loads(raw)
 
 
-class MetaStore:
-    """A handle on `<root>/meta`. `close()` is safe twice."""
+def check_key(key: bytes) -> bytes:
+    """Raise ConfigError for a key LMDB would refuse (BadValsizeError), before LMDB."""
+    if not 0 < len(key) <= MAX_KEY_BYTES:
+        raise ConfigError(f"metadata key {key[:64]!r}... is {len(key)} bytes; keys must be "
+                          f"1..{MAX_KEY_BYTES} bytes (shorten the group id or name)")
+    return key
 
-    def __init__(self, path: str) -> None:
+
+# ---- the handle --------------------------------------------------------------------------
+
+class MetaStore:
+    """A handle on `<root>/meta`. `close()` is safe twice. With `read_only=True` the env
+    is opened read-only and every write raises `ReadOnlyError`."""
+
+    def __init__(self, path: str, *, read_only: bool = False,
+                 map_size_bytes: int = MAP_SIZE_BYTES,
+                 max_map_size_bytes: int = MAX_MAP_SIZE_BYTES) -> None:
         self.path = path
-        self.env = _open_env(path)
-        self.dbs = {name: self.env.open_db(name.encode()) for name in DATABASES}
+        self.read_only = read_only
+        self._pid = owner_pid()
+        self._shared = _acquire(path, read_only=read_only, map_size_bytes=map_size_bytes,
+                                max_map_size_bytes=max(map_size_bytes, max_map_size_bytes))
         self._closed = False
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            _release_env(self.path)
+        if self._closed:
+            return
+        self._closed = True
+        if self._pid == owner_pid():      # in a forked child the env is the parent's
+            _release(self._shared)
 
-    def _check(self) -> None:
+    @property
+    def env(self) -> Any:
+        """The current LMDB env (replaced when a repair reopens it)."""
+        return self._shared.env
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check(self, write: bool) -> None:
         if self._closed:
             raise ClosedError("metadata store is closed")
-
-    def begin(self, *, write: bool = False) -> lmdb.Transaction:
-        self._check()
-        return self.env.begin(write=write)
+        check_owner(self._pid, f"metadata store {self.path}")
+        if write and self.read_only:
+            raise ReadOnlyError(f"metadata store {self.path} is open read-only")
 
     def db(self, name: str) -> Any:
-        return self.dbs[name]
+        return self._shared.dbs[name]
+
+    # ---- transactions ----------------------------------------------------------------
+
+    def read(self, body: Callable[[Any], T], *, operation: str = "read") -> T:
+        """`body(txn)` in a read transaction; returns its result."""
+        return self._run(body, write=False, operation=operation, frees=False)
+
+    def write(self, body: Callable[[Any], T], *, operation: str = "write",
+              frees: bool = False) -> T:
+        """`body(txn)` in one write transaction, committed when it returns. At map full
+        the map grows and `body` runs again, so it must not depend on a previous run.
+        `frees=True` (a change that mostly deletes) may grow past the size limit."""
+        return self._run(body, write=True, operation=operation, frees=frees)
+
+    def _run(self, body: Callable[[Any], T], *, write: bool, operation: str,
+             frees: bool) -> T:
+        self._check(write)
+        shared = self._shared
+        reopened = False
+        with _lmdb_errors(self.path, operation, shared.max_map_size_bytes):
+            for repairs in range(MAX_REPAIRS + 1):
+                env = None
+                try:
+                    with shared.hold() as env, env.begin(write=write) as txn:
+                        return body(txn)
+                except _REPAIRABLE as exc:
+                    panic = isinstance(exc, lmdb.PanicError)
+                    if (panic and reopened) or repairs == MAX_REPAIRS \
+                            or env is None or not shared.repair(exc, env, frees=frees):
+                        raise
+                    reopened = reopened or panic
+        raise AssertionError("the loop returns or raises")      # pragma: no cover
+
+    @contextmanager
+    def transaction(self, *, write: bool = False,
+                    operation: str = "transaction") -> Iterator[Any]:
+        """`with store.transaction(write=True) as txn:` one LMDB transaction, committed
+        at the end of the block. LMDB errors become MetadataStoreError; a repairable one
+        is repaired first, so calling again works (the block is not re-run)."""
+        self._check(write)
+        shared = self._shared
+        with _lmdb_errors(self.path, operation, shared.max_map_size_bytes):
+            env = None
+            try:
+                with shared.hold() as env, env.begin(write=write) as txn:
+                    yield txn
+            except _REPAIRABLE as exc:
+                if env is not None:
+                    shared.repair(exc, env, frees=True)
+                raise
+
+    def begin(self, *, write: bool = False) -> Any:
+        """The older name of `transaction()`, kept for callers written against it."""
+        return self.transaction(write=write)
+
+    def put(self, txn: Any, db: str, key: bytes, value: Any) -> None:
+        """Store `value` as JSON under `key`, both checked against their limits first."""
+        raw = encode(value)
+        if len(raw) > MAX_VALUE_BYTES:
+            raise MetadataStoreError(
+                f"a {len(raw)}-byte value for {key[:64]!r} in {db!r} exceeds the "
+                f"{MAX_VALUE_BYTES}-byte limit of metadata store {self.path}",
+                operation="put", path=self.path)
+        txn.put(check_key(key), raw, db=self.db(db))
 
     # ---- topics ----------------------------------------------------------------------
 
     def create_topic(self, name: str, record: dict[str, Any],
                      before_commit: Any = None) -> None:
         """Store a topic record; raises TopicExistsError. `before_commit` runs inside the
-        write transaction (it creates the partition directories)."""
-        with self.begin(write=True) as txn:
-            if txn.get(name.encode(), db=self.dbs["topics"]) is not None:
+        write transaction (it creates the partition directories; it may run twice)."""
+        key = check_key(name.encode())
+
+        def create(txn: Any) -> None:
+            if txn.get(key, db=self.db("topics")) is not None:
                 raise TopicExistsError(f"topic {name!r} already exists")
             if before_commit is not None:
                 before_commit()
-            txn.put(name.encode(), encode(record), db=self.dbs["topics"])
+            self.put(txn, "topics", key, record)
+
+        self.write(create, operation=f"create topic {name!r}")
 
     def get_topic(self, name: str) -> dict[str, Any] | None:
-        with self.begin() as txn:
-            raw = txn.get(name.encode(), db=self.dbs["topics"])
+        key = check_key(name.encode())
+        raw = self.read(lambda txn: txn.get(key, db=self.db("topics")),
+                        operation=f"read topic {name!r}")
         return None if raw is None else decode(raw)
 
     def delete_topic(self, name: str) -> dict[str, Any]:
-        with self.begin(write=True) as txn:
-            raw = txn.pop(name.encode(), db=self.dbs["topics"])
+        key = check_key(name.encode())
+
+        def delete(txn: Any) -> bytes:
+            raw = txn.pop(key, db=self.db("topics"))
             if raw is None:
                 raise UnknownTopicError(f"topic {name!r} does not exist")
-        return decode(raw)
+            return raw
+
+        return decode(self.write(delete, operation=f"delete topic {name!r}", frees=True))
 
     def topic_names(self) -> list[str]:
-        with self.begin() as txn:
-            return [key.decode() for key, _ in txn.cursor(db=self.dbs["topics"])]
+        return self.read(lambda txn: [key.decode() for key, _ in
+                                      txn.cursor(db=self.db("topics"))],
+                         operation="list topics")
 
-    def items(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, Any]]:
-        """(key, decoded value) pairs of a sub-database whose keys start with prefix."""
-        with self.begin() as txn:
-            cursor = txn.cursor(db=self.dbs[db])
-            if not cursor.set_range(prefix):
-                return
-            for key, raw in cursor:
-                if not key.startswith(prefix):
-                    break
-                yield key, decode(raw)
+    def items(self, db: str, prefix: bytes = b"") -> list[tuple[bytes, Any]]:
+        """(key, decoded value) pairs of a sub-database whose keys start with prefix,
+        read in one transaction (none is held open while the caller iterates)."""
+        if prefix:
+            check_key(prefix)
+
+        def scan(txn: Any) -> list[tuple[bytes, bytes]]:
+            cursor = txn.cursor(db=self.db(db))
+            out: list[tuple[bytes, bytes]] = []
+            if cursor.set_range(prefix):
+                for key, raw in cursor:
+                    if not key.startswith(prefix):
+                        break
+                    out.append((key, raw))
+            return out
+
+        return [(key, decode(raw)) for key, raw in self.read(scan, operation=f"scan {db}")]
