@@ -32,7 +32,7 @@ from typing import Any, Mapping
 from . import _fork
 from .config import LONG_MAX, overrides_only, resolve_broker_config, resolve_topic_config
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
-                     StorageError, UnknownTopicError, storage_error)
+                     ReadOnlyError, StorageError, UnknownTopicError, storage_error)
 from .log import PartitionLog, check_directory
 from .meta import MetaStore
 from .notify import Doorbell
@@ -142,10 +142,17 @@ class Broker:
 
     def __init__(self, path: str | os.PathLike[str], *,
                  config: Mapping[str, Any] | None = None,
-                 background: bool = True) -> None:
+                 background: bool = True, read_only: bool = False) -> None:
+        """`read_only=True` opens an existing root for inspection (`logkit describe`,
+        `logkit dump`): nothing is created, recovered or written; writes raise
+        ReadOnlyError; no background chores run."""
         self.path = os.fspath(path)
         self.config = resolve_broker_config(config)
         self._pid = _fork.owner_pid()
+        self.read_only = read_only
+        if read_only:
+            self._open_read_only()
+            return
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
             if os.stat(self.path).st_uid != os.geteuid():
@@ -176,6 +183,25 @@ class Broker:
                                                name="logkit-scheduler", daemon=True)
             self._scheduler.start()
 
+    def _open_read_only(self) -> None:
+        if not os.path.isfile(os.path.join(self.path, FORMAT_FILE)):
+            raise ConfigError(f"{self.path} is not a logkit directory (no {FORMAT_FILE}); "
+                              "a read-only open creates nothing")
+        _check_format(self.path)
+        self.meta = MetaStore(os.path.join(self.path, "meta"), read_only=True)
+        self.doorbell = None
+        self._topics: dict[str, Topic] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+        self._clients: list[Any] = []
+        self._stop = threading.Event()
+        self._scheduler = None
+
+    def _check_writable(self, what: str) -> None:
+        self._check_open()
+        if self.read_only:
+            raise ReadOnlyError(f"{what}: broker {self.path!r} is open read-only")
+
     def __repr__(self) -> str:
         return f"Broker({self.path!r})"
 
@@ -195,7 +221,7 @@ class Broker:
     def create_topic(self, name: str, partitions: int | None = None, *,
                      config: Mapping[str, Any] | None = None) -> Topic:
         """Create a topic with `partitions` (default num.partitions) and config overrides."""
-        self._check_open()
+        self._check_writable("create_topic")
         validate_topic_name(name)
         if partitions is None:
             partitions = self.config["num.partitions"]
@@ -263,7 +289,7 @@ class Broker:
                 self._topics.pop(name).close()
             config = resolve_topic_config(record["config"], self.config)
             first = self._open_partition(record, 0, config)
-            if first.deleted:                 # an interrupted deletion: finish it
+            if first.deleted and not self.read_only:  # an interrupted deletion: finish it
                 first.close()
                 self._finish_delete(name, record)
                 raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
@@ -284,12 +310,15 @@ class Broker:
             raise StorageError(f"{directory} belongs to another incarnation of topic "
                                f"{name!r} (topic id {on_disk}, expected {topic_id})",
                                operation="open partition", path=directory)
+        if self.read_only and not os.path.isdir(directory):
+            raise StorageError(f"{directory} is missing", operation="open partition",
+                               path=directory)
         if not os.path.isdir(directory) and self._tombstones(topic_id):
             # renamed away by an interrupted delete: report it as deleted
             raise UnknownTopicError(f"topic {name!r} is being deleted")
         partition_log = PartitionLog(directory, name, number, config,
-                                     doorbell=self.doorbell)
-        if on_disk is None:
+                                     doorbell=self.doorbell, read_only=self.read_only)
+        if on_disk is None and not self.read_only:
             try:
                 write_topic_id(directory, topic_id)    # directories made before ids
             except OSError as exc:
@@ -319,7 +348,7 @@ class Broker:
     def delete_topic(self, name: str) -> None:
         """Delete a topic: flag its partitions deleted, rename them to tombstones,
         remove its record, remove the tombstones (see the module docstring)."""
-        self._check_open()
+        self._check_writable("delete_topic")
         validate_topic_name(name)
         with self._lock:
             record = self.meta.get_topic(name)
@@ -388,7 +417,7 @@ class Broker:
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Apply retention.ms / retention.bytes to every topic; returns segments deleted."""
-        self._check_open()
+        self._check_writable("enforce_retention")
         return sum(p._log.enforce_retention(now_ms)
                    for topic in self._open_topics() for p in topic.partitions)
 
@@ -426,7 +455,7 @@ class Broker:
 
     def producer(self, **options: Any) -> Any:
         from .producer import Producer
-        self._check_open()
+        self._check_writable("producer")
         producer = Producer(self, **options)
         self._clients.append(producer)
         return producer
@@ -472,7 +501,7 @@ class Broker:
                 except (OSError, LogkitError) as exc:
                     errors.append(exc)
             self._topics.clear()
-        for closer in (self.meta.close, self.doorbell.close):
+        for closer in (self.meta.close, getattr(self.doorbell, "close", lambda: None)):
             try:
                 closer()
             except (OSError, LogkitError) as exc:

@@ -43,7 +43,8 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 from . import _fork
 from .errors import (ClosedError, CorruptRecordError, LogkitTimeoutError, OffsetOutOfRangeError,
-                     RecordTooLargeError, StorageError, UnknownTopicError, storage_error)
+                     ReadOnlyError, RecordTooLargeError, StorageError, UnknownTopicError,
+                     storage_error)
 from .records import (ATTR_CODEC_MASK, ATTR_CONTROL, ATTRIBUTES_OFFSET, CRC_OFFSET, LOG_OVERHEAD,
                       RECORDS_OFFSET, Record, _CRC, _HEADER, check_batch, decode_batch,
                       encode_batch, read_header, stamp_base_offset)
@@ -119,11 +120,18 @@ BOOT_ID = _boot_id()
 class TailFile:
     """The mmap'd tail state file and its seqlock. Writes need the partition lock."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, read_only: bool = False) -> None:
         self.path = path
-        self.fd = open_file(path, os.O_RDWR | os.O_CREAT)
+        self.fd = open_file(path, os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT)
         try:
             self.created = os.fstat(self.fd).st_size < TAIL_FILE_BYTES
+            if read_only:
+                if self.created:
+                    raise StorageError(f"{path} is not a complete tail file; open the "
+                                       "directory read-write once to recover it",
+                                       operation="open", path=path)
+                self.mm = mmap.mmap(self.fd, TAIL_FILE_BYTES, access=mmap.ACCESS_READ)
+                return
             if self.created:      # real blocks, so a full disk fails here, not as SIGBUS
                 os.posix_fallocate(self.fd, 0, TAIL_FILE_BYTES)
             self.mm = mmap.mmap(self.fd, TAIL_FILE_BYTES)
@@ -203,7 +211,8 @@ class PartitionLog:
     """One partition directory. Thread-safe; process-safe through the tail file."""
 
     def __init__(self, directory: str, topic: str, partition: int,
-                 config: Mapping[str, Any], *, doorbell: Any = None) -> None:
+                 config: Mapping[str, Any], *, doorbell: Any = None,
+                 read_only: bool = False) -> None:
         self.directory = directory
         self._doorbell = doorbell      # rung after each append (notify.Doorbell)
         self.topic = topic
@@ -216,6 +225,7 @@ class PartitionLog:
         self._append_lock = threading.Lock()
         self._thread_lock = threading.RLock()
         self._pid = _fork.owner_pid()
+        self.read_only = read_only      # inspection: reads only, no recovery, no writes
         self._segments: dict[int, LogSegment] = {}
         self._sealed_sizes: dict[int, int] = {}
         self._bases: list[int] = []
@@ -224,9 +234,11 @@ class PartitionLog:
         self._closed = False
         self.last_recovery: RecoveryReport | None = None
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            if not read_only:
+                os.makedirs(directory, mode=0o700, exist_ok=True)
             check_directory(directory)
-            self._tail_file = TailFile(os.path.join(directory, TAIL_FILE))
+            self._tail_file = TailFile(os.path.join(directory, TAIL_FILE),
+                                       read_only=read_only)
         except OSError as exc:
             raise storage_error(exc, "open partition", directory) from exc
         try:
@@ -255,6 +267,8 @@ class PartitionLog:
         the (short) mutation. Waits at most `timeout_s` (None: no bound) in all, then
         raises LogkitTimeoutError; the deleted flag is checked once the lock is held."""
         self._check_usable()
+        if self.read_only:
+            raise ReadOnlyError(f"partition {self.topic}-{self.partition} is open read-only")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if not self._append_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
             raise self._lock_timeout(timeout_s)
@@ -355,6 +369,13 @@ class PartitionLog:
     def _open_checks(self) -> None:
         """Decide, cheaply, whether this partition needs recovery, and run it."""
         tail_file = self._tail_file
+        if self.read_only:             # inspect as it is: a valid tail is all we need
+            tail = tail_file.read() if tail_file.valid() else None
+            if tail is None:
+                raise StorageError(f"{tail_file.path} needs recovery; open the directory "
+                                   "read-write once", operation="open", path=tail_file.path)
+            self._refresh(tail)
+            return
         needs = not tail_file.valid() or tail_file.torn()
         if not needs:
             tail = tail_file.read()
@@ -529,7 +550,8 @@ class PartitionLog:
             active = base == tail.active_base_offset
             segment = LogSegment(self.directory, base, active=active,
                                  index_entries=tail.index_entries if active else None,
-                                 timeindex_entries=tail.timeindex_entries if active else None)
+                                 timeindex_entries=tail.timeindex_entries if active else None,
+                                 read_only=self.read_only)
             segments = self._segments
             if len(segments) >= MAX_OPEN_SEGMENTS:
                 # Sealed segments are opened on demand and closed first-in first-out, so

@@ -51,7 +51,7 @@ class LogSegment:
 
     def __init__(self, directory: str, base_offset: int, *, active: bool,
                  index_entries: int | None = None, timeindex_entries: int | None = None,
-                 create_index_bytes: int = 0) -> None:
+                 create_index_bytes: int = 0, read_only: bool = False) -> None:
         """Open a segment. `active` maps its indexes writable with entry counts given
         by the tail state; a sealed segment's entries are its index file sizes.
         `create_index_bytes` > 0 creates all three files (appender, under the lock)."""
@@ -66,7 +66,9 @@ class LogSegment:
         self._timeindex_entries = timeindex_entries
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create_index_bytes else 0)
+        self.read_only = read_only     # an inspection open: no file is changed
+        flags = os.O_RDONLY if read_only else \
+            os.O_RDWR | (os.O_CREAT | os.O_EXCL if create_index_bytes else 0)
         self._fd = os.open(self.path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self._mmap: mmap.mmap | None = None
         self._mapped = 0
@@ -96,7 +98,7 @@ class LogSegment:
     def offset_index(self) -> OffsetIndex:
         if self._offset_index is None:
             self._offset_index = OffsetIndex(self.index_path, self.base_offset,
-                                             writable=self.active,
+                                             writable=self.active and not self.read_only,
                                              entries=self._index_entries)
         return self._offset_index
 
@@ -104,7 +106,7 @@ class LogSegment:
     def time_index(self) -> TimeIndex:
         if self._time_index is None:
             self._time_index = TimeIndex(self.timeindex_path, self.base_offset,
-                                         writable=self.active,
+                                         writable=self.active and not self.read_only,
                                          entries=self._timeindex_entries)
         return self._time_index
 

@@ -431,3 +431,26 @@ def test_close_releases_every_partition_when_one_fails_and_a_second_close_is_qui
         broker.close()
     assert all(p._log._closed for p in topic.partitions)
     broker.close()                                     # safe twice
+
+
+# ---- F13: a read-only open for inspection ---------------------------------------------
+
+def test_a_read_only_broker_reads_everything_and_writes_nothing(tmp_path):
+    with logkit.Broker(tmp_path) as broker:
+        fill(broker.create_topic("t", 2).partition(1), 3)
+    before = {name: os.stat(tmp_path / "t-1" / name).st_mtime_ns
+              for name in os.listdir(tmp_path / "t-1")}
+    with logkit.Broker(tmp_path, read_only=True) as broker:
+        assert broker.topics() == ["t"]
+        p = broker.topic("t").partition(1)
+        assert [r.value for r in p.read(0, 10)] == [b"v0", b"v1", b"v2"]
+        for write in (lambda: broker.create_topic("u", 1), lambda: broker.delete_topic("t"),
+                      lambda: p.append([(None, b"x", [], None)]), broker.producer):
+            with pytest.raises(logkit.ReadOnlyError):
+                write()
+    after = {name: os.stat(tmp_path / "t-1" / name).st_mtime_ns
+             for name in os.listdir(tmp_path / "t-1")}
+    assert after == before
+    with pytest.raises(logkit.ConfigError):
+        logkit.Broker(tmp_path / "nothing-here", read_only=True)
+    assert not (tmp_path / "nothing-here").exists()
