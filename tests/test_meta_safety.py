@@ -1,0 +1,398 @@
+"""The metadata store and group state under bad inputs and bad disks: bounded keys and
+values, map growth, a full disk, a failed meta-page write, a truncated data file,
+read-only opens, fork, and the group admin API's checks. Real LMDB files, real
+processes, real faults (a full tmpfs, EIO injected by strace)."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import traceback
+
+import lmdb
+import pytest
+
+import logkit
+from logkit import TopicPartition as TP
+from logkit.assignors import ASSIGNORS, assign
+from logkit.errors import (ConfigError, DiskFullError, ForkedProcessError, LogkitError,
+                           MetadataStoreError, ReadOnlyError, UnknownTopicError)
+from logkit.meta import MetaStore
+
+KIB = 1024
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(logkit.__file__)))
+
+
+def run_python(script: str, *args: str, prefix: list[str] | None = None
+               ) -> subprocess.CompletedProcess:
+    """Run `script` in a fresh interpreter importing the logkit under test."""
+    env = {**os.environ, "PYTHONPATH": SOURCE_ROOT}
+    return subprocess.run([*(prefix or []), sys.executable, "-c", textwrap.dedent(script),
+                           *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def small_store(root, *, map_kib: int, max_kib: int) -> MetaStore:
+    """Open the process's env on `root/meta` first, with a small map: Brokers opened
+    on `root` while it is open share it."""
+    return MetaStore(os.path.join(root, "meta"), map_size_bytes=map_kib * KIB,
+                     max_map_size_bytes=max_kib * KIB)
+
+
+# ---- 1. bounded keys and values, map growth ---------------------------------------------
+
+def test_commit_metadata_longer_than_offset_metadata_max_bytes_is_refused_naming_the_key(
+        broker):
+    broker.create_topic("t", 1)
+    consumer = broker.consumer(group_id="g", enable_auto_commit=False)
+    consumer.assign([TP("t", 0)])
+    for size in (4097, 50 << 20):
+        with pytest.raises(LogkitError, match="offset.metadata.max.bytes"):
+            consumer.commit({TP("t", 0): (5, "m" * size)})
+    assert broker.group("g").committed() == {}
+    consumer.commit({TP("t", 0): (5, "m" * 4096)})
+    assert broker.group("g").committed() == {TP("t", 0): 5}
+    consumer.close()
+
+
+def test_a_group_id_or_client_id_too_long_for_lmdb_is_a_config_error_before_lmdb(broker):
+    broker.create_topic("t", 1)
+    with pytest.raises(ConfigError, match="group id"):
+        broker.group("g" * 600).committed()
+    with pytest.raises(ConfigError, match="group id"):
+        broker.consumer("t", group_id="g" * 600)
+    with pytest.raises(ConfigError, match="client_id"):
+        broker.consumer("t", group_id="g", client_id="c" * 600)
+    assert broker.group("g" * 249).committed() == {}
+
+
+def test_a_full_map_grows_and_the_commit_goes_through(tmp_path):
+    root = tmp_path / "data"
+    store = small_store(root, map_kib=256, max_kib=64 * 1024)
+    try:
+        with logkit.Broker(root, background=False) as broker:
+            broker.create_topic("t", 64)
+            consumer = broker.consumer(group_id="g", enable_auto_commit=False)
+            consumer.assign([TP("t", p) for p in range(64)])
+            consumer.commit({TP("t", p): (p, "m" * 4000) for p in range(64)})   # 256 KiB
+            assert broker.group("g").committed() == {TP("t", p): p for p in range(64)}
+            consumer.close()
+        assert store.env.info()["map_size"] > 256 * KIB
+    finally:
+        store.close()
+
+
+def fill_until_full(broker, groups: int = 1000) -> int:
+    """Commit 16 KiB per group until the store is full at its limit; the groups made."""
+    consumer = broker.consumer(enable_auto_commit=False)
+    consumer.close()
+    for number in range(groups):
+        try:
+            c = broker.consumer(group_id=f"g{number}", enable_auto_commit=False)
+            c.assign([TP("t", p) for p in range(4)])
+            c.commit({TP("t", p): (1, "m" * 4000) for p in range(4)})
+            c.close()
+        except MetadataStoreError as exc:
+            assert "size limit" in str(exc)
+            assert isinstance(exc.__cause__, lmdb.MapFullError)
+            c.close()
+            return number
+    raise AssertionError("the store never filled up")
+
+
+def test_deleting_a_group_works_when_the_store_is_full_at_its_limit_and_after_reopening(
+        tmp_path):
+    root = tmp_path / "data"
+    with logkit.Broker(root, background=False) as broker:
+        broker.create_topic("t", 4)
+    store = small_store(root, map_kib=512, max_kib=512)
+    try:
+        with logkit.Broker(root, background=False) as broker:
+            made = fill_until_full(broker)
+            assert made > 4
+            broker.group("g0").delete()
+            assert broker.group("g0").committed() == {}
+    finally:
+        store.close()
+    # The operator reopens (same limits) and recovers by deleting groups.
+    store = small_store(root, map_kib=512, max_kib=512)
+    try:
+        with logkit.Broker(root, background=False) as broker:
+            for number in range(1, made):
+                broker.group(f"g{number}").delete()
+            broker.group("new").reset_offsets({TP("t", 0): 9})
+            assert broker.group("new").committed() == {TP("t", 0): 9}
+    finally:
+        store.close()
+
+
+# ---- 2, 3. a full disk and a failed meta-page write --------------------------------------
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MiB tmpfs (needs root), unmounted afterwards."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs",
+                             str(mount_point)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def fill_disk(directory) -> str:
+    """Write a file into `directory` until the filesystem is full; return its path."""
+    path = os.path.join(directory, "filler")
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (64 * KIB, 4 * KIB, 512):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    return path
+
+
+def test_a_full_disk_under_the_store_raises_a_named_error_and_the_next_commit_works(
+        small_tmpfs):
+    root = small_tmpfs / "data"
+    with logkit.Broker(root, background=False) as broker:
+        broker.create_topic("t", 8, config={"segment.index.bytes": 4096})
+        consumer = broker.consumer(group_id="g", enable_auto_commit=False)
+        consumer.assign([TP("t", p) for p in range(8)])
+        filler = fill_disk(small_tmpfs)
+        offsets = {TP("t", p): (7, "m" * 4000) for p in range(8)}   # 32 KiB of new pages
+        for _ in range(2):                                # the failure does not wedge it
+            with pytest.raises(DiskFullError, match="disk is full") as caught:
+                consumer.commit(offsets)
+            assert isinstance(caught.value, MetadataStoreError)
+            assert isinstance(caught.value.__cause__, lmdb.Error)
+        assert broker.group("g").committed() == {}
+        os.unlink(filler)
+        consumer.commit(offsets)
+        assert broker.group("g").committed() == {TP("t", p): 7 for p in range(8)}
+        consumer.close()
+
+
+PANIC_CHILD = """
+    import sys, logkit
+    from logkit import TopicPartition as TP
+    from logkit.errors import MetadataStoreError
+    with logkit.Broker(sys.argv[1], background=False) as broker:
+        group = broker.group("g")
+        try:
+            group.reset_offsets({TP("t", 0): 2})
+            print("first: stored")
+        except MetadataStoreError as exc:
+            print("first: MetadataStoreError", exc)
+        group.reset_offsets({TP("t", 0): 3})
+        print("second:", group.committed()[TP("t", 0)])
+"""
+
+
+def test_a_failed_meta_page_write_does_not_wedge_the_process(tmp_path):
+    """EIO on LMDB's meta-page write (MDB_PANIC for the whole env): that commit fails
+    with a named error; the next one reopens the env and succeeds."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    seed = tmp_path / "seed"
+    with logkit.Broker(seed, background=False) as broker:
+        broker.create_topic("t", 1)
+        broker.group("g").reset_offsets({TP("t", 0): 1})
+    dry, real = tmp_path / "dry", tmp_path / "real"
+    shutil.copytree(seed, dry)
+    shutil.copytree(seed, real)
+    # A dry run on an identical copy finds which pwrite64 is the first meta-page write
+    # (120 bytes to a meta page); the real run fails exactly that one with EIO.
+    traced = run_python(PANIC_CHILD, str(dry), prefix=["strace", "-qq", "-e",
+                                                       "trace=pwrite64"])
+    if traced.returncode != 0 and "PTRACE" in traced.stderr.upper():
+        pytest.skip(f"strace cannot trace here: {traced.stderr[-200:]}")
+    calls = [line for line in traced.stderr.splitlines() if line.startswith("pwrite64(")]
+    ordinal = next(n for n, line in enumerate(calls, 1) if re.search(r", 120, \d+\) = 120$",
+                                                                    line))
+    result = run_python(PANIC_CHILD, str(real), prefix=[
+        "strace", "-qq", "-o", "/dev/null", "-e", "trace=pwrite64",
+        "-e", f"inject=pwrite64:error=EIO:when={ordinal}"])
+    assert result.returncode == 0, result.stderr
+    assert "first: MetadataStoreError" in result.stdout
+    assert "Input/output error" in result.stdout
+    assert "second: 3" in result.stdout
+    assert "reopening the environment" in result.stderr
+    with logkit.Broker(real, background=False) as broker:
+        assert broker.group("g").committed() == {TP("t", 0): 3}
+
+
+# ---- 4. a truncated data file -------------------------------------------------------------
+
+def test_a_truncated_data_file_is_refused_by_name_instead_of_crashing_the_process(
+        tmp_path):
+    seed = tmp_path / "seed"
+    with logkit.Broker(seed, background=False) as broker:
+        for number in range(20):
+            broker.create_topic(f"t{number}", 1)
+    page = os.sysconf("SC_PAGE_SIZE")
+    for pages in (3, 1):
+        root = tmp_path / f"cut-{pages}"
+        shutil.copytree(seed, root)
+        data = root / "meta" / "data.mdb"
+        assert data.stat().st_size > 3 * page
+        os.truncate(data, pages * page)
+        result = run_python("""
+            import sys, logkit
+            from logkit.errors import MetadataStoreError
+            try:
+                logkit.Broker(sys.argv[1], background=False).close()
+            except MetadataStoreError as exc:
+                print("refused:", exc)
+        """, str(root))
+        assert result.returncode == 0, f"exit {result.returncode}: {result.stderr}"
+        assert "refused:" in result.stdout and str(data) in result.stdout
+        assert "truncated" in result.stdout
+
+
+# ---- 5. read-only opens --------------------------------------------------------------------
+
+def make_root(root) -> None:
+    with logkit.Broker(root, background=False) as broker:
+        broker.create_topic("t", 1)
+        broker.group("g").reset_offsets({TP("t", 0): 4})
+
+
+def test_a_read_only_store_reads_and_refuses_every_write(tmp_path):
+    root = tmp_path / "data"
+    make_root(root)
+    store = MetaStore(os.path.join(root, "meta"), read_only=True)
+    try:
+        assert store.topic_names() == ["t"]
+        with pytest.raises(ReadOnlyError):
+            store.create_topic("u", {"name": "u"})
+        with pytest.raises(ReadOnlyError):
+            store.delete_topic("t")
+        with pytest.raises(ReadOnlyError):
+            store.write(lambda txn: None)
+        with pytest.raises(ReadOnlyError):
+            with store.transaction(write=True):
+                pass
+        # A read-write Broker in the same process shares (and reopens) the env; the
+        # read-only handle still refuses writes and sees the new data.
+        with logkit.Broker(root, background=False) as broker:
+            broker.create_topic("u", 1)
+            assert store.topic_names() == ["t", "u"]
+            with pytest.raises(ReadOnlyError):
+                store.delete_topic("u")
+    finally:
+        store.close()
+
+
+def test_a_read_only_store_opens_a_copy_whose_files_are_immutable(tmp_path):
+    root = tmp_path / "data"
+    make_root(root)
+    meta = tmp_path / "copy"
+    shutil.copytree(root / "meta", meta)
+    paths = [str(meta / "data.mdb"), str(meta / "lock.mdb"), str(meta)]
+    made = subprocess.run(["chattr", "+i", *paths], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i is not available here: {made.stderr.strip()}")
+    try:
+        store = MetaStore(str(meta), read_only=True)
+        try:
+            assert store.topic_names() == ["t"]
+            assert [key for key, _ in store.items("offsets")] == [b"g\0t\x000"]
+            with pytest.raises(ReadOnlyError):
+                store.delete_topic("t")
+        finally:
+            store.close()
+    finally:
+        subprocess.run(["chattr", "-i", *paths], check=True)
+
+
+# ---- 6. fork ------------------------------------------------------------------------------
+
+def child_main(root, broker) -> int:
+    """In a forked child: the parent's store refuses, a new Broker works."""
+    try:
+        broker.meta.topic_names()
+        return 2
+    except ForkedProcessError:
+        pass
+    with logkit.Broker(root, background=False) as child:
+        child.create_topic("from-child", 1)
+        child.group("c").reset_offsets({TP("t", 1): 7})
+    return 0
+
+
+def test_a_forked_child_opens_its_own_broker_and_the_parent_keeps_working(tmp_path):
+    root = tmp_path / "data"
+    with logkit.Broker(root) as broker:
+        broker.create_topic("t", 2)
+        broker.group("g").reset_offsets({TP("t", 0): 3})
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = child_main(root, broker)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert "from-child" in broker.topics()
+        assert broker.group("c").committed() == {TP("t", 1): 7}
+        broker.group("g").reset_offsets({TP("t", 0): 4})
+        assert broker.group("g").committed() == {TP("t", 0): 4}
+
+
+def commit_in_worker(task: tuple[str, int]) -> int:
+    root, partition = task
+    with logkit.Broker(root, background=False) as broker:
+        broker.group(f"pool-{partition}").reset_offsets({TP("t", partition): 10 + partition})
+    return os.getpid()
+
+
+def test_multiprocessing_fork_pool_workers_open_the_directory_the_parent_has_open(tmp_path):
+    root = tmp_path / "data"
+    with logkit.Broker(root) as broker:
+        broker.create_topic("t", 4)
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            pids = pool.map(commit_in_worker, [(str(root), p) for p in range(4)])
+        assert os.getpid() not in pids
+        for p in range(4):
+            assert broker.group(f"pool-{p}").committed() == {TP("t", p): 10 + p}
+        broker.group("after").reset_offsets({TP("t", 0): 1})
+        assert broker.group("after").committed() == {TP("t", 0): 1}
+
+
+# ---- 7. groups -----------------------------------------------------------------------------
+
+def test_reset_offsets_refuses_negative_offsets_and_missing_partitions_committing_nothing(
+        broker):
+    broker.create_topic("t", 2)
+    group = broker.group("g")
+    with pytest.raises(ConfigError, match="t-1"):
+        group.reset_offsets({TP("t", 0): 5, TP("t", 1): -1})
+    with pytest.raises(UnknownTopicError, match="t-2"):
+        group.reset_offsets({TP("t", 0): 5, TP("t", 2): 1})
+    with pytest.raises(UnknownTopicError, match="nope-0"):
+        group.reset_offsets({TP("t", 0): 5, TP("nope", 0): 1})
+    assert group.committed() == {}
+    group.reset_offsets({TP("t", 0): 5, TP("t", 1): 0})
+    assert group.committed() == {TP("t", 0): 5, TP("t", 1): 0}
+
+
+def test_assignors_give_empty_assignments_for_no_members_or_no_partitions():
+    for strategy in ASSIGNORS:
+        assert assign(strategy, {}, {"t": 3}) == {}
+        assert assign(strategy, {}, {}, {"gone": [("t", 0)]}) == {}
+        assert assign(strategy, {"a": ["t"], "b": ["t"]}, {}) == {"a": [], "b": []}
+        assert assign(strategy, {"a": ["t"]}, {}, {"a": [("t", 0)]}) == {"a": []}
+        assert assign(strategy, {"a": []}, {"t": 2}) == {"a": []}
