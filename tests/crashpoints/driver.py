@@ -12,9 +12,12 @@ calls never touch the root, so they are never targets.
 Modes:
   kill-before  `inject=S:signal=SIGKILL:when=N` — strace delivers SIGKILL on entry to
                the call; the call does not run (checked: a 1 MiB write stores nothing).
-  kill-after   `inject=S:delay_exit=30s:when=N` — the call completes, strace holds the
-               thread at its exit and prints "(DELAYED)"; the driver SIGKILLs that
-               process then. Exact: nothing of the process runs after the call.
+  kill-after   `inject=S:delay_exit=1s:when=N` — the call completes, strace holds the
+               thread at its exit for 1 s and prints "(DELAYED)"; the driver SIGKILLs
+               that process then. A tracee in a ptrace stop does not die until strace
+               resumes it, and then dies before returning to user space: exact, nothing
+               of the process runs after the call. A kill that missed the 1 s window
+               (the trace shows the process went on) counts as "not-reached".
   ENOSPC, EIO  `inject=S:error=E:when=N` (every syscall); EMFILE for openat, ENOLCK for
                flock. The workload goes on after an error and closes the broker.
 
@@ -49,7 +52,7 @@ SYSCALLS = ("openat", "write", "pwrite64", "pwritev", "fsync", "fdatasync", "msy
 VARIANTS = ("acks1", "flush1", "twowriters")
 CLASSES = ("integrity", "wedge", "raw-error", "hang", "reopen-error")
 KILL_MODES = ("kill-before", "kill-after")
-DELAY = "30s"
+DELAY = "1s"          # the kill lands while strace holds the thread (see kill-after)
 TRIAL_TIMEOUT_S = 90.0
 CHECK_TIMEOUT_S = 120.0
 
@@ -263,10 +266,21 @@ def injected_lines(trace: str, mode: str) -> list[str]:
             if len(parts) == 2 and not parts[1].startswith(("+++", "---")):
                 last[parts[0]] = ln
         # SIGKILL takes the whole process: pick the threads whose last call is unfinished
-        return [last[t] for t in last if "<unfinished" in last[t]
-                or (t in killed and "=" not in last[t])]
-    mark = "(DELAYED)" if mode == "kill-after" else "(INJECTED)"
-    return [ln for ln in lines if mark in ln]
+        return [last[t] for t in last if t in killed and (
+            "<unfinished" in last[t] or last[t].rstrip().endswith("= ?"))]
+    if mode == "kill-after":
+        killed = {ln.split()[0] for ln in lines if "+++ killed by SIGKILL" in ln}
+        delayed = [ln for ln in lines if "(DELAYED)" in ln]
+        # the delayed thread's process must have died right there: its next line (if
+        # any) is the kill
+        out = []
+        for ln in delayed:
+            tid = ln.split()[0]
+            after = [x for x in lines[lines.index(ln) + 1:] if x.split()[0] == tid]
+            if tid in killed and (not after or "+++ killed" in after[0]):
+                out.append(ln)
+        return out
+    return [ln for ln in lines if "(INJECTED)" in ln]
 
 
 def run_trial(variant: str, target: Target, mode: str, baseline_raw: set,
