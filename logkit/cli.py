@@ -32,7 +32,8 @@ def _broker(directory: str) -> Any:
     if not os.path.isfile(os.path.join(directory, "logkit.json")):
         # inspection must never turn an arbitrary directory into a broker root
         raise LogkitError(f"{directory} is not a logkit directory (no logkit.json)")
-    return Broker(directory, background=False)
+    # Inspection writes nothing: no recovery, no format file, no clean marks.
+    return Broker(directory, background=False, read_only=True)
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
