@@ -123,8 +123,12 @@ class Checker:
                 self.fail("integrity", f"topic {name!r} was created (acknowledged) "
                           f"but is gone; topics now {sorted(names)}")
         # the temp topic: which incarnation may exist, which records must not
+        # dead: its delete returned, or a later incarnation's create returned (which
+        # it cannot before the old one is gone, whatever the delete call said)
+        created_inc = {e["incarnation"] for e in temp_events if e["kind"] == "created"}
         deleted_incarnations = {e["incarnation"] for e in temp_events
-                                if e["kind"] == "deleted"}
+                                if e["kind"] == "deleted"} | {
+            i for i in created_inc if any(j > i for j in created_inc)}
         # a deletion that started but did not return may have finished since
         deleting = {e["incarnation"] for e in temp_events if e["kind"] == "deleting"}
         stale_values = {e["value"] for e in temp_events if e["kind"] == "record"
