@@ -106,14 +106,17 @@ def read_topic_id(directory: str) -> str | None:
     """The topic id in a partition directory's `partition.metadata`, None if absent."""
     path = os.path.join(directory, PARTITION_METADATA)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    with open(fd, encoding="utf-8") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key.strip() == "topic_id":
-                return value.strip()
+    try:
+        text = os.read(fd, 4096).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "topic_id":
+            return value.strip()
     return None
 
 
@@ -305,7 +308,10 @@ class Broker:
                         config: dict[str, Any]) -> PartitionLog:
         name, topic_id = record["name"], record["topic_id"]
         directory = partition_dir(self.path, name, number)
-        on_disk = read_topic_id(directory) if os.path.isdir(directory) else None
+        try:
+            on_disk = read_topic_id(directory)
+        except NotADirectoryError:
+            on_disk = None
         if on_disk is not None and on_disk != topic_id:
             raise StorageError(f"{directory} belongs to another incarnation of topic "
                                f"{name!r} (topic id {on_disk}, expected {topic_id})",
