@@ -89,8 +89,8 @@ _LMDB_ERRORS: tuple[tuple[type, type, int | None, str], ...] = (
     ((lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
       lmdb.VersionMismatchError), MetadataStoreError, None,
      "the files are corrupt or not an LMDB store; restore <root>/meta from a copy"),
-    (lmdb.Error, MetadataStoreError, None, "nothing was stored; retry, and if it "
-     "repeats check the disk"),
+    (lmdb.Error, MetadataStoreError, None, "a write that failed stored nothing; retry, "
+     "and if it repeats check the disk and the files under <root>/meta"),
 )
 
 # Errors a retry can cure once the env is repaired (see the module docstring).
@@ -191,7 +191,7 @@ def _truncated(data: str, size: int, needed: int) -> MetadataStoreError:
 
 _state = threading.Condition()              # guards everything below and the holds
 _registry: dict[str, "_SharedEnv"] = {}      # realpath -> the process's env on it
-_inherited: list[Any] = []                   # envs from before a fork: kept, never closed
+_inherited: list[tuple[str, Any]] = []      # (realpath, env) from before a fork: kept
 _forking: int | None = None                  # thread id of a thread about to fork
 
 
@@ -207,6 +207,7 @@ class _SharedEnv:
         self.refs = 0
         self.holders: dict[int, int] = {}         # thread id -> open transactions
         self.exclusive: int | None = None         # thread id making a repair
+        self.waiting = 0                          # threads waiting to make one
         self.env: Any = None
         self.dbs: dict[str, Any] = {}
         self._open(map_size_bytes)
@@ -214,6 +215,12 @@ class _SharedEnv:
     # -- open / close --
 
     def _open(self, map_size_bytes: int) -> None:
+        if any(path == os.path.realpath(self.path) for path, _ in _inherited):
+            raise MetadataStoreError(
+                f"metadata store {self.path} was inside a transaction in the thread that "
+                "forked this process, so its inherited LMDB handle cannot be closed safely "
+                "and the store cannot be opened again here; fork outside metadata "
+                "transactions", operation="open", path=self.path)
         check_data_file(self.path)
         with _lmdb_errors(self.path, "open", self.max_map_size_bytes):
             self.env = _open_lmdb(self.path, read_only=self.read_only,
@@ -229,23 +236,32 @@ class _SharedEnv:
 
     # -- holds: many transactions, or one repair --
 
-    @contextmanager
-    def hold(self) -> Iterator[Any]:
-        """Yield the env; no repair swaps it until the hold ends."""
+    def enter(self) -> Any:
+        """Start a hold and return the env; no repair swaps it until `leave()`."""
         me = threading.get_ident()
         with _state:
-            _state.wait_for(lambda: self.exclusive in (None, me)
-                            and _forking in (None, me))
+            if not (self.exclusive is None and _forking is None):
+                _state.wait_for(lambda: self.exclusive in (None, me)
+                                and _forking in (None, me))
             self.holders[me] = self.holders.get(me, 0) + 1
-            env = self.env
+            return self.env
+
+    def leave(self) -> None:
+        me = threading.get_ident()
+        with _state:
+            count = self.holders.pop(me) - 1
+            if count:
+                self.holders[me] = count
+            elif self.waiting or _forking is not None:
+                _state.notify_all()         # a repair or a fork waits for holds to end
+
+    @contextmanager
+    def hold(self) -> Iterator[Any]:
+        env = self.enter()
         try:
             yield env
         finally:
-            with _state:
-                self.holders[me] -= 1
-                if not self.holders[me]:
-                    del self.holders[me]
-                _state.notify_all()
+            self.leave()
 
     def _busy_elsewhere(self, me: int) -> bool:
         return any(count for thread, count in self.holders.items() if thread != me)
@@ -255,7 +271,12 @@ class _SharedEnv:
         """No other thread of this process has a transaction open on the env."""
         me = threading.get_ident()
         with _state:
-            _state.wait_for(lambda: self.exclusive is None and not self._busy_elsewhere(me))
+            self.waiting += 1
+            try:
+                _state.wait_for(lambda: self.exclusive is None
+                                and not self._busy_elsewhere(me))
+            finally:
+                self.waiting -= 1
             self.exclusive = me
             try:
                 yield
@@ -320,7 +341,7 @@ class _SharedEnv:
         """After fork: close the inherited env unless a transaction was open on it (the
         forking thread's own), in which case keep it alive forever."""
         if self.holders:
-            _inherited.append(self.env)
+            _inherited.append((os.path.realpath(self.path), self.env))
         else:
             self.env.close()
 
@@ -496,16 +517,19 @@ class MetaStore:
         reopened = False
         with _lmdb_errors(self.path, operation, shared.max_map_size_bytes):
             for repairs in range(MAX_REPAIRS + 1):
-                env = None
+                env = shared.enter()
                 try:
-                    with shared.hold() as env, env.begin(write=write) as txn:
+                    with env.begin(write=write) as txn:
                         return body(txn)
                 except _REPAIRABLE as exc:
-                    panic = isinstance(exc, lmdb.PanicError)
-                    if (panic and reopened) or repairs == MAX_REPAIRS \
-                            or env is None or not shared.repair(exc, env, frees=frees):
-                        raise
-                    reopened = reopened or panic
+                    failure = exc
+                finally:
+                    shared.leave()
+                panic = isinstance(failure, lmdb.PanicError)
+                if (panic and reopened) or repairs == MAX_REPAIRS \
+                        or not shared.repair(failure, env, frees=frees):
+                    raise failure
+                reopened = reopened or panic
         raise AssertionError("the loop returns or raises")      # pragma: no cover
 
     @contextmanager

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import traceback
 
 import lmdb
@@ -87,44 +88,41 @@ def test_a_full_map_grows_and_the_commit_goes_through(tmp_path):
         store.close()
 
 
-def fill_until_full(broker, groups: int = 1000) -> int:
-    """Commit 16 KiB per group until the store is full at its limit; the groups made."""
-    consumer = broker.consumer(enable_auto_commit=False)
-    consumer.close()
-    for number in range(groups):
+def fill_until_full(broker, limit: int = 10_000) -> int:
+    """Commit small offsets to new groups until the store is full at its limit; return
+    how many groups were made."""
+    for number in range(limit):
         try:
-            c = broker.consumer(group_id=f"g{number}", enable_auto_commit=False)
-            c.assign([TP("t", p) for p in range(4)])
-            c.commit({TP("t", p): (1, "m" * 4000) for p in range(4)})
-            c.close()
+            broker.group(f"g{number:05d}").reset_offsets({TP("t", p): 1 for p in range(4)})
         except MetadataStoreError as exc:
             assert "size limit" in str(exc)
             assert isinstance(exc.__cause__, lmdb.MapFullError)
-            c.close()
             return number
     raise AssertionError("the store never filled up")
 
 
 def test_deleting_a_group_works_when_the_store_is_full_at_its_limit_and_after_reopening(
         tmp_path):
+    """At map full even a delete needs free pages (copy-on-write): it may grow the map
+    past the limit, so freeing space always works."""
     root = tmp_path / "data"
     with logkit.Broker(root, background=False) as broker:
         broker.create_topic("t", 4)
-    store = small_store(root, map_kib=512, max_kib=512)
+    store = small_store(root, map_kib=128, max_kib=128)
     try:
         with logkit.Broker(root, background=False) as broker:
             made = fill_until_full(broker)
-            assert made > 4
-            broker.group("g0").delete()
-            assert broker.group("g0").committed() == {}
+            assert made > 10
+            broker.group("g00000").delete()
+            assert broker.group("g00000").committed() == {}
     finally:
         store.close()
     # The operator reopens (same limits) and recovers by deleting groups.
-    store = small_store(root, map_kib=512, max_kib=512)
+    store = small_store(root, map_kib=128, max_kib=128)
     try:
         with logkit.Broker(root, background=False) as broker:
-            for number in range(1, made):
-                broker.group(f"g{number}").delete()
+            for number in range(1, made, 2):
+                broker.group(f"g{number:05d}").delete()
             broker.group("new").reset_offsets({TP("t", 0): 9})
             assert broker.group("new").committed() == {TP("t", 0): 9}
     finally:
@@ -352,6 +350,49 @@ def test_a_forked_child_opens_its_own_broker_and_the_parent_keeps_working(tmp_pa
         assert broker.group("g").committed() == {TP("t", 0): 4}
 
 
+def test_a_fork_waits_for_a_transaction_open_in_another_thread_so_the_child_can_open(
+        tmp_path):
+    import logkit.meta as meta_module
+    root = tmp_path / "data"
+    with logkit.Broker(root, background=False) as broker:
+        broker.create_topic("t", 2)
+        inside, go, forked = threading.Event(), threading.Event(), threading.Event()
+
+        def hold_a_transaction() -> None:
+            with broker.meta.transaction() as txn:
+                inside.set()
+                go.wait()
+                txn.get(b"t", db=broker.meta.db("topics"))
+
+        def release_once_the_fork_waits() -> None:
+            while meta_module._forking is None and not forked.is_set():
+                threading.Event().wait(0.001)      # until the forking thread waits
+            go.set()
+
+        holder = threading.Thread(target=hold_a_transaction)
+        holder.start()
+        inside.wait()
+        releaser = threading.Thread(target=release_once_the_fork_waits)
+        releaser.start()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with logkit.Broker(root, background=False) as child:
+                    child.group("c").reset_offsets({TP("t", 0): 5})
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        forked.set()
+        holder.join()
+        releaser.join()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert broker.group("c").committed() == {TP("t", 0): 5}
+
+
 def commit_in_worker(task: tuple[str, int]) -> int:
     root, partition = task
     with logkit.Broker(root, background=False) as broker:
@@ -396,3 +437,61 @@ def test_assignors_give_empty_assignments_for_no_members_or_no_partitions():
         assert assign(strategy, {"a": ["t"], "b": ["t"]}, {}) == {"a": [], "b": []}
         assert assign(strategy, {"a": ["t"]}, {}, {"a": [("t", 0)]}) == {"a": []}
         assert assign(strategy, {"a": []}, {"t": 2}) == {"a": []}
+
+
+# ---- growth under concurrency and across processes ----------------------------------------
+
+def test_a_map_that_fills_while_threads_commit_grows_and_every_commit_lands(tmp_path):
+    root = tmp_path / "data"
+    store = small_store(root, map_kib=64, max_kib=64 * 1024)
+    errors = []
+
+    def commit(number: int) -> None:
+        try:
+            for round_ in range(10):
+                group = broker.group(f"g{number}-{round_}")
+                group.reset_offsets({TP("t", p): round_ for p in range(4)})
+        except BaseException as exc:           # reported below
+            errors.append(exc)
+
+    try:
+        with logkit.Broker(root, background=False) as broker:
+            broker.create_topic("t", 4)
+            threads = [threading.Thread(target=commit, args=(n,)) for n in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert errors == []
+            for n in range(4):
+                assert broker.group(f"g{n}-9").committed() == {TP("t", p): 9
+                                                              for p in range(4)}
+        assert store.env.info()["map_size"] > 64 * KIB
+    finally:
+        store.close()
+
+
+GROW_CHILD = """
+    import sys
+    from logkit.meta import MetaStore
+    store = MetaStore(sys.argv[1], map_size_bytes=64 << 10, max_map_size_bytes=64 << 20)
+    for n in range(200):
+        store.write(lambda txn: store.put(txn, "spark", b"k%d" % n, "v" * 4000))
+    print(store.env.info()["map_size"])
+    store.close()
+"""
+
+
+def test_a_map_grown_by_another_process_is_adopted_by_this_one(tmp_path):
+    meta = str(tmp_path / "meta")
+    store = MetaStore(meta, map_size_bytes=64 * KIB, max_map_size_bytes=64 * KIB)
+    try:
+        assert store.items("spark") == []
+        result = run_python(GROW_CHILD, meta)
+        assert result.returncode == 0, result.stderr
+        assert int(result.stdout) > 64 * KIB
+        assert len(store.items("spark")) == 200
+        store.write(lambda txn: store.put(txn, "spark", b"parent", "p"))
+        assert store.items("spark", b"parent") == [(b"parent", "p")]
+    finally:
+        store.close()
