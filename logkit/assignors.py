@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from .errors import ConfigError
+
 __all__ = ["assign", "ASSIGNORS", "EAGER"]
 
 TP = tuple[str, int]
@@ -106,4 +108,15 @@ EAGER = {"range": True, "roundrobin": True, "sticky": True, "cooperative-sticky"
 def assign(strategy: str, members: Mapping[str, Sequence[str]],
            partitions: Mapping[str, int],
            previous: Mapping[str, Sequence[TP]] | None = None) -> Assignment:
+    """{member: [(topic, partition)]} for every member. At the edges this does what
+    Kafka's AbstractPartitionAssignor does, never an error: no members -> {} (nothing
+    to assign to); no partitions (or none a member subscribes to) -> that member gets
+    [] and stays in the group, idle, as a Kafka consumer does."""
+    if strategy not in ASSIGNORS:
+        raise ConfigError(f"unknown partition assignment strategy {strategy!r}; use one "
+                          f"of {sorted(ASSIGNORS)}")
+    if not members:
+        return {}
+    if not any(partitions.values()):
+        return {member: [] for member in members}
     return ASSIGNORS[strategy](members, partitions, previous or {})

@@ -134,6 +134,7 @@ TXNID_OFFSET = LAST_PAGE_OFFSET + 8               # u64 transaction id
 META_END = TXNID_OFFSET + 8
 META_MAGIC = 0xBEEFC0DE
 META_FORMAT = 1
+PAGE_SIZES = frozenset(1 << n for n in range(9, 17))   # 512 B .. 64 KiB
 _META = struct.Struct("<II8xQI")                  # magic, version, map size, psize
 assert MAGIC_OFFSET + _META.size == PAGE_SIZE_OFFSET + 4
 _TAIL = struct.Struct("<QQ")                      # last page, txnid
@@ -160,11 +161,11 @@ def check_data_file(path: str) -> None:
     try:
         with open(data, "rb") as f:
             first = _read_meta(f, 0)
-            if first is None or first[0] != META_FORMAT:
+            if first is None or first[0] != META_FORMAT or first[1] not in PAGE_SIZES:
                 size = os.fstat(f.fileno()).st_size
                 if 0 < size < META_END:
-                    raise _truncated(data, size, META_END)
-                return
+                    raise _truncated(data, size, "shorter than one LMDB meta page")
+                return                      # new, or not a format this check knows
             psize = first[1]
             second = _read_meta(f, psize)
             size = os.fstat(f.fileno()).st_size    # after the meta: data lands first
@@ -177,14 +178,13 @@ def check_data_file(path: str) -> None:
     version, psize, last_page, _ = max(metas, key=lambda m: m[3])
     needed = max(2, last_page + 1) * psize
     if size < needed:
-        raise _truncated(data, size, needed)
+        raise _truncated(data, size, f"its meta page records {needed} bytes of pages")
 
 
-def _truncated(data: str, size: int, needed: int) -> MetadataStoreError:
+def _truncated(data: str, size: int, why: str) -> MetadataStoreError:
     return MetadataStoreError(
-        f"{data} is truncated: {size} bytes, but its meta page records {needed} bytes of "
-        "pages; restore <root>/meta from a copy (opening it would crash the process)",
-        operation="open", path=data)
+        f"{data} is truncated: {size} bytes, {why}; restore <root>/meta from a copy "
+        "(mapping it would crash the process with SIGBUS)", operation="open", path=data)
 
 
 # ---- one shared env per directory per process -------------------------------------------
@@ -202,6 +202,7 @@ class _SharedEnv:
     def __init__(self, path: str, *, read_only: bool, map_size_bytes: int,
                  max_map_size_bytes: int) -> None:
         self.path = path
+        self.key = os.path.realpath(path)
         self.read_only = read_only
         self.max_map_size_bytes = max_map_size_bytes
         self.refs = 0
@@ -215,7 +216,7 @@ class _SharedEnv:
     # -- open / close --
 
     def _open(self, map_size_bytes: int) -> None:
-        if any(path == os.path.realpath(self.path) for path, _ in _inherited):
+        if any(key == self.key for key, _ in _inherited):
             raise MetadataStoreError(
                 f"metadata store {self.path} was inside a transaction in the thread that "
                 "forked this process, so its inherited LMDB handle cannot be closed safely "
@@ -341,7 +342,7 @@ class _SharedEnv:
         """After fork: close the inherited env unless a transaction was open on it (the
         forking thread's own), in which case keep it alive forever."""
         if self.holders:
-            _inherited.append((os.path.realpath(self.path), self.env))
+            _inherited.append((self.key, self.env))
         else:
             self.env.close()
 
@@ -401,7 +402,8 @@ def _release(shared: _SharedEnv) -> None:
     with _state:
         shared.refs -= 1
         if shared.refs == 0:
-            _registry.pop(os.path.realpath(shared.path), None)
+            if _registry.get(shared.key) is shared:
+                del _registry[shared.key]
             with shared.exclusive_hold():
                 shared.close()
 

@@ -495,3 +495,8 @@ def test_a_map_grown_by_another_process_is_adopted_by_this_one(tmp_path):
         assert store.items("spark", b"parent") == [(b"parent", "p")]
     finally:
         store.close()
+
+
+def test_an_unknown_assignor_is_a_config_error_naming_it():
+    with pytest.raises(ConfigError, match="nope"):
+        assign("nope", {"a": ["t"]}, {"t": 1})
