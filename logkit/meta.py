@@ -224,8 +224,14 @@ class _SharedEnv:
                 "transactions", operation="open", path=self.path)
         check_data_file(self.path)
         with _lmdb_errors(self.path, "open", self.max_map_size_bytes):
-            self.env = _open_lmdb(self.path, read_only=self.read_only,
-                                  map_size_bytes=map_size_bytes)
+            try:
+                self.env = _open_lmdb(self.path, read_only=self.read_only,
+                                      map_size_bytes=map_size_bytes)
+            except OSError as exc:             # making the directory
+                cls = MetadataDiskFullError if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+                    else MetadataStoreError
+                raise cls(f"cannot open metadata store {self.path}: {exc.strerror}",
+                          operation="open", path=self.path, errno=exc.errno) from exc
             try:
                 self.dbs = _open_databases(self.env, self.path, self.read_only)
             except BaseException:
