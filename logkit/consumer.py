@@ -11,7 +11,20 @@ records come back in offset order per partition; a group member fetches only par
 it owns in the group record, so no two members of a group read one partition at once.
 
 Thread-safety: like Kafka's consumer, one thread uses a consumer (the heartbeat thread
-is internal). Use one consumer per thread.
+is internal). Use one consumer per thread. The one exception is `close()`, which any
+thread may call: it marks the consumer closed, waits for the polling thread's current
+step (never for its wait), then leaves the group; a `poll()` blocked meanwhile raises
+`ClosedError` within one doorbell wait (≤ 5 ms) and never re-joins the group.
+
+Rebalance listeners: an exception from `on_revoke` / `on_assign` does not stop the
+rebalance — revoked partitions are still committed (auto-commit), released and no longer
+fetched, new ones still acquired — and is raised from that `poll()` afterwards (Kafka
+raises the listener's exception from poll the same way).
+
+Fork: a consumer made in one process raises `ForkedProcessError` from every call in a
+forked child (checked before any lock or file is touched); `close()` there returns
+without leaving the group or touching any file — the parent's membership is not the
+child's to end.
 """
 
 from __future__ import annotations
@@ -21,8 +34,9 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
+from . import _fork
 from .errors import (ClosedError, CommitFailedError, ConfigError, IllegalStateError,
-                     NoOffsetForPartitionError, OffsetOutOfRangeError)
+                     NoOffsetForPartitionError, OffsetOutOfRangeError, storage_error)
 from .group import GroupCoordinator, OffsetAndMetadata, committed_offset
 from .records import Record
 from .topic import TopicPartition, validate_topic_name
@@ -101,7 +115,11 @@ class Consumer:
         self._last_commit = time.monotonic()
         self._closed = False
         self._fenced = False
+        # Held by poll() for each step (sync, fetch) but not while it waits, and by
+        # close(): a close from another thread never interleaves with a step.
         self._lock = threading.RLock()
+        self._pid = _fork.owner_pid()
+        self._listener_errors: list[BaseException] = []
         self._coordinator: GroupCoordinator | None = None
         if self._group_id is not None:
             if not isinstance(self._group_id, str) or not self._group_id \
@@ -121,6 +139,8 @@ class Consumer:
         return f"Consumer(group_id={self._group_id!r}, assignment={sorted(self._assigned)})"
 
     def _check(self) -> None:
+        if self._pid != _fork._pid:
+            _fork.check_owner(self._pid, "this consumer")
         if self._closed:
             raise ClosedError("consumer is closed")
 
@@ -221,8 +241,10 @@ class Consumer:
             lost = set(self._owned)
             self._owned.clear()
             if lost and self._on_revoke is not None:
-                self._on_revoke(sorted(lost))
+                self._call_listener(self._on_revoke, lost)
             self._fenced = False
+            if self._closed:                   # closed from a listener: no re-join
+                raise ClosedError("consumer is closed")
             coordinator.join(self._subscription)
         generation = coordinator.generation()
         if generation != self._generation:
@@ -236,7 +258,7 @@ class Consumer:
             revoked |= self._assigned - new - self._owned
             if revoked:
                 if self._on_revoke is not None:
-                    self._on_revoke(sorted(revoked))
+                    self._call_listener(self._on_revoke, revoked)
                 if self.config["enable_auto_commit"]:
                     self._commit_quietly(revoked & self._owned)
                 coordinator.release(revoked & self._owned)
@@ -246,13 +268,26 @@ class Consumer:
             added = new - self._assigned if not coordinator.is_eager(state) else new
             self._set_assignment(new, owned=False)
             if added and self._on_assign is not None:
-                self._on_assign(sorted(added))
+                self._call_listener(self._on_assign, added)
         pending = self._assigned - self._owned
         if pending:
             taken = coordinator.acquire(pending)
             for tp in taken:
                 self._positions[tp] = self._positions.get(tp)
             self._owned |= taken
+
+    def _call_listener(self, listener: Callable, tps: set[TopicPartition]) -> None:
+        """Run a rebalance listener; its exception is kept for poll() to raise once the
+        rebalance is complete (released, acquired), not raised in the middle of it."""
+        try:
+            listener(sorted(tps))
+        except Exception as exc:
+            self._listener_errors.append(exc)
+
+    def _raise_listener_error(self) -> None:
+        errors, self._listener_errors = self._listener_errors, []
+        if errors:
+            raise errors[0]
 
     def _commit_quietly(self, tps: set[TopicPartition]) -> None:
         offsets = {tp: OffsetAndMetadata(self._positions[tp]) for tp in tps
@@ -431,18 +466,28 @@ class Consumer:
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         doorbell = self._broker.doorbell
         while True:
-            self._last_poll_ms = int(time.time() * 1000)
-            seen = doorbell.value()
-            self._sync_group()
-            records = self._fetch(max_records)
-            if records:
-                self._maybe_auto_commit()
-                return records
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._maybe_auto_commit()
-                return []
-            doorbell.wait(seen, remaining)
+            with self._lock:
+                # close() (from another thread, or the broker's) ends the poll here:
+                # before the step that would otherwise re-join the group.
+                if self._closed or getattr(self._broker, "_closed", False):
+                    raise ClosedError("consumer closed during poll()" if self._closed
+                                      else "broker closed during poll()")
+                self._last_poll_ms = int(time.time() * 1000)
+                seen = 0 if doorbell is None else doorbell.value()
+                self._sync_group()
+                self._raise_listener_error()      # after the rebalance is complete
+                records = self._fetch(max_records)
+                if records:
+                    self._maybe_auto_commit()
+                    return records
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._maybe_auto_commit()
+                    return []
+            if doorbell is None:                   # a read-only broker: nobody rings
+                time.sleep(min(remaining, 0.005))
+            else:
+                doorbell.wait(seen, remaining)
 
     def _fetch(self, max_records: int) -> list[Record]:
         if self._buffer:
@@ -465,6 +510,8 @@ class Consumer:
             except OffsetOutOfRangeError:
                 self._positions[tp] = self._reset(tp)     # retention passed us (Kafka)
                 continue
+            except OSError as exc:                        # the log names its own; a stray
+                raise storage_error(exc, "fetch", partition.directory) from exc
             if records:
                 self._positions[tp] = records[-1].offset + 1
                 out.extend(records)
@@ -495,7 +542,12 @@ class Consumer:
         while True:
             wait = 100 if deadline is None else max(0, int((deadline - time.monotonic())
                                                            * 1000))
-            records = self.poll(timeout_ms=wait)
+            try:
+                records = self.poll(timeout_ms=wait)
+            except ClosedError:
+                if self._closed:                 # close() from another thread ends it
+                    raise StopIteration from None
+                raise
             if records:
                 self._buffer = records[1:] + self._buffer
                 return records[0]
@@ -505,19 +557,24 @@ class Consumer:
     # ---- lifecycle -------------------------------------------------------------------
 
     def close(self, autocommit: bool = True) -> None:
-        """Commit (if auto-commit), leave the group, stop the heartbeat. Safe twice."""
+        """Commit (if auto-commit), leave the group, stop the heartbeat. Safe twice, and
+        from any thread: a poll() blocked in another thread raises ClosedError. In a
+        forked child it only marks this copy closed: no commit, no leave, no file."""
         if self._closed:
+            return
+        self._closed = True                # a poll in another thread stops at its next step
+        if self._pid != _fork._pid:
             return
         self._heartbeat_stop.set()
         try:
-            if autocommit:
-                self._leave_group()
-            elif self._coordinator is not None:
-                self._coordinator.leave()
+            with self._lock:               # wait out that step: it may be mid-rebalance
+                if autocommit:
+                    self._leave_group()
+                elif self._coordinator is not None:
+                    self._coordinator.leave()
         except ClosedError:
             pass
         finally:
-            self._closed = True
             if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
                 self._heartbeat.join(timeout=10)
 

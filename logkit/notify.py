@@ -12,16 +12,24 @@ Invariant: a waiter never sleeps past its timeout, and never longer than
 same value (the bump is not atomic across processes), and the cap bounds the cost of that
 rare missed change. Where futexes are unavailable (not Linux, unknown architecture),
 waiting falls back to short sleeps.
+
+The file is opened without following links (a link planted at the path raises
+`StorageError` naming it) and allocated for real before it is mapped, so a full disk
+raises `DiskFullError` at open instead of SIGBUS at the first ring.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import platform
+import stat
 import struct
 import time
+
+from .errors import StorageError, storage_error
 
 __all__ = ["Doorbell"]
 
@@ -53,35 +61,68 @@ _syscall = _load_syscall()
 
 
 class Doorbell:
-    """The doorbell of one broker root. Thread-safe; `close()` is safe twice."""
+    """The doorbell of one broker root. Thread-safe; `close()` is safe twice, and safe
+    while other threads wait or ring: after it, `wait()` returns at once, `ring()` does
+    nothing and `value()` reads 0.
+
+    Closing unmaps the page only when no other thread is using it: `ring()`, `value()`
+    and `wait()` hold a reference to the mapped word for the duration of the call (which
+    pins the mapping: `mmap.close()` refuses while a buffer is exported), so a close
+    that races them leaves the unmap to the garbage collector instead of pulling the
+    page from under a store or a futex wait. In a forked child the inherited page is the
+    parent's shared mapping; closing it there unmaps it in the child only."""
 
     def __init__(self, root: str) -> None:
         path = os.path.join(root, DOORBELL_FILE)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if os.fstat(fd).st_size < mmap.PAGESIZE:
-                os.ftruncate(fd, mmap.PAGESIZE)
-            self._mm: mmap.mmap | None = mmap.mmap(fd, mmap.PAGESIZE)
+            # O_NOFOLLOW: a link planted at the path must not redirect our writes.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StorageError(f"refusing to open the doorbell {path}: it is a "
+                                   "symbolic link", operation="open doorbell", path=path,
+                                   errno=exc.errno) from exc
+            raise storage_error(exc, "open doorbell", path) from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StorageError(f"refusing to open the doorbell {path}: not a regular "
+                                   "file", operation="open doorbell", path=path)
+            # Real blocks, not a sparse hole: a full disk fails here with ENOSPC rather
+            # than with SIGBUS at the first store into the mapped page.
+            os.posix_fallocate(fd, 0, mmap.PAGESIZE)
+            mm = mmap.mmap(fd, mmap.PAGESIZE)
+        except OSError as exc:
+            raise storage_error(exc, "open doorbell", path) from exc
         finally:
             os.close(fd)
-        self._word = ctypes.c_uint32.from_buffer(self._mm)
+        self._mm: mmap.mmap | None = mm
+        self._word: ctypes.c_uint32 | None = ctypes.c_uint32.from_buffer(mm)
         self._address = ctypes.addressof(self._word)
 
+    @property
+    def closed(self) -> bool:
+        return self._word is None
+
     def value(self) -> int:
-        return self._word.value
+        word = self._word
+        return 0 if word is None else word.value
 
     def ring(self) -> None:
-        """Announce new data to every waiting process."""
-        word = self._word
+        """Announce new data to every waiting process (nothing once closed)."""
+        word = self._word                      # pins the page for this call
+        if word is None:
+            return
         word.value = (word.value + 1) & 0xFFFFFFFF
         if _syscall is not None:
             _syscall(_SYS_FUTEX, ctypes.c_void_p(self._address), _FUTEX_WAKE, 0x7FFFFFFF,
                      None, None, 0)
 
     def wait(self, seen: int, timeout_s: float) -> None:
-        """Sleep until the counter differs from `seen`, or timeout_s (capped) passes."""
+        """Sleep until the counter differs from `seen`, or timeout_s (capped) passes.
+        Returns at once once closed."""
         timeout_s = min(timeout_s, MAX_SLEEP_S)
-        if timeout_s <= 0:
+        word = self._word                      # pins the page across the futex wait
+        if timeout_s <= 0 or word is None:
             return
         if _syscall is None:
             time.sleep(min(timeout_s, 0.0002))
@@ -92,7 +133,11 @@ class Doorbell:
                  ctypes.c_uint32(seen), ctypes.byref(spec), None, 0)
 
     def close(self) -> None:
-        if self._mm is not None:
-            del self._word
-            self._mm.close()
-            self._mm = None
+        mm, self._mm = self._mm, None
+        self._word = None                      # from here on: no-ops
+        if mm is None:
+            return
+        try:
+            mm.close()
+        except BufferError:
+            pass    # another thread is in ring()/wait(): the GC unmaps after it returns
