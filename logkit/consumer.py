@@ -36,7 +36,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from . import _fork
 from .errors import (ClosedError, CommitFailedError, ConfigError, IllegalStateError,
-                     NoOffsetForPartitionError, OffsetOutOfRangeError, storage_error)
+                     LogkitError, NoOffsetForPartitionError, OffsetOutOfRangeError,
+                     storage_error)
 from .group import GroupCoordinator, OffsetAndMetadata, committed_offset
 from .records import Record
 from .topic import TopicPartition, validate_topic_name
@@ -511,6 +512,8 @@ class Consumer:
                 self._positions[tp] = self._reset(tp)     # retention passed us (Kafka)
                 continue
             except OSError as exc:                        # the log names its own; a stray
+                if isinstance(exc, LogkitError):          # (LogkitTimeoutError is an OSError)
+                    raise
                 raise storage_error(exc, "fetch", partition.directory) from exc
             if records:
                 self._positions[tp] = records[-1].offset + 1

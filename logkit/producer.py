@@ -38,6 +38,33 @@ The compiled twin: `logkit/_sendpath.c` (optional, like `_speedups`) does send()
 common case — bytes in, default partitioner, known topic, room in the open batch — and
 hands every other call to the Python `send` unchanged; LOGKIT_PURE_PYTHON=1 disables it.
 
+Timeouts — every wait is bounded, including the wait for a partition's append lock held
+by another process (which may be stalled: stopped, swapped out, on a hung disk):
+
+| who appends                         | waits for the append lock at most                 |
+|-------------------------------------|---------------------------------------------------|
+| `send()` sealing a full batch       | `max_block_ms`                                    |
+| `future.result(timeout)`, `flush(timeout)` | `timeout` (None: `delivery_timeout_ms`)    |
+| the sender thread                   | what is left of the batch's `delivery_timeout_ms` |
+
+A caller's own timeout running out does not fail the batch: it goes back to the head of
+its partition's queue and the sender thread appends it (`result()` raises
+`LogkitTimeoutError`, the record may still be stored later, as with Kafka's
+`future.get(timeout)`). A batch not appended within `delivery_timeout_ms` (120 s, Kafka's
+default) of its creation fails with `LogkitTimeoutError`, which only its own records'
+futures get. Nothing is appended twice: a lock timeout stores nothing.
+
+Validation happens in `send()`, so a bad record is refused alone, before it joins a
+batch whose other records it would take down at append: timestamps are ints in
+[0, 2**63 - 1] or None, header keys `str` (encodable as UTF-8; bytes keys are refused
+as kafka-python refuses them), header values bytes-like or None (`ConfigError`).
+
+Fork: in a process forked from the one that made the producer, every method raises
+`ForkedProcessError` before touching a lock or a file (an at-fork hook routes the
+compiled send path to the checking Python path, so the hot path pays nothing); the
+sender thread does not exist there and copied locks may be held. `close()` in the child
+returns at once: the parent's batches are the parent's to append.
+
 Thread-safety: every public method may be called from any thread. One lock guards the
 accumulator's structure (opening and sealing batches, buffer accounting); it is never
 held while encoding or appending. The hot path of `send()` takes no lock: it appends to
@@ -52,16 +79,19 @@ within a partition.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import random
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
+from . import _fork
 from .compression import codec_id, require
 from .config import snake_to_kafka
 from .errors import (ClosedError, ConfigError, IllegalStateError, LogkitTimeoutError,
-                     RecordTooLargeError, UnknownTopicError)
+                     RecordTooLargeError, UnknownTopicError, storage_error)
 from .records import RECORDS_OFFSET, RecordMetadata, encode_batch, record_size_estimate
 
 __all__ = ["Producer", "FutureRecordMetadata"]
@@ -88,11 +118,14 @@ DEFAULTS: dict[str, Any] = {
     "buffer_memory": 33554432, "max_block_ms": 60000, "max_request_size": 1048576,
     "key_serializer": None, "value_serializer": None, "partitioner": None,
     "client_id": "logkit-producer", "retries": 0, "request_timeout_ms": 30000,
-    "enable_idempotence": False,
+    "enable_idempotence": False, "delivery_timeout_ms": 120000,
 }
 RECORD_OVERHEAD_BYTES = 21          # upper bound of a record's framing without headers
 KEY_CACHE_LIMIT = 100_000           # key -> partition entries per topic, then cleared
 SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
+MAX_TIMESTAMP_MS = 2**63 - 1        # the batch header's int64
+
+log = logging.getLogger("logkit.producer")
 
 
 class _Batch:
@@ -204,9 +237,7 @@ class FutureRecordMetadata(_FutureBase):
             return RecordMetadata(batch.state.name, batch.partition, -1,
                                   batch.timestamp_ms if ts is None else ts)
         if not batch.done.is_set():
-            batch.state.producer._append_if_open(batch)   # the caller appends: no hand-off
-        if not batch.done.wait(timeout):
-            raise LogkitTimeoutError(f"record not stored within {timeout} s")
+            self._wait(timeout)
         outcome = batch.outcome(self._row)
         if isinstance(outcome, BaseException):
             raise outcome
@@ -217,11 +248,22 @@ class FutureRecordMetadata(_FutureBase):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         batch = self._batch
         if not batch.done.is_set():
-            batch.state.producer._append_if_open(batch)
-        if not batch.done.wait(timeout):
-            raise LogkitTimeoutError(f"record not stored within {timeout} s")
+            self._wait(timeout)
         outcome = batch.outcome(self._row)
         return outcome if isinstance(outcome, BaseException) else None
+
+    def _wait(self, timeout: float | None) -> None:
+        """Append the batch on this thread if it is still queued (no hand-off), waiting
+        for the append lock no longer than `timeout`; then wait for it to be done."""
+        batch = self._batch
+        producer = batch.state.producer
+        if producer._pid != _fork._pid:
+            _fork.check_owner(producer._pid, "this producer")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        producer._append_if_open(batch, deadline)
+        if not batch.done.wait(None if deadline is None
+                               else max(0.0, deadline - time.monotonic())):
+            raise LogkitTimeoutError(f"record not stored within {timeout} s")
 
     def add_callback(self, fn: Callable[[RecordMetadata], Any]) -> "FutureRecordMetadata":
         """Call fn(metadata) once the record is stored (at once if it already is)."""
@@ -233,6 +275,10 @@ class FutureRecordMetadata(_FutureBase):
 
     def _add(self, ok: Callable | None, err: Callable | None) -> "FutureRecordMetadata":
         batch = self._batch
+        if not batch.done.is_set():
+            producer = batch.state.producer
+            if producer._pid != _fork._pid:
+                _fork.check_owner(producer._pid, "this producer")
         with _callback_lock:
             if not batch.done.is_set():
                 batch.callbacks.append((self._row, ok, err))
@@ -243,6 +289,22 @@ class FutureRecordMetadata(_FutureBase):
 
 _callback_lock = threading.Lock()      # callbacks registered vs. run: exactly once
 _in_callback = threading.local()      # flush() from a callback would wait for itself
+_producers: "weakref.WeakSet[Producer]" = weakref.WeakSet()   # for the fork hook
+
+
+def _after_fork_in_child() -> None:
+    """Route every inherited producer's send() to the Python path, which raises
+    ForkedProcessError (the compiled fast path has no pid check: it costs nothing
+    this way), and replace the callback lock, which a parent thread may have held."""
+    global _callback_lock
+    _callback_lock = threading.Lock()
+    for producer in list(_producers):
+        producer._slow = True
+        if _CSender is not None and isinstance(producer.__dict__.get("send"), _CSender):
+            producer.send.slow = 1
+
+
+_fork.at_fork_in_child(_after_fork_in_child)
 
 
 def _run_callback(batch: _Batch, row: tuple, ok: Callable | None,
@@ -266,6 +328,42 @@ def _as_bytes(data: Any) -> bytes | None:
                     f"value_serializer), got {type(data).__name__}")
 
 
+def _check_timestamp(timestamp_ms: Any) -> None:
+    if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or \
+            not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
+        raise ConfigError(f"timestamp must be None or an int of milliseconds in "
+                          f"[0, 2**63 - 1], got {timestamp_ms!r}")
+
+
+def _check_headers(headers: Any) -> list[tuple[str, bytes | None]]:
+    """Headers as (str key, bytes-or-None value) pairs, or ConfigError naming the bad
+    one (kafka-python's rule: keys str, values bytes; Kafka allows null values)."""
+    out = []
+    try:
+        pairs = list(headers)
+    except TypeError:
+        raise ConfigError(f"headers must be a list of (str, bytes) pairs, got "
+                          f"{headers!r}") from None
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ConfigError(f"each header must be a (str, bytes) pair, got {pair!r}")
+        hkey, hvalue = pair
+        if not isinstance(hkey, str):
+            raise ConfigError(f"header key {hkey!r} must be a str (decode bytes keys "
+                              "yourself)")
+        try:
+            hkey.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"header key {hkey!r} is not encodable as UTF-8") from None
+        if hvalue is not None and type(hvalue) is not bytes:
+            if not isinstance(hvalue, (bytes, bytearray, memoryview)):
+                raise ConfigError(f"header value {hvalue!r} of header {hkey!r} must be "
+                                  "bytes or None")
+            hvalue = bytes(hvalue)
+        out.append((hkey, hvalue))
+    return out
+
+
 def _non_negative_int(settings: dict[str, Any], name: str) -> int:
     value = settings[name]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -287,7 +385,8 @@ class Producer:
         if isinstance(acks, bool) or acks not in (0, 1, -1, "all", "0", "1", "-1"):
             raise ConfigError(f"acks must be 0, 1 or 'all', got {acks!r}")
         for name in ("linger_ms", "batch_size", "buffer_memory", "max_block_ms",
-                     "max_request_size", "retries", "request_timeout_ms"):
+                     "max_request_size", "retries", "request_timeout_ms",
+                     "delivery_timeout_ms"):
             _non_negative_int(settings, name)
         for name in ("key_serializer", "value_serializer"):
             if settings[name] is not None and not callable(settings[name]):
@@ -307,6 +406,8 @@ class Producer:
         self._batch_size = max(1, min(settings["batch_size"], self._buffer_memory))
         self._max_record_bytes = settings["max_request_size"] - RECORDS_OFFSET
         self._max_block_s = settings["max_block_ms"] / 1000
+        self._delivery_timeout_s = settings["delivery_timeout_ms"] / 1000
+        self._pid = _fork.owner_pid()
         self._key_serializer = settings["key_serializer"]
         self._value_serializer = settings["value_serializer"]
         self._round_robin = partitioner == "round_robin"
@@ -325,6 +426,7 @@ class Producer:
         self._in_flight = 0            # sealed batches not yet appended
         self._exhausted = 0            # senders waiting for buffer space
         self._sender_idle = False      # the sender thread waits with no open batch
+        self._retry: set[tuple[_TopicState, int]] = set()   # requeued: the sender appends
         self._closed = False
         self._sender = threading.Thread(target=self._run_sender, name="logkit-producer",
                                         daemon=True)
@@ -334,6 +436,7 @@ class Producer:
             # and hands every other call to the Python method, arguments unchanged.
             self.send = _CSender(Producer.send.__get__(self), self._rescue, self._states,
                                  FutureRecordMetadata, self._acks, self._batch_size)
+        _producers.add(self)
 
     def __repr__(self) -> str:
         return f"Producer(acks={self.config['acks']!r}, linger_ms={self.config['linger_ms']})"
@@ -395,22 +498,18 @@ class Producer:
                       headers: Any, timestamp_ms: int | None) -> FutureRecordMetadata:
         """Everything send() accepts: serializers, headers, explicit partitions and
         timestamps, tombstones, first use of a topic."""
+        if self._pid != _fork._pid:
+            _fork.check_owner(self._pid, "this producer")
         if self._closed:
             raise ClosedError("producer is closed")
+        if timestamp_ms is not None:
+            _check_timestamp(timestamp_ms)
+        headers = _check_headers(headers) if headers else None
         if self._key_serializer is not None and key is not None:
             key = self._key_serializer(key)
         if self._value_serializer is not None and value is not None:
             value = self._value_serializer(value)
         key, value = _as_bytes(key), _as_bytes(value)
-        if headers:
-            headers = [(str(k), _as_bytes(v)) for k, v in headers]
-        else:
-            headers = None
-        if timestamp_ms is not None and (isinstance(timestamp_ms, bool) or
-                                         not isinstance(timestamp_ms, int) or
-                                         timestamp_ms < 0):
-            raise ValueError(f"timestamp must be a non-negative int (ms), got "
-                             f"{timestamp_ms!r}")
         size = record_size_estimate(key, value, headers)
         state = self._state(topic)
         if partition is None:
@@ -492,8 +591,8 @@ class Producer:
                     if batch.size >= self._batch_size:
                         self._seal(state, p)
                         sealed = True
-            if sealed:
-                self._drain(state, p)
+            if sealed:                  # send() waits for a lock at most max_block_ms
+                self._drain(state, p, time.monotonic() + self._max_block_s)
             if not waited:
                 return FutureRecordMetadata(batch, row, self._acks)
 
@@ -529,36 +628,56 @@ class Producer:
             state.sticky = choice + (choice >= p)
         return batch
 
-    def _append_if_open(self, batch: _Batch) -> None:
-        """Seal `batch` if it still waits in the accumulator, and append what is due."""
+    def _append_if_open(self, batch: _Batch, deadline: float | None = None) -> None:
+        """Seal `batch` if it still waits in the accumulator, and append what is due,
+        waiting for the append lock until `deadline` at most (see `_drain`)."""
         state, p = batch.state, batch.partition
         with self._lock:
             if state.open[p] is batch:
                 self._seal(state, p)
-        self._drain(state, p)
+        self._drain(state, p, deadline)
 
-    def _drain(self, state: _TopicState, p: int) -> None:
+    def _drain(self, state: _TopicState, p: int, deadline: float | None = None) -> None:
         """Append partition p's sealed batches in order, in this thread — unless another
         thread is appending p already; that thread appends them (it loops until the
-        queue is empty), so no thread waits for another's append and none hands off."""
+        queue is empty), so no thread waits for another's append and none hands off.
+
+        `deadline` (monotonic) is this caller's bound on waiting for the append lock;
+        each batch is also bounded by its delivery timeout. When the caller's bound runs
+        out first, the batch goes back to the head of the queue for the sender thread
+        and the drain stops."""
         while True:
             with self._lock:
                 if state.busy[p] or not state.sealed[p]:
                     return
                 state.busy[p] = True
                 batch = state.sealed[p].popleft()
+            done = True                 # unless _append says so: never append twice
             try:
-                self._append(batch)
+                done = self._append(batch, deadline)
             finally:
                 with self._lock:
                     state.busy[p] = False
-                    self._reserved -= batch.reserved
-                    self._in_flight -= 1
+                    if done:
+                        self._reserved -= batch.reserved
+                        self._in_flight -= 1
+                    else:                         # not stored: first in line again
+                        state.sealed[p].appendleft(batch)
+                        self._retry.add((state, p))
+                        self._wake.notify()
                     self._changed.notify_all()
+            if not done:
+                return
 
-    def _append(self, batch: _Batch) -> None:
+    def _append(self, batch: _Batch, deadline: float | None = None) -> bool:
         """Append one sealed batch and resolve its futures (lock not held; the caller
-        holds the partition's busy flag)."""
+        holds the partition's busy flag). False, with nothing stored and nothing
+        resolved, when the append lock was not free by `deadline` and the batch's own
+        delivery timeout has not passed: the batch is to be appended later."""
+        until = batch.created + self._delivery_timeout_s
+        callers = deadline is not None and deadline < until
+        if callers:
+            until = deadline
         try:
             if batch.rows:                       # every row may have been rescued
                 log = batch.state.topic.partition(batch.partition)._log
@@ -568,11 +687,35 @@ class Producer:
                 if len(batch.rows) > 1 and \
                         len(encoded) > log.config["max.message.bytes"]:
                     batch.outcomes = {}
-                    self._append_split(log, batch.rows, now_ms, batch.outcomes)
+                    self._append_split(log, batch.rows, now_ms, batch.outcomes,
+                                       [until, callers, batch])
                 else:
-                    batch.base_offset = log.append_batch(encoded)
+                    batch.base_offset = log.append_batch(
+                        encoded, lock_timeout_s=max(0.0, until - time.monotonic()))
+        except LogkitTimeoutError as exc:     # the lock was not free: nothing stored
+            if callers and not batch.outcomes:
+                batch.outcomes = None
+                return False
+            batch.error = self._expired(batch, exc)
+        except OSError as exc:                # a stray one: named, its cause kept
+            batch.error = storage_error(exc, "append",
+                                        f"{batch.state.name}-{batch.partition}")
+            batch.error.__cause__ = exc
         except BaseException as exc:   # the error belongs to the records' futures
             batch.error = exc
+        self._resolve(batch)
+        return True
+
+    def _expired(self, batch: _Batch, exc: LogkitTimeoutError) -> LogkitTimeoutError:
+        error = LogkitTimeoutError(
+            f"{len(batch.rows)} record(s) for {batch.state.name}-{batch.partition} not "
+            f"stored within delivery_timeout_ms={self.config['delivery_timeout_ms']} of "
+            f"the batch's creation: {exc}")
+        error.__cause__ = exc
+        return error
+
+    def _resolve(self, batch: _Batch) -> None:
+        """Mark the batch done and run its callbacks (in this thread)."""
         with _callback_lock:
             batch.done.set()
             callbacks, batch.callbacks = batch.callbacks, []
@@ -587,22 +730,42 @@ class Producer:
             _in_callback.active = False
 
     def _append_split(self, log: Any, rows: list[tuple], now_ms: int,
-                      outcomes: dict[int, int | BaseException]) -> None:
+                      outcomes: dict[int, int | BaseException], bound: list) -> None:
         """A batch over the topic's max.message.bytes goes in halves, recursively (as
         Kafka's producer splits on MESSAGE_TOO_LARGE); each row's offset or error is
-        recorded, so only a record too big on its own fails."""
+        recorded, so only a record too big on its own fails.
+
+        `bound` is [lock deadline, whether it is the caller's, the batch]: a caller's
+        lock timeout before anything is stored propagates (the batch is requeued);
+        once a part is stored the rest is bounded by the delivery timeout only."""
         encoded = encode_batch(rows, codec=self._codec, now_ms=now_ms)
         if len(rows) > 1 and len(encoded) > log.config["max.message.bytes"]:
             half = len(rows) // 2
-            self._append_split(log, rows[:half], now_ms, outcomes)
-            self._append_split(log, rows[half:], now_ms, outcomes)
+            self._append_split(log, rows[:half], now_ms, outcomes, bound)
+            self._append_split(log, rows[half:], now_ms, outcomes, bound)
             return
+        until, callers, batch = bound
         try:
-            base = log.append_batch(encoded)
+            base = log.append_batch(encoded,
+                                    lock_timeout_s=max(0.0, until - time.monotonic()))
+        except LogkitTimeoutError as exc:
+            if callers and not outcomes:
+                raise                          # nothing stored yet: requeue the batch
+            for row in rows:
+                outcomes[id(row)] = self._expired(batch, exc)
+            return
+        except OSError as exc:
+            error = storage_error(exc, "append", f"{batch.state.name}-{batch.partition}")
+            error.__cause__ = exc
+            for row in rows:
+                outcomes[id(row)] = error
+            return
         except Exception as exc:       # the error belongs to these rows' futures
             for row in rows:
                 outcomes[id(row)] = exc
             return
+        if callers:                            # a part is stored: finish what we began
+            bound[0], bound[1] = batch.created + self._delivery_timeout_s, False
         for i, row in enumerate(rows):
             outcomes[id(row)] = base + i
 
@@ -623,31 +786,39 @@ class Producer:
     def _run_sender(self) -> None:
         while True:
             with self._lock:
-                if self._closed and not self._open_count:
+                if self._closed and not self._open_count and not self._retry:
                     return
-                if not self._open_count:
+                retry = list(self._retry)          # requeued by a caller's timeout
+                self._retry.clear()
+                if not self._open_count and not retry:
                     self._sender_idle = True
                     self._wake.wait(SENDER_IDLE_WAIT_S)
                     self._sender_idle = False
                     continue
                 now = time.monotonic()
-                due = self._due(now)
-                if not due:
+                due = self._due(now) if self._open_count else []
+                if not due and not retry:
                     oldest = min(b.created for s in self._states.values()
                                  for b in s.open if b is not None)
                     self._wake.wait(min(SENDER_IDLE_WAIT_S,
                                         max(0.0, oldest + self._linger_s - now)))
                     continue
-            for state, p in due:
-                self._drain(state, p)
+            for state, p in retry + due:
+                try:
+                    self._drain(state, p)
+                except Exception:     # never let one partition stop the sender thread
+                    log.exception("appending to %s-%d failed", state.name, p)
 
     # ---- lifecycle -------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> None:
         """Append every queued record now and wait until all are stored."""
+        if self._pid != _fork._pid:
+            _fork.check_owner(self._pid, "this producer")
         if getattr(_in_callback, "active", False):
             raise IllegalStateError("flush() from a send callback would wait for the "
                                     "batch that is running the callback")
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             for state in self._states.values():
                 for p, batch in enumerate(state.open):
@@ -656,8 +827,7 @@ class Producer:
             states = list(self._states.values())
         for state in states:
             for p in range(state.count):
-                self._drain(state, p)
-        deadline = None if timeout is None else time.monotonic() + timeout
+                self._drain(state, p, deadline)
         with self._lock:
             while self._in_flight:
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -667,7 +837,10 @@ class Producer:
                                    else min(remaining, SENDER_IDLE_WAIT_S))
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush, refuse further sends, stop the sender thread. Safe to call twice."""
+        """Flush, refuse further sends, stop the sender thread. Safe to call twice. In a
+        process forked from the producer's it returns at once and touches nothing."""
+        if self._pid != _fork._pid:
+            return
         with self._lock:
             if self._closed:
                 return
