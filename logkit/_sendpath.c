@@ -7,6 +7,13 @@
  * to the Python method unchanged, so the two paths cannot disagree on anything but
  * speed. The Python module stays complete: without this extension nothing changes.
  *
+ * Validation stays in Python on purpose: a call with a timestamp, headers or a partition
+ * always falls back (only `key` and `value` are taken here, and both must be exact
+ * bytes), so the timestamp range and header type checks of Producer._send_general run
+ * for every record whichever path is built. Fork safety costs nothing here either: in a
+ * forked child producer.py's at-fork hook sets `slow`, sending every call to the Python
+ * method, which raises ForkedProcessError.
+ *
  * Thread-safety: like the Python fast path it takes no lock. It appends the row to the
  * open batch's deque (atomic under the GIL) and re-checks `batch.sealed` afterwards;
  * a row that raced a sealer goes to Producer._rescue (see producer.py).
