@@ -298,10 +298,13 @@ def _after_fork_in_child() -> None:
     this way), and replace the callback lock, which a parent thread may have held."""
     global _callback_lock
     _callback_lock = threading.Lock()
-    for producer in list(_producers):
-        producer._slow = True
-        if _CSender is not None and isinstance(producer.__dict__.get("send"), _CSender):
-            producer.send.slow = 1
+    try:                               # must not raise: later hooks (meta's) must run
+        for producer in list(_producers):
+            producer._slow = True
+            if _CSender is not None and isinstance(producer.__dict__.get("send"), _CSender):
+                producer.send.slow = 1
+    except Exception:                  # an unusable copy raises ForkedProcessError anyway
+        pass
 
 
 _fork.at_fork_in_child(_after_fork_in_child)
@@ -865,6 +868,8 @@ class Producer:
 
     def metrics(self) -> dict[str, int]:
         """A few accumulator gauges (Kafka's producer exposes many more)."""
+        if self._pid != _fork._pid:
+            _fork.check_owner(self._pid, "this producer")
         with self._lock:
             return {"open_batches": self._open_count, "in_flight_batches": self._in_flight,
                     "buffer_reserved_bytes": self._reserved}
