@@ -168,7 +168,11 @@ class Broker:
             raise storage_error(exc, "open root", self.path) from exc
         _check_format(self.path)
         self.meta = MetaStore(os.path.join(self.path, "meta"))
-        self.doorbell = Doorbell(self.path)
+        try:
+            self.doorbell = Doorbell(self.path)
+        except BaseException:
+            self.meta.close()
+            raise
         self._topics: dict[str, Topic] = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -214,6 +218,11 @@ class Broker:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return self._closed
+
     def _check_open(self) -> None:
         _fork.check_owner(self._pid, f"Broker({self.path!r})")
         if self._closed:
@@ -257,7 +266,7 @@ class Broker:
             except BaseException as exc:
                 for directory in made:
                     remove_tree(directory)
-                if isinstance(exc, OSError):
+                if isinstance(exc, OSError) and not isinstance(exc, LogkitError):
                     raise storage_error(exc, "create topic", self.path) from exc
                 raise
 

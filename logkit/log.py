@@ -305,6 +305,8 @@ class PartitionLog:
                         raise self._lock_timeout(timeout_s) from None
                     time.sleep(min(sleep_s, left))
                     sleep_s = min(sleep_s * 2, _LOCK_POLL_S[1])
+        except LogkitTimeoutError:
+            raise                         # a TimeoutError is an OSError: not an I/O fault
         except OSError as exc:
             raise storage_error(exc, "lock", self._tail_file.path) from exc
 

@@ -602,6 +602,12 @@ class MetaStore:
             raw = txn.pop(key, db=self.db("topics"))
             if raw is None:
                 raise UnknownTopicError(f"topic {name!r} does not exist")
+            # Committed offsets of the deleted topic go with it, in the same transaction,
+            # as Kafka's group coordinator drops them: a re-created topic starts clean.
+            part = b"\0" + key + b"\0"
+            doomed = [k for k, _ in txn.cursor(db=self.db("offsets")) if part in k]
+            for k in doomed:
+                txn.delete(k, db=self.db("offsets"))
             return raw
 
         return decode(self.write(delete, operation=f"delete topic {name!r}", frees=True))

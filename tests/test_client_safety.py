@@ -219,16 +219,6 @@ def stalled_appender(directory):
         holder.stdout.close()
 
 
-LOCK_TIMEOUT_WRAPPED = pytest.mark.xfail(
-    strict=True,
-    reason="log.py: PartitionLog._flock raises its LogkitTimeoutError inside `try: ... "
-           "except OSError`, and LogkitTimeoutError is a TimeoutError, an OSError, so a lock "
-           "timeout reaches the producer as StorageError('lock failed ...'): the batch fails "
-           "instead of being requeued for the sender. Remove this mark once _flock re-raises "
-           "LogkitTimeoutError unwrapped.")
-
-
-@LOCK_TIMEOUT_WRAPPED
 def test_a_stopped_appender_in_another_process_bounds_result_and_flush_and_not_poll(broker):
     topic = broker.create_topic("t", 1)
     producer = broker.producer(linger_ms=60_000)    # batches stay open: result() appends
@@ -254,7 +244,6 @@ def test_a_stopped_appender_in_another_process_bounds_result_and_flush_and_not_p
     assert [r.value for r in consumer.poll(5000)] == [b"during"]
 
 
-@LOCK_TIMEOUT_WRAPPED
 def test_a_batch_not_appended_within_delivery_timeout_fails_alone(broker):
     """The sender thread waits for a stopped process's lock at most delivery_timeout_ms;
     the future and errback get the LogkitTimeoutError itself; the other partition's
