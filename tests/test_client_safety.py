@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 import logkit
+from tests.helpers.clients import SEND_PATHS, use_path
 from logkit import (ClosedError, ConfigError, ForkedProcessError, LogkitError,
                     LogkitTimeoutError)
 from logkit import producer as producer_module
@@ -28,16 +29,8 @@ from tests.helpers.procs import wait_until
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers",
                       "stalled_lock_holder.py")
 HANG_S = 20             # "did not hang": far above any legitimate wait in these tests
-SEND_PATHS = ["python"] + (["compiled"] if producer_module._CSender is not None else [])
 
 
-def use_path(producer, path):
-    """Pin send() to the Python method alone, or keep the compiled fast path."""
-    if path == "python":
-        producer.send = logkit.Producer.send.__get__(producer)
-    else:
-        assert isinstance(producer.send, producer_module._CSender)
-    return producer
 
 
 def in_thread(fn):

@@ -13,21 +13,12 @@ import pytest
 import logkit
 from logkit import producer as producer_module
 from logkit import ConfigError, LogkitTimeoutError, RecordTooLargeError, UnknownTopicError
-from tests.helpers.clients import drain
+from tests.helpers.clients import SEND_PATHS, drain, use_path
 from tests.helpers.procs import wait_until
 
 
-SEND_PATHS = ["python"] + (["compiled"] if producer_module._CSender is not None else [])
 
 
-def use_path(producer, path):
-    """Pin a producer's send() to one implementation: the compiled fast path (with the
-    Python method behind it) or the Python method alone."""
-    if path == "python":
-        producer.send = logkit.Producer.send.__get__(producer)
-    else:
-        assert isinstance(producer.send, producer_module._CSender)
-    return producer
 
 
 def test_the_compiled_send_path_is_used_when_built(broker):
