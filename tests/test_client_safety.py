@@ -22,7 +22,6 @@ import logkit
 from tests.helpers.clients import SEND_PATHS, use_path
 from logkit import (ClosedError, ConfigError, ForkedProcessError, LogkitError,
                     LogkitTimeoutError)
-from logkit import producer as producer_module
 from logkit.notify import Doorbell
 from tests.helpers.procs import wait_until
 
