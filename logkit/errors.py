@@ -100,7 +100,9 @@ class IllegalStateError(LogkitError):
 class StorageError(LogkitError):
     """An I/O operation on the broker's files failed. Names the operation and the path;
     the `OSError` (or LMDB error) that caused it is kept as `__cause__`. What was
-    acknowledged before stays acknowledged; the failed operation stored nothing."""
+    acknowledged before stays acknowledged; a failed append or commit stored nothing.
+    (A `delete_topic` that fails after its first step is finished at the next open:
+    deletions are completed, never undone.)"""
 
     def __init__(self, message: str, *, operation: str = "", path: str = "",
                  errno: int | None = None) -> None:
