@@ -52,7 +52,8 @@ log = logging.getLogger("logkit.broker")
 def _check_format(root: str) -> None:
     path = os.path.join(root, FORMAT_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)     # never through a link
+        with open(fd, encoding="utf-8") as f:
             info = json.load(f)
         version = str(info["format_version"])
         major = int(version.split(".")[0])
@@ -72,6 +73,8 @@ def _check_format(root: str) -> None:
         return
     except (ValueError, KeyError, TypeError) as exc:
         raise IncompatibleFormatError(f"{path} is not a logkit format file: {exc}") from None
+    except OSError as exc:                # a link planted there (ELOOP), or an I/O fault
+        raise storage_error(exc, "read format file", path) from exc
     if major != int(FORMAT_VERSION.split(".")[0]):
         raise IncompatibleFormatError(
             f"{path} has format version {version}; this logkit reads "

@@ -454,3 +454,14 @@ def test_a_read_only_broker_reads_everything_and_writes_nothing(tmp_path):
     with pytest.raises(logkit.ConfigError):
         logkit.Broker(tmp_path / "nothing-here", read_only=True)
     assert not (tmp_path / "nothing-here").exists()
+
+
+def test_a_symlinked_format_file_is_refused(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside.json"
+    with logkit.Broker(root):
+        pass
+    outside.write_text((root / "logkit.json").read_text())
+    (root / "logkit.json").unlink()
+    (root / "logkit.json").symlink_to(outside)
+    with pytest.raises(StorageError):
+        logkit.Broker(root)

@@ -58,6 +58,17 @@ def describe(exc: BaseException) -> str:
         traceback.format_exc().strip().splitlines()[-3][:200]
 
 
+
+def records_of(partition):
+    """Every record of a partition from its log start to its end, read in batches."""
+    offset, end = partition.log_start_offset, partition.log_end_offset
+    while offset < end:
+        batch = partition.read(offset)
+        if not batch:
+            return
+        yield from batch
+        offset = batch[-1].offset + 1
+
 class Checker:
     def __init__(self, root: str, ledger: str) -> None:
         self.root = root
@@ -220,34 +231,20 @@ class Checker:
         """Whether partition 0 of `topic` holds any of the expected values."""
         wanted = {e["value"].encode() for e in expected}
         try:
-            p = broker.topic(topic).partition(0)
-            offset, end = p.log_start_offset, p.log_end_offset
-            while offset < end:
-                batch = p.read(offset)
-                if not batch:
-                    break
-                if any(tag_of(r.value) in wanted for r in batch):
-                    return True
-                offset = batch[-1].offset + 1
+            return any(tag_of(r.value) in wanted
+                       for r in records_of(broker.topic(topic).partition(0)))
         except BaseException:                # noqa: BLE001 — check_partition reports
             return True
         return False
 
     def check_no_stale(self, broker, stale_values: set[str]) -> None:
         try:
-            p = broker.topic(TEMP_TOPIC).partition(0)
-            offset, end = p.log_start_offset, p.log_end_offset
-            while offset < end:
-                batch = p.read(offset)
-                if not batch:
-                    break
-                for r in batch:
-                    tag = tag_of(r.value).decode()
-                    if tag in stale_values:
-                        self.fail("integrity", f"{TEMP_TOPIC}: record {tag} of a deleted "
-                                  f"incarnation is back at offset {r.offset}")
-                        return
-                offset = batch[-1].offset + 1
+            for r in records_of(broker.topic(TEMP_TOPIC).partition(0)):
+                tag = tag_of(r.value).decode()
+                if tag in stale_values:
+                    self.fail("integrity", f"{TEMP_TOPIC}: record {tag} of a deleted "
+                              f"incarnation is back at offset {r.offset}")
+                    return
         except BaseException as exc:         # noqa: BLE001
             self.fail("integrity", f"{TEMP_TOPIC}: read: {describe(exc)}")
 
