@@ -64,6 +64,7 @@ _LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tr
 
 log = logging.getLogger("logkit.log")
 MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
+BATCHES_SINCE_MAX_BYTES = 1 << 20     # batches_since() bound (one batch at least)
 SEQLOCK_SPINS = 10000                 # reader retries before suspecting a dead writer
 
 
@@ -817,20 +818,27 @@ class PartitionLog:
     # ---- read ------------------------------------------------------------------------
 
     def read(self, offset: int, *, max_records: int = 500, max_bytes: int = MAX_FETCH_BYTES,
+             stop_offset: int | None = None,
              upto_offset: int | None = None) -> list[Record]:
-        """Records from `offset` below the high watermark (or `upto_offset`).
+        """Records from `offset` below the high watermark and below `stop_offset` (None:
+        up to the high watermark).
 
         Raises OffsetOutOfRangeError outside [log_start_offset, high_watermark]; returns
         [] at the high watermark. Always returns at least one batch's records if any
-        are available, even when that batch is bigger than `max_bytes`."""
+        are available, even when that batch is bigger than `max_bytes`. `upto_offset`
+        is the old name of `stop_offset`, accepted until its last caller switches."""
         if max_records <= 0:
             raise ValueError("max_records must be positive")
+        if upto_offset is not None:
+            if stop_offset is not None:
+                raise TypeError("read() takes stop_offset or upto_offset, not both")
+            stop_offset = upto_offset
         for _ in range(100):              # a retention run may pull a segment away
             tail = self.tail()            # may take the lock: never under _thread_lock
             with self._thread_lock:       # segments and their maps are shared by threads
                 self._check_usable()
                 try:
-                    return self._read(tail, offset, max_records, max_bytes, upto_offset)
+                    return self._read(tail, offset, max_records, max_bytes, stop_offset)
                 except FileNotFoundError:
                     self._segments_version = -1
                 except OSError as exc:
@@ -839,10 +847,10 @@ class PartitionLog:
                                  "under a read")
 
     def _read(self, tail: Tail, offset: int, max_records: int, max_bytes: int,
-              upto_offset: int | None) -> list[Record]:
+              stop_offset: int | None) -> list[Record]:
         if tail.segments_version != self._segments_version:
             self._refresh(tail)
-        end = tail.high_watermark if upto_offset is None else min(upto_offset,
+        end = tail.high_watermark if stop_offset is None else min(stop_offset,
                                                                   tail.high_watermark)
         if offset < tail.log_start_offset or offset > tail.high_watermark:
             raise OffsetOutOfRangeError(
@@ -878,6 +886,71 @@ class PartitionLog:
                 self._check_contiguous(segment, bases[i])
                 offset = max(offset, bases[i])
         return out
+
+    def batches_since(self, offset: int, upto: int | None = None, *,
+                      max_bytes: int = BATCHES_SINCE_MAX_BYTES) -> bytes:
+        """The stored bytes of whole batches, from the batch holding `offset` up to the
+        high watermark (or up to `upto`, at most the log end: a replica fetch passes
+        upto=log_end_offset), byte-identical to the segment files.
+
+        Batches are whole: the walk stops before the first batch whose base offset is
+        >= the limit, and after about `max_bytes` (always at least one batch). Returns
+        b"" at the limit; raises OffsetOutOfRangeError below the log start or above the
+        log end."""
+        for _ in range(100):              # a retention run may pull a segment away
+            tail = self.tail()            # may take the lock: never under _thread_lock
+            with self._thread_lock:
+                self._check_usable()
+                try:
+                    return self._batches_since(tail, offset, upto, max_bytes)
+                except FileNotFoundError:
+                    self._segments_version = -1
+                except OSError as exc:
+                    raise storage_error(exc, "read", self.directory) from exc
+        raise LogkitTimeoutError(f"{self.topic}-{self.partition}: segments kept vanishing "
+                                 "under a read")
+
+    def _batches_since(self, tail: Tail, offset: int, upto: int | None,
+                       max_bytes: int) -> bytes:
+        self._refresh(tail)
+        if offset < tail.log_start_offset or offset > tail.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside [{tail.log_start_offset}, "
+                f"{tail.log_end_offset}] of {self.topic}-{self.partition}")
+        end = tail.high_watermark if upto is None else min(upto, tail.log_end_offset)
+        if offset >= end:
+            return b""
+        bases = list(self._bases)
+        i = max(0, bisect.bisect_right(bases, offset) - 1)
+        self._check_covered(bases, i, offset)
+        chunks: list[bytes] = []
+        budget = max_bytes
+        while i < len(bases):
+            segment = self._segment(bases[i])
+            if segment.active:
+                segment.set_index_entries(tail.index_entries, tail.timeindex_entries)
+            size = tail.active_size if segment.active else segment.sealed_size
+            start = stop = segment.find(offset, size)
+            segment_end = None
+            full = False
+            for pos, header in segment.headers(start, size):
+                if header.base_offset >= end or (header.size > budget
+                                                 and (chunks or stop > start)):
+                    full = True
+                    break
+                budget -= header.size
+                stop = pos + header.size
+                segment_end = header.last_offset + 1
+            if stop > start:
+                chunks.append(bytes(segment.view(size)[start:stop]))
+            i += 1
+            if full or i == len(bases) or (segment_end is not None and segment_end >= end):
+                break
+            segment.scan_end_offset = (segment.end_offset(size) if segment_end is None
+                                       else segment_end)
+            self._check_contiguous(segment, bases[i])
+            offset = bases[i]
+        return b"".join(chunks)
 
     def _check_covered(self, bases: list[int], i: int, offset: int) -> None:
         """The segment list must hold `offset` (>= the log start): a first segment that
