@@ -29,7 +29,7 @@ test: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q tests
 
 bench: $(STAMP)
-	$(PY) -m logkit.bench all
+	$(PY) -m benchmarks all
 
 clean:
 	rm -rf $(VENV) build *.egg-info

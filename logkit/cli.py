@@ -8,7 +8,7 @@ example (tests/test_cli.py checks that).
     logkit topics DIR                    list topics and their partition counts
     logkit describe DIR TOPIC            offsets and sizes of each partition
     logkit dump SEGMENT.log              the batches (and records) of one segment file
-    logkit bench [BENCHMARK ...]         the benchmark suite (see logkit.bench)
+    logkit bench [BENCHMARK ...]         the benchmark suite (benchmarks/ of a checkout)
 
 Exit codes: 0 success, 1 a logkit or OS error (message on stderr), 2 bad usage.
 """
@@ -113,9 +113,33 @@ def _show(data: bytes | None, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _benchmarks() -> Any:
+    """The `benchmarks` package, or None. It is not part of the installed library: it is
+    the benchmarks/ folder of the source checkout, found on sys.path (`python -m`
+    from the checkout's root) or beside the `logkit/` this module was loaded from (an
+    editable install)."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(checkout, "benchmarks", "__init__.py")) \
+            and checkout not in sys.path:
+        sys.path.append(checkout)
+    try:
+        import benchmarks
+    except ImportError:
+        return None
+    return benchmarks if hasattr(benchmarks, "run_from_args") else None
+
+
+BENCH_MISSING = ("the benchmark suite is not installed with logkit: it is the benchmarks/ "
+                 "folder of a source checkout (git clone, then `make bench` or "
+                 "`python -m benchmarks --help` from its root)")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_from_args
-    return run_from_args(args)
+    suite = _benchmarks()
+    if suite is None:
+        print(f"logkit bench: {BENCH_MISSING}", file=sys.stderr)
+        return 1
+    return suite.run_from_args(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,8 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         cmd.set_defaults(func=fn)
         if name == "bench":
-            from .bench import build_parser as bench_parser
-            bench_parser(cmd)
+            suite = _benchmarks()
+            if suite is None:
+                cmd.description = f"{help_text}. Not available here: {BENCH_MISSING}."
+                cmd.add_argument("benchmarks", nargs="*")
+            else:
+                suite.build_parser(cmd)
             continue
         if name == "dump":
             cmd.add_argument("segment", help="path of a NNNNNNNNNNNNNNNNNNNN.log file")

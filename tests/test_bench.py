@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from logkit import bench
+import benchmarks as bench
 
 # kafka-python (the codec peer) warns about its own use of importlib.resources
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -1,6 +1,6 @@
 """The benchmark suite: logkit beside its peers, measured in the same run.
 
-Owns: `python -m logkit.bench` / `logkit bench` — the benchmarks `codec`, `produce`,
+Owns: `python -m benchmarks` / `logkit bench` — the benchmarks `codec`, `produce`,
 `consume`, `e2e`, `durable`, `open` and `recover`, in the spirit of Kafka's
 `kafka-producer-perf-test` and `kafka-consumer-perf-test`. Each benchmark measures logkit
 and at least one peer on the same records in the same process run, because only
@@ -193,8 +193,8 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 def _encoded_batches(config: BenchConfig, pairs: list[tuple[bytes, bytes]]) -> list[bytearray]:
-    from .compression import codec_id
-    from .records import encode_batch
+    from logkit.compression import codec_id
+    from logkit.records import encode_batch
     codec = codec_id(config.codec_name())
     now = int(time.time() * 1000)
     return [encode_batch([(k, v, None, now) for k, v in chunk], codec=codec, now_ms=now)
@@ -203,15 +203,15 @@ def _encoded_batches(config: BenchConfig, pairs: list[tuple[bytes, bytes]]) -> l
 
 def _client_api_present() -> bool:
     try:
-        from . import consumer  # noqa: F401
-        from . import producer  # noqa: F401
+        from logkit import consumer  # noqa: F401
+        from logkit import producer  # noqa: F401
     except ImportError:
         return False
     return True
 
 
 def _open_broker(path: str, config: BenchConfig, topic_config: dict | None = None) -> Any:
-    from .broker import Broker
+    from logkit.broker import Broker
     broker = Broker(path, background=False)
     conf = dict(topic_config or {})
     if config.codec_name():
@@ -270,8 +270,8 @@ def _persist_queue(path: str) -> Any:
 def bench_codec(config: BenchConfig) -> list[Result]:
     """Encode and decode the same records with logkit (compiled and pure Python) and with
     kafka-python's record batch builder and parser."""
-    from . import records as rec
-    from .compression import codec_id
+    from logkit import records as rec
+    from logkit.compression import codec_id
     count = min(config.records, 1_000_000)
     pairs = _records(config, count)
     per_batch = _records_per_batch(config)
@@ -350,9 +350,9 @@ def _logkit_append_all(broker: Any, config: BenchConfig, pairs: list[tuple[bytes
                        progress: Progress | None) -> None:
     """The log-level producer: murmur2 partitioning (cached per key), one batch per
     `batch_bytes` per partition, `Partition.append`-style encode + append."""
-    from .compression import codec_id
-    from .murmur2 import partition_for_key
-    from .records import encode_batch
+    from logkit.compression import codec_id
+    from logkit.murmur2 import partition_for_key
+    from logkit.records import encode_batch
     topic = broker.topic(TOPIC)
     logs = [topic.partition(p)._log for p in range(config.partitions)]
     per_batch = _records_per_batch(config)
@@ -479,7 +479,7 @@ def bench_produce(config: BenchConfig, *, durable: bool = False) -> list[Result]
 
 def _has_producer() -> bool:
     try:
-        from . import producer  # noqa: F401
+        from logkit import producer  # noqa: F401
     except ImportError:
         return False
     return True
@@ -624,7 +624,7 @@ _STAMP = struct.Struct(">q")
 
 def _e2e_reader(path: str, count: int, level: str, ready: Any, results: Any) -> None:
     """Child process: poll until `count` records arrived; latency from the send stamp."""
-    from .broker import Broker
+    from logkit.broker import Broker
     samples: list[int] = []
     with Broker(path, background=False) as broker:
         if level == "producer":
@@ -797,7 +797,7 @@ def bench_open(config: BenchConfig) -> list[Result]:
     holding data; median of 7 opens. Peers: SQLite open + first read, os.open of the
     same number of files."""
     from dataclasses import replace
-    from .broker import Broker
+    from logkit.broker import Broker
     parts = config.open_partitions
     repeats = 7
     path = _workdir(config, "open")
@@ -872,12 +872,12 @@ def bench_recover(config: BenchConfig) -> list[Result]:
     """Scan rate of a forced full recovery (`PartitionLog.recover()`: every batch's
     header and CRC checked, indexes rebuilt) over a log of `recover_mb` MB. Peers: the
     bare CRC-32C of the same bytes, kafka-python's CRC check, SQLite's quick_check."""
-    from .crc import crc32c
-    from .records import read_header
+    from logkit.crc import crc32c
+    from logkit.records import read_header
     path = _workdir(config, "recover")
     out: list[Result] = []
     try:
-        from .broker import Broker
+        from logkit.broker import Broker
         from dataclasses import replace
         cfg = replace(config, partitions=1)
         broker = Broker(path, background=False)
@@ -1060,8 +1060,8 @@ def format_table(results: list[Result], *, markdown: bool = False) -> str:
 
 def _environment() -> dict[str, Any]:
     import platform
-    from . import records
-    from .crc import IMPLEMENTATION
+    from logkit import records
+    from logkit.crc import IMPLEMENTATION
     return {"python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "speedups": records.SPEEDUPS, "crc32c": IMPLEMENTATION,
             "client_api": _client_api_present()}
@@ -1071,9 +1071,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     """The argument parser (shared with `logkit bench`)."""
     if parser is None:
         parser = argparse.ArgumentParser(
-            prog="python -m logkit.bench",
+            prog="python -m benchmarks",
             description="Benchmark logkit beside its peers in one run.",
-            epilog="example: python -m logkit.bench all --records 1000000 --json out.json",
+            epilog="example: python -m benchmarks all --records 1000000 --json out.json",
             formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = BenchConfig()
     parser.add_argument("benchmarks", nargs="*", default=["all"],
