@@ -27,16 +27,22 @@ import shutil
 import threading
 import time
 import uuid
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from . import _fork
 from .config import LONG_MAX, overrides_only, resolve_broker_config, resolve_topic_config
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
-                     ReadOnlyError, StorageError, UnknownTopicError, storage_error)
+                     ReadOnlyError, StorageError, TopicExistsError, UnknownTopicError,
+                     storage_error)
 from .log import PartitionLog, check_directory
 from .meta import MetaStore
 from .notify import Doorbell
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
+
+if TYPE_CHECKING:                  # the clients import this module: no cycle at run time
+    from .consumer import Consumer
+    from .group import ConsumerGroup
+    from .producer import Producer
 
 __all__ = ["Broker", "FORMAT_VERSION"]
 
@@ -46,7 +52,7 @@ PARTITION_METADATA = "partition.metadata"     # Kafka's: version and topic id
 TOMBSTONE_SUFFIX = ".delete"
 STALE_TMP_S = 60                              # a format temp file older is a crash's
 
-log = logging.getLogger("logkit.broker")
+log = logging.getLogger(__name__)
 
 
 def _check_format(root: str) -> None:
@@ -275,6 +281,8 @@ class Broker:
 
         with self._lock:
             self.meta.create_topic(name, record, before_commit=make_partitions)
+        log.debug("created topic %s: %d partition(s), topic id %s, overrides %s", name,
+                  partitions, record["topic_id"], overrides)
         return self.topic(name)
 
     def _move_away(self, directory: str, why: str) -> None:
@@ -306,13 +314,13 @@ class Broker:
             first = self._open_partition(record, 0, config)
             if first.deleted and not self.read_only:  # an interrupted deletion: finish it
                 first.close()
+                log.warning("finishing the interrupted deletion of topic %s (topic id %s) "
+                            "in %s", name, record["topic_id"], self.path)
                 self._finish_delete(name, record)
                 raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
             topic = Topic(name, record["partitions"],
-                          lambda n: first if n == 0 else self._open_partition(record, n,
-                                                                              config),
-                          config, record["topic_id"])
-            topic.partition(0)._log                   # noqa: B018 — adopt the open one
+                          lambda n: self._open_partition(record, n, config),
+                          config, record["topic_id"], opened={0: first})
             self._topics[name] = topic
             return topic
 
@@ -353,11 +361,8 @@ class Broker:
                 raise
         try:
             return self.create_topic(name)
-        except Exception as exc:                       # another process won the race
-            from .errors import TopicExistsError
-            if isinstance(exc, TopicExistsError):
-                return self.topic(name)
-            raise
+        except TopicExistsError:                       # another process won the race
+            return self.topic(name)
 
     def topics(self) -> list[str]:
         self._check_open()
@@ -379,9 +384,9 @@ class Broker:
             except StorageError:
                 topic = None                           # unreadable: delete it anyway
             if topic is not None:
-                for partition in topic.partitions:
-                    partition._log.mark_deleted()
+                topic.mark_deleted()
             self._finish_delete(name, record)
+        log.debug("deleted topic %s (topic id %s)", name, record["topic_id"])
 
     def _finish_delete(self, name: str, record: dict[str, Any]) -> None:
         """Steps (2)-(4) of a deletion; safe to run again after a crash at any step."""
@@ -418,6 +423,8 @@ class Broker:
         for name in self.meta.topic_names():
             record = self.meta.get_topic(name)
             if record is not None and record["topic_id"] in ids:
+                log.warning("finishing the interrupted deletion of topic %s (topic id %s) "
+                            "in %s", name, record["topic_id"], self.path)
                 self._finish_delete(name, record)
         for tombstone in self._tombstones():
             remove_tree(tombstone)
@@ -436,7 +443,7 @@ class Broker:
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Apply retention.ms / retention.bytes to every topic; returns segments deleted."""
         self._check_writable("enforce_retention")
-        return sum(p._log.enforce_retention(now_ms)
+        return sum(p.enforce_retention(now_ms)
                    for topic in self._open_topics() for p in topic.partitions)
 
     def flush(self) -> None:
@@ -459,33 +466,40 @@ class Broker:
                 for topic in topics:
                     if topic.config["flush.ms"] < LONG_MAX:
                         for partition in topic.partitions:
-                            partition._log.maybe_flush()
+                            partition.maybe_flush()
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + retention_s
                     self.enforce_retention()
             except ClosedError:
                 return
-            except Exception as exc:   # a chore must not kill the thread; report it
-                import warnings
-                warnings.warn(f"logkit background task failed: {exc!r}", RuntimeWarning)
+            except (LogkitError, OSError) as exc:  # an operating error: the next run retries
+                log.warning("background retention/flush of %s failed: %s", self.path, exc,
+                            exc_info=exc)
+            except Exception:                      # a bug: say so, and let the thread end
+                log.exception("background chores of %s stopped", self.path)
+                raise
 
     # ---- clients ---------------------------------------------------------------------
 
-    def producer(self, **options: Any) -> Any:
+    def producer(self, **options: Any) -> Producer:
+        """A Producer writing to this broker's topics (see docs/clients.md); closed with
+        the broker."""
         from .producer import Producer
         self._check_writable("producer")
         producer = Producer(self, **options)
         self._clients.append(producer)
         return producer
 
-    def consumer(self, *topics: str, **options: Any) -> Any:
+    def consumer(self, *topics: str, **options: Any) -> Consumer:
+        """A Consumer of `topics` (or of none, for assign()); closed with the broker."""
         from .consumer import Consumer
         self._check_open()
         consumer = Consumer(self, *topics, **options)
         self._clients.append(consumer)
         return consumer
 
-    def group(self, group_id: str) -> Any:
+    def group(self, group_id: str) -> ConsumerGroup:
+        """Inspect and administer consumer group `group_id`."""
         from .group import ConsumerGroup
         self._check_open()
         return ConsumerGroup(self, group_id)
@@ -506,8 +520,11 @@ class Broker:
         for client in reversed(self._clients):
             try:
                 client.close()
-            except Exception:   # closing must go on to release the files
-                pass
+            except (LogkitError, OSError) as exc:    # closing goes on to release the files
+                log.warning("closing %r failed: %s", client, exc)
+            except Exception as exc:                 # a bug: raised once the files are free
+                log.exception("closing %r failed", client)
+                errors.append(exc)
         self._clients.clear()
         self._stop.set()
         if self._scheduler is not None and self._scheduler is not threading.current_thread():
@@ -526,6 +543,8 @@ class Broker:
                 errors.append(exc)
         if errors:
             first = errors[0]
+            for later in errors[1:]:                 # only the first can be raised
+                log.warning("closing %s: a further failure: %s", self.path, later)
             if isinstance(first, OSError):
                 raise storage_error(first, "close", self.path) from first
             raise first

@@ -470,7 +470,7 @@ class Consumer:
             with self._lock:
                 # close() (from another thread, or the broker's) ends the poll here:
                 # before the step that would otherwise re-join the group.
-                if self._closed or getattr(self._broker, "_closed", False):
+                if self._closed or self._broker.closed:
                     raise ClosedError("consumer closed during poll()" if self._closed
                                       else "broker closed during poll()")
                 self._last_poll_ms = int(time.time() * 1000)
@@ -506,8 +506,8 @@ class Consumer:
             position = self._resolve(tp)
             partition = self._partition(tp)
             try:
-                records = partition._log.read(position, max_records=max_records - len(out),
-                                              max_bytes=min(per_partition, budget))
+                records = partition.read(position, max_records=max_records - len(out),
+                                         max_bytes=min(per_partition, budget))
             except OffsetOutOfRangeError:
                 self._positions[tp] = self._reset(tp)     # retention passed us (Kafka)
                 continue

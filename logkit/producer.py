@@ -683,7 +683,7 @@ class Producer:
             until = deadline
         try:
             if batch.rows:                       # every row may have been rescued
-                log = batch.state.topic.partition(batch.partition)._log
+                log = batch.state.topic.partition(batch.partition)
                 now_ms = int(time.time() * 1000)
                 batch.timestamp_ms = now_ms
                 encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
@@ -694,7 +694,7 @@ class Producer:
                                        [until, callers, batch])
                 else:
                     batch.base_offset = log.append_batch(
-                        encoded, lock_timeout_s=max(0.0, until - time.monotonic()))
+                        encoded, verify=False, lock_timeout_s=max(0.0, until - time.monotonic()))
         except LogkitTimeoutError as exc:     # the lock was not free: nothing stored
             if callers and not batch.outcomes:
                 batch.outcomes = None
@@ -749,7 +749,7 @@ class Producer:
             return
         until, callers, batch = bound
         try:
-            base = log.append_batch(encoded,
+            base = log.append_batch(encoded, verify=False,
                                     lock_timeout_s=max(0.0, until - time.monotonic()))
         except LogkitTimeoutError as exc:
             if callers and not outcomes:

@@ -4,24 +4,34 @@ Owns: topic name validation (Kafka's rule), the `Topic` handle (its partitions, 
 resolved config, Kafka's keyed partitioner) and the public `Partition` handle over one
 `PartitionLog`. Invariant: a name that passes `validate_topic_name` cannot reach outside
 the broker root: it has no path separator and is neither '.' nor '..'.
+
+`Partition` is the one seam between the storage and everything above it (DESIGN §6,
+§13): clients, the broker's chores, the CLI, Spark, and later replication and the
+protocol listener call its public methods and never touch the `PartitionLog` behind it;
+only this module does (`Partition._log`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
+from .columns import Columns
 from .compression import codec_id, require
 from .errors import InvalidTopicError, UnknownTopicError
-from .log import PartitionLog, RecoveryReport
+from .log import BATCHES_SINCE_MAX_BYTES, MAX_FETCH_BYTES, PartitionLog, RecoveryReport
 from .murmur2 import partition_for_key
-from .records import Record
+from .records import BatchHeader, Record
 
 __all__ = ["Topic", "Partition", "TopicPartition", "validate_topic_name",
            "MAX_PARTITIONS"]
 
+log = logging.getLogger(__name__)
+
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 MAX_PARTITIONS = 10000
+_NO_STOP = (1 << 63) - 1            # read_columns without stop_offset: the high watermark
 
 
 class TopicPartition(NamedTuple):
@@ -38,32 +48,43 @@ def validate_topic_name(name: Any) -> str:
 
 
 class Partition:
-    """One partition of a topic: offsets, reads, time lookups and raw appends.
+    """One partition of a topic: offsets, reads, time lookups, raw batch appends and
+    the chores the broker runs on it. The only way above the storage into a partition.
+
+    Offsets are logical record numbers; reads return only records below
+    `high_watermark`. Any thread may call any method; several processes may have the
+    same partition open (appends are serialised by the partition's file lock).
 
     Its log is opened on first use (a topic of thousands of partitions costs no
     descriptor for the ones a process never touches); `_opener` makes it."""
 
     def __init__(self, topic: str, partition: int,
-                 opener: Callable[[int], PartitionLog]) -> None:
+                 opener: Callable[[int], PartitionLog],
+                 log: PartitionLog | None = None) -> None:
         self.topic = topic
         self.partition = partition
         self._opener = opener
+        if log is not None:
+            self._log = log
 
     def __getattr__(self, name: str) -> Any:
         # Called only while `_log` is not yet set: open the log once, then the
         # attribute is an ordinary one and costs nothing more.
         if name != "_log":
             raise AttributeError(name)
-        log = self._opener(self.partition)
-        self._log = log
-        return log
+        partition_log = self._opener(self.partition)
+        self._log = partition_log
+        return partition_log
 
     @property
     def opened(self) -> bool:
+        """Whether this process has opened the partition's files yet."""
         return "_log" in self.__dict__
 
     def __repr__(self) -> str:
         return f"Partition({self.topic!r}, {self.partition})"
+
+    # ---- offsets and facts ----------------------------------------------------------
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -71,27 +92,92 @@ class Partition:
 
     @property
     def log_start_offset(self) -> int:
+        """The first offset still stored (retention moves it up)."""
         return self._log.log_start_offset
 
     @property
     def log_end_offset(self) -> int:
+        """The offset the next appended record gets."""
         return self._log.log_end_offset
 
     @property
     def high_watermark(self) -> int:
+        """Reads return only records below this offset."""
         return self._log.high_watermark
 
     @property
     def directory(self) -> str:
+        """The partition's directory, `<root>/<topic>-<partition>`."""
         return self._log.directory
 
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The topic's resolved config (Kafka names, defaults filled in); read only."""
+        return self._log.config
+
+    @property
+    def last_recovery(self) -> RecoveryReport | None:
+        """What recovery checked and cut when this process opened the partition; None
+        when the partition was closed cleanly and no recovery ran."""
+        return self._log.last_recovery
+
+    def size_bytes(self) -> int:
+        """Bytes of the partition's segment files."""
+        return self._log.size_bytes()
+
+    # ---- reads ----------------------------------------------------------------------
+
     def read(self, offset: int, max_records: int = 500, *,
-             max_bytes: int = 52428800) -> list[Record]:
-        """Records from `offset` (inclusive) below the high watermark."""
-        return self._log.read(offset, max_records=max_records, max_bytes=max_bytes)
+             max_bytes: int = MAX_FETCH_BYTES,
+             stop_offset: int | None = None) -> list[Record]:
+        """Records from `offset` (inclusive) below the high watermark and below
+        `stop_offset` when given.
+
+        At most `max_records`; about `max_bytes` of stored batches, but always the
+        records of at least one batch when any are available. Returns [] at the end.
+        Raises OffsetOutOfRangeError outside [log_start_offset, high_watermark] and
+        CorruptRecordError (path, position) on a batch whose bytes do not check out."""
+        return self._log.read(offset, max_records=max_records, max_bytes=max_bytes,
+                              stop_offset=stop_offset)
+
+    def read_columns(self, offset: int, max_records: int = 500, *,
+                     stop_offset: int | None = None) -> tuple[Columns, int]:
+        """Records from `offset` (below the high watermark and `stop_offset`) decoded
+        into column buffers instead of Record tuples, for readers that build columnar
+        data (Spark's Arrow batches): returns `(columns, next_offset)`.
+
+        `columns` is a `logkit.Columns` holding about `max_records` records (at least
+        one batch's when any are available; control batches add none); `next_offset`
+        is where the next call goes on, and equals the stop (or the high watermark) when
+        the range is done. Raises like read()."""
+        columns = Columns()
+        next_offset = self._log.read_columns(
+            offset, columns, max_records=max_records,
+            stop_offset=_NO_STOP if stop_offset is None else stop_offset)
+        return columns, next_offset
 
     def offset_for_timestamp(self, ts_ms: int) -> int | None:
+        """The earliest offset whose timestamp is >= ts_ms; None if there is none."""
         return self._log.offset_for_timestamp(ts_ms)
+
+    def batches_since(self, offset: int, upto: int | None = None, *,
+                      max_bytes: int = BATCHES_SINCE_MAX_BYTES) -> bytes:
+        """The stored bytes of whole batches, byte-identical to the segment files,
+        from the batch holding `offset` up to the high watermark, or up to `upto` (at
+        most the log end; a replica fetch passes `upto=p.log_end_offset`).
+
+        Stops before the first batch whose base offset reaches the limit and after
+        about `max_bytes` (always at least one whole batch); `b""` at the limit. Raises
+        OffsetOutOfRangeError below the log start or above the log end."""
+        return self._log.batches_since(offset, upto, max_bytes=max_bytes)
+
+    def batch_headers(self, start_offset: int) -> list[BatchHeader]:
+        """The headers of the stored batches whose last offset is >= start_offset, in
+        offset order, CRCs not checked: for finding a producer's batches (its id,
+        epoch and base sequence) after a crash, without decoding records."""
+        return self._log.batch_headers(start_offset)
+
+    # ---- writes ---------------------------------------------------------------------
 
     def append(self, records: Iterable[Sequence[Any]], *,
                compression_type: str | None = None) -> int:
@@ -104,16 +190,50 @@ class Partition:
         require(codec)
         return self._log.append_records(rows, codec=codec)
 
-    def size_bytes(self) -> int:
-        return self._log.size_bytes()
+    def append_batch(self, batch: bytes | bytearray, *, verify: bool = True,
+                     lock_timeout_s: float | None = None) -> int:
+        """Append one encoded Kafka record batch (magic 2) atomically; returns its base
+        offset.
+
+        The length field must match the bytes and the CRC-32C must check out, else
+        CorruptRecordError and nothing is written; `verify=False` skips the CRC check,
+        for bytes this process's own encoder has just made (the producer does). Only
+        baseOffset and partitionLeaderEpoch are stamped (a bytearray is stamped in
+        place); the rest is stored as given, unless the topic's `compression.type`
+        or `message.timestamp.type=LogAppendTime` asks for a rewrite, as Kafka's leader
+        does. Raises RecordTooLargeError above `max.message.bytes`, LogkitTimeoutError
+        when the append lock is not free within `lock_timeout_s` (None: the log's
+        default bound), StorageError when a write fails (nothing stored)."""
+        if not isinstance(batch, bytearray):
+            batch = bytearray(batch)
+        if lock_timeout_s is None:
+            return self._log.append_batch(batch, verify=verify)
+        return self._log.append_batch(batch, verify=verify, lock_timeout_s=lock_timeout_s)
+
+    # ---- chores ---------------------------------------------------------------------
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete whole segments past `retention.ms` / `retention.bytes` (as of now_ms,
+        default now); returns how many. The log start offset moves up first."""
+        return self._log.enforce_retention(now_ms)
+
+    def maybe_flush(self, now_ms: int | None = None) -> bool:
+        """The `flush.ms` policy: fsync when the oldest unflushed append is at least
+        flush.ms old; returns whether it did."""
+        return self._log.maybe_flush(now_ms)
 
     def flush(self) -> None:
+        """fsync the partition's files now."""
         self._log.flush()
 
     def recover(self) -> RecoveryReport:
+        """Re-check every batch by CRC from the start, rebuild the indexes and cut the
+        log at the first bad byte; returns what was checked and cut."""
         return self._log.recover()
 
     def check(self) -> None:
+        """Full consistency check of the stored data (every batch, offsets, indexes);
+        raises on the first fault."""
         self._log.check()
 
 
@@ -121,11 +241,17 @@ class Topic:
     """A topic: its partitions and resolved config."""
 
     def __init__(self, name: str, partitions: int, opener: Callable[[int], PartitionLog],
-                 config: Mapping[str, Any], topic_id: str) -> None:
+                 config: Mapping[str, Any], topic_id: str, *,
+                 opened: Mapping[int, PartitionLog] | None = None) -> None:
+        """`opener(n)` opens partition n's log on first use; `opened` holds logs the
+        caller has already opened (the broker opens partition 0 to look for an
+        interrupted deletion)."""
         self.name = name
         self.config = dict(config)
         self.topic_id = topic_id
-        self._partitions = [Partition(name, n, opener) for n in range(partitions)]
+        opened = opened or {}
+        self._partitions = [Partition(name, n, opener, opened.get(n))
+                            for n in range(partitions)]
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r}, partitions={self.num_partitions})"
@@ -149,8 +275,16 @@ class Topic:
         """Kafka's default keyed partitioner: murmur2(key) mod partitions."""
         return partition_for_key(key, len(self._partitions))
 
+    def mark_deleted(self) -> None:
+        """Flag every partition deleted, the first step of `Broker.delete_topic` (which
+        is what applications call): from then on every process's appends and reads of
+        them raise."""
+        for partition in self._partitions:
+            partition._log.mark_deleted()
+
     def close(self) -> None:
-        """Close every partition, even when one fails; the first error is raised."""
+        """Close every partition, even when one fails; the first error is raised, the
+        others logged."""
         first: BaseException | None = None
         for partition in self._partitions:
             if not partition.opened:
@@ -158,6 +292,9 @@ class Topic:
             try:
                 partition._log.close()
             except Exception as exc:      # go on: the other partitions' files too
-                first = first or exc
+                if first is None:
+                    first = exc
+                else:
+                    log.warning("closing %s-%d: %s", self.name, partition.partition, exc)
         if first is not None:
             raise first
