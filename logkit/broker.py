@@ -27,22 +27,20 @@ import shutil
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from . import _fork
 from .config import LONG_MAX, overrides_only, resolve_broker_config, resolve_topic_config
+from .consumer import Consumer
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
                      ReadOnlyError, StorageError, TopicExistsError, UnknownTopicError,
                      storage_error)
+from .group import ConsumerGroup
 from .log import PartitionLog, check_directory
 from .meta import MetaStore
 from .notify import Doorbell
+from .producer import Producer
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
-
-if TYPE_CHECKING:                  # the clients import this module: no cycle at run time
-    from .consumer import Consumer
-    from .group import ConsumerGroup
-    from .producer import Producer
 
 __all__ = ["Broker", "FORMAT_VERSION"]
 
@@ -484,7 +482,6 @@ class Broker:
     def producer(self, **options: Any) -> Producer:
         """A Producer writing to this broker's topics (see docs/clients.md); closed with
         the broker."""
-        from .producer import Producer
         self._check_writable("producer")
         producer = Producer(self, **options)
         self._clients.append(producer)
@@ -492,7 +489,6 @@ class Broker:
 
     def consumer(self, *topics: str, **options: Any) -> Consumer:
         """A Consumer of `topics` (or of none, for assign()); closed with the broker."""
-        from .consumer import Consumer
         self._check_open()
         consumer = Consumer(self, *topics, **options)
         self._clients.append(consumer)
@@ -500,7 +496,6 @@ class Broker:
 
     def group(self, group_id: str) -> ConsumerGroup:
         """Inspect and administer consumer group `group_id`."""
-        from .group import ConsumerGroup
         self._check_open()
         return ConsumerGroup(self, group_id)
 

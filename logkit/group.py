@@ -30,11 +30,12 @@ may call them.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 import uuid
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 
 from .assignors import ASSIGNORS, EAGER, assign
 from .errors import (CommitFailedError, ConfigError, IllegalStateError, InvalidTopicError,
@@ -42,8 +43,14 @@ from .errors import (CommitFailedError, ConfigError, IllegalStateError, InvalidT
 from .meta import MAX_KEY_BYTES, decode
 from .topic import MAX_PARTITIONS, TopicPartition
 
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .consumer import Consumer
+
 __all__ = ["GroupCoordinator", "ConsumerGroup", "MemberInfo", "OffsetAndMetadata",
            "OffsetMetadataTooLargeError", "validate_group_id", "MAX_GROUP_ID_BYTES"]
+
+log = logging.getLogger(__name__)
 
 MAX_TOPIC_NAME_BYTES = 249                 # Kafka's topic name rule (topic.py)
 MAX_GROUP_ID_BYTES = 249                   # like a topic name, so an offset key fits:
@@ -107,7 +114,7 @@ def _empty_state(strategy: str) -> dict[str, Any]:
 class GroupCoordinator:
     """The group-side operations of one member (used by Consumer)."""
 
-    def __init__(self, broker: Any, group_id: str, *, strategy: str,
+    def __init__(self, broker: Broker, group_id: str, *, strategy: str,
                  session_timeout_ms: int, max_poll_interval_ms: int, client_id: str) -> None:
         if strategy not in ASSIGNORS:
             raise ConfigError(f"unknown partition_assignment_strategy {strategy!r}; use one "
@@ -170,12 +177,20 @@ class GroupCoordinator:
         state["assignment"] = {m: [list(tp) for tp in tps] for m, tps in assign(
             state["protocol"], members, counts,
             {m: [tuple(tp) for tp in tps] for m, tps in previous.items()}).items()}
+        log.debug("group %s: generation %d, %d member(s), %s assignment", self.group_id,
+                  state["generation"], len(members), state["protocol"])
 
     def _evict_expired(self, state: dict[str, Any], now: int) -> bool:
         doomed = [m for m, info in state["members"].items()
                   if now - info["heartbeat_ms"] > info["session_timeout_ms"]
                   or now - info["poll_ms"] > info["max_poll_interval_ms"]]
         for member in doomed:
+            info = state["members"][member]
+            log.warning("group %s: evicting member %s (last heartbeat %d ms ago, "
+                        "session.timeout.ms %d; last poll %d ms ago, "
+                        "max.poll.interval.ms %d)", self.group_id, member,
+                        now - info["heartbeat_ms"], info["session_timeout_ms"],
+                        now - info["poll_ms"], info["max_poll_interval_ms"])
             self._drop(state, member)
         return bool(doomed)
 
@@ -377,7 +392,7 @@ def committed_offset(meta: Any, group_id: str, tp: TopicPartition) -> int | None
 class ConsumerGroup:
     """`broker.group("billing")`: inspect and administer a consumer group."""
 
-    def __init__(self, broker: Any, group_id: str) -> None:
+    def __init__(self, broker: Broker, group_id: str) -> None:
         validate_group_id(group_id)
         self._broker = broker
         self.group_id = group_id
@@ -489,10 +504,11 @@ class ConsumerGroup:
 
         meta.write(delete, operation=f"delete group {self.group_id!r}", frees=True)
 
-    def streams(self, topic_counts: Mapping[str, int], **options: Any) -> dict[str, list]:
+    def streams(self, topic_counts: Mapping[str, int],
+                **options: Any) -> dict[str, list[Consumer]]:
         """{"topic": n} -> {"topic": [n consumers]}: each an iterator over a disjoint
         share of the topic's partitions (the classic high-level consumer API)."""
-        out: dict[str, list] = {}
+        out: dict[str, list[Consumer]] = {}
         for topic, count in topic_counts.items():
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ConfigError(f"stream count for {topic!r} must be a positive integer")
