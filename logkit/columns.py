@@ -8,21 +8,26 @@ buffers start with a 0, so they are Arrow's binary offsets as they stand.
 
 Invariant: the buffers always describe `count` whole records in offset order; a batch
 whose CRC or body is bad raises CorruptRecordError and adds nothing past the bad record.
-The compiled `_speedups.decode_columns` does the work when built; the pure-Python path
-(via the record decoder) gives the same buffers.
+The compiled `_speedups.decode_columns` does the work when `_native` chose it (a
+module global here, looked up at each call, so tests can switch it off); the
+pure-Python path (via the record decoder) gives the same buffers.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from typing import Any
 
+from ._native import speedups as _speedups
 from .compression import decompress
 from .errors import CorruptRecordError
 from .records import (ATTR_CODEC_MASK, ATTR_TIMESTAMP_TYPE, LOG_OVERHEAD, RECORDS_OFFSET,
-                      BatchHeader, _decode_records_py, _speedups, check_batch)
+                      BatchHeader, _decode_records_py, check_batch)
 
 __all__ = ["Columns"]
+
+log = logging.getLogger(__name__)
 
 _I64 = struct.Struct("=q")
 _I32 = struct.Struct("=i")

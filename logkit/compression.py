@@ -10,6 +10,7 @@ produces more than `MAX_DECOMPRESSED_BYTES`. A codec whose package is missing ra
 
 from __future__ import annotations
 
+import logging
 import struct
 import zlib
 from typing import Any
@@ -17,11 +18,18 @@ from typing import Any
 from .errors import CodecUnavailableError, ConfigError
 
 __all__ = ["CODEC_NONE", "CODEC_GZIP", "CODEC_SNAPPY", "CODEC_LZ4", "CODEC_ZSTD",
-           "codec_id", "compress", "decompress", "MAX_DECOMPRESSED_BYTES"]
+           "codec_id", "compress", "decompress", "MAX_DECOMPRESSED_BYTES",
+           "TOPIC_COMPRESSION_TYPE"]
+
+log = logging.getLogger(__name__)
 
 CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD = 0, 1, 2, 3, 4
 CODEC_NAMES = {"none": CODEC_NONE, "uncompressed": CODEC_NONE, "gzip": CODEC_GZIP,
                "snappy": CODEC_SNAPPY, "lz4": CODEC_LZ4, "zstd": CODEC_ZSTD}
+# Each codec's value of the topic setting `compression.type` (which also takes
+# "producer": keep the producer's codec).
+TOPIC_COMPRESSION_TYPE = {CODEC_NONE: "uncompressed", CODEC_GZIP: "gzip",
+                          CODEC_SNAPPY: "snappy", CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd"}
 _PACKAGES = {CODEC_SNAPPY: ("snappy", "python-snappy"), CODEC_LZ4: ("lz4.frame", "lz4"),
              CODEC_ZSTD: ("zstandard", "zstandard")}
 

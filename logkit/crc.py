@@ -8,10 +8,13 @@ Invariant: `crc32c(b"123456789") == 0xE3069283` for whichever implementation is 
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Callable
 
 __all__ = ["crc32c", "crc32c_crcmod", "IMPLEMENTATION"]
+
+log = logging.getLogger(__name__)
 
 CHECK_INPUT = b"123456789"
 CHECK_VALUE = 0xE3069283
@@ -45,5 +48,7 @@ except ImportError:  # the accelerator is optional
             "slow; install 'crc32c' or 'crcmod-plus' with a wheel for this platform",
             RuntimeWarning, stacklevel=2)
 
-assert crc32c(CHECK_INPUT) == CHECK_VALUE, IMPLEMENTATION
-assert crc32c_crcmod(CHECK_INPUT) == CHECK_VALUE
+if crc32c(CHECK_INPUT) != CHECK_VALUE or crc32c_crcmod(CHECK_INPUT) != CHECK_VALUE:
+    raise ImportError(f"logkit: CRC-32C from {IMPLEMENTATION} fails its check value "
+                      f"(crc32c({CHECK_INPUT!r}) must be {CHECK_VALUE:#x}); reinstall "
+                      "'crc32c' or 'crcmod-plus'")

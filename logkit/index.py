@@ -16,11 +16,16 @@ concurrently because they never read past the published entry count.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
 
+from .errors import CorruptRecordError
+
 __all__ = ["OffsetIndex", "TimeIndex"]
+
+log = logging.getLogger(__name__)
 
 
 class _Index:
@@ -157,10 +162,14 @@ class OffsetIndex(_Index):
 
     def append(self, offset: int, position: int) -> None:
         relative = offset - self.base_offset
-        assert 0 <= relative < 2**31 and 0 <= position < 2**31
+        assert 0 <= relative < 2**31 and 0 <= position < 2**31   # the roll keeps them so
         if self.entries:
             last_offset, _ = self.entry(self.entries - 1)
-            assert relative > last_offset, (relative, last_offset)
+            if relative <= last_offset:        # the file's last entry is not ours
+                raise CorruptRecordError(
+                    "offset index entry is not below the offset being indexed",
+                    path=self.path, position=(self.entries - 1) * self.entry_size,
+                    expected=f"< {relative}", actual=last_offset)
         self._write(relative, position)
 
     def last_position(self) -> int:

@@ -7,9 +7,14 @@ e.g. murmur2(b"21") == -973932308, so keyed records land where a Java producer p
 
 from __future__ import annotations
 
-import os
+import logging
+from typing import Callable
+
+from . import _native
 
 __all__ = ["murmur2", "partition_for_key"]
+
+log = logging.getLogger(__name__)
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -42,12 +47,9 @@ def murmur2_py(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-murmur2 = murmur2_py
-if not os.environ.get("LOGKIT_PURE_PYTHON"):
-    try:   # the compiled twin (logkit/_speedups.c); tests check both agree
-        from ._speedups import murmur2  # type: ignore[attr-defined,no-redef]  # noqa: F811
-    except ImportError:
-        pass
+# The compiled twin (logkit/_speedups.c) when `_native` chose it; tests check both agree.
+murmur2: Callable[[bytes], int] = murmur2_py if _native.speedups is None \
+    else _native.speedups.murmur2
 
 
 def partition_for_key(key: bytes, num_partitions: int) -> int:

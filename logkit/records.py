@@ -1,8 +1,15 @@
 """Kafka record batch v2 (magic 2): the bytes on disk and the Python records they hold.
 
-Owns: encoding a list of records into one batch, decoding batches back into `Record`s,
-validating a batch header and CRC. This is a hot path: struct objects are prebuilt,
-small varints come from a table, each batch is built with one `join`.
+Owns: every byte of a batch. Encoding a list of records into one batch, decoding
+batches back into `Record`s, validating a batch header and CRC, walking the batches of a
+buffer (`iter_batches`: the one walker that segment scans, recovery, `check()`,
+`batches_since`, the CLI's `dump` and Spark use), rewriting header fields in place (one
+helper per field family: `stamp_base_offset`, `stamp_leader_epoch`,
+`stamp_log_append_time`, `stamp_producer`, the last two recomputing the CRC), and the
+per-record size estimate used to size batches (`RECORD_OVERHEAD_BYTES`,
+`record_size_estimate`). This is a hot path: struct objects are prebuilt, small varints
+come from a table, each batch is built with one `join`; hot loops elsewhere that index
+the raw `_HEADER` tuple use the `FIELD_*` positions defined here.
 
 Batch layout (big-endian; DESIGN §3):
 
@@ -27,19 +34,24 @@ returns data from a batch whose CRC, magic or lengths are wrong: it raises
 
 from __future__ import annotations
 
-import os
+import logging
 import mmap
 import struct
 import time
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
+from . import _native
 from .compression import CODEC_NONE, compress, decompress
 from .crc import crc32c
 from .errors import CorruptRecordError
 
 __all__ = ["Record", "RecordMetadata", "BatchHeader", "encode_batch", "decode_batch",
-           "read_header", "check_batch", "stamp_base_offset", "LOG_OVERHEAD",
-           "RECORDS_OFFSET", "record_size_estimate"]
+           "read_header", "check_batch", "iter_batches", "stamp_base_offset",
+           "stamp_leader_epoch", "stamp_log_append_time", "stamp_producer", "LOG_OVERHEAD",
+           "RECORDS_OFFSET", "MIN_BATCH_LENGTH", "RECORD_OVERHEAD_BYTES",
+           "record_size_estimate"]
+
+log = logging.getLogger(__name__)
 
 # Field positions, each from the one before (DESIGN §3).
 BASE_OFFSET_OFFSET = 0
@@ -56,7 +68,8 @@ PRODUCER_ID_OFFSET = MAX_TIMESTAMP_OFFSET + 8
 PRODUCER_EPOCH_OFFSET = PRODUCER_ID_OFFSET + 8
 BASE_SEQUENCE_OFFSET = PRODUCER_EPOCH_OFFSET + 2
 RECORDS_COUNT_OFFSET = BASE_SEQUENCE_OFFSET + 4
-RECORDS_OFFSET = RECORDS_COUNT_OFFSET + 4              # == 61
+RECORDS_OFFSET = RECORDS_COUNT_OFFSET + 4              # == 61: the header's size
+MIN_BATCH_LENGTH = RECORDS_OFFSET - LOG_OVERHEAD       # == 49: batchLength of no records
 MAGIC = 2
 
 ATTR_CODEC_MASK = 0x07
@@ -65,11 +78,15 @@ ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")             # the 61-byte batch header
-_AFTER_CRC = struct.Struct(">hiqqqhii")                # attributes..recordsCount
-_PREFIX = struct.Struct(">qiib")                       # baseOffset..magic
 _BASE_OFFSET = struct.Struct(">q")
+_LEADER_EPOCH = struct.Struct(">i")
+_LENGTH = struct.Struct(">i")
 _CRC = struct.Struct(">I")
+_ATTRIBUTES = struct.Struct(">h")
+_TIMESTAMPS = struct.Struct(">qq")                     # baseTimestamp, maxTimestamp
+_PRODUCER = struct.Struct(">qhi")                      # producerId, epoch, baseSequence
 assert _HEADER.size == RECORDS_OFFSET
+assert _PRODUCER.size == RECORDS_COUNT_OFFSET - PRODUCER_ID_OFFSET
 
 
 class Record(NamedTuple):
@@ -127,6 +144,15 @@ class BatchHeader(NamedTuple):
         return bool(self.attributes & ATTR_CONTROL)
 
 
+# Positions of the fields in a raw `_HEADER.unpack_from` tuple (BatchHeader's order), for
+# hot loops that index the tuple instead of building a BatchHeader.
+FIELD_BASE_OFFSET = BatchHeader._fields.index("base_offset")
+FIELD_BATCH_LENGTH = BatchHeader._fields.index("batch_length")
+FIELD_MAGIC = BatchHeader._fields.index("magic")
+FIELD_ATTRIBUTES = BatchHeader._fields.index("attributes")
+FIELD_LAST_OFFSET_DELTA = BatchHeader._fields.index("last_offset_delta")
+
+
 # ---- varints -------------------------------------------------------------------------
 
 def _encode_unsigned(value: int) -> bytes:
@@ -176,12 +202,25 @@ def _read_varint(buf: Any, pos: int) -> tuple[int, int]:
 RecordInput = tuple  # (key, value, headers, timestamp_ms)
 
 
+# The one per-record size estimate (batch sizing: the producer's batch_size, Spark's
+# staged batches): a record's framing without headers — length, attributes, timestamp
+# and offset deltas, key and value lengths, header count — is at most this many bytes
+# for the deltas and lengths a batch normally holds. `_sendpath.c` has the same number
+# as its RECORD_OVERHEAD_BYTES. Each header adds HEADER_OVERHEAD_BYTES, its value and
+# up to 4 bytes per character of its key (UTF-8).
+RECORD_OVERHEAD_BYTES = 21
+HEADER_OVERHEAD_BYTES = 10
+
+
 def record_size_estimate(key: bytes | None, value: bytes | None, headers: Any) -> int:
-    """Upper-bound bytes a record adds to an uncompressed batch (for batch sizing)."""
-    size = 21 + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
+    """Bytes a record adds to an uncompressed batch, for batch sizing (an estimate that
+    errs high: see RECORD_OVERHEAD_BYTES)."""
+    size = RECORD_OVERHEAD_BYTES + (len(key) if key is not None else 0) + \
+        (len(value) if value is not None else 0)
     if headers:
         for hkey, hvalue in headers:
-            size += 10 + len(hkey) * 4 + (len(hvalue) if hvalue is not None else 0)
+            size += HEADER_OVERHEAD_BYTES + len(hkey) * 4 + \
+                (len(hvalue) if hvalue is not None else 0)
     return size
 
 
@@ -244,7 +283,8 @@ def encode_batch(records: Sequence[RecordInput], *, base_offset: int = 0, codec:
     A timestamp of None means now. Keys and values are bytes or None; headers a
     sequence of (str, bytes | None) or None/empty.
     """
-    assert records, "a batch holds at least one record"
+    if not records:
+        raise ValueError("a batch holds at least one record")
     if now_ms is None:
         now_ms = int(time.time() * 1000)
     payload, base_ts, max_ts = _encode_records(records, now_ms)
@@ -263,14 +303,50 @@ def encode_batch(records: Sequence[RecordInput], *, base_offset: int = 0, codec:
                       attributes, len(records) - 1, base_ts, max_ts, producer_id,
                       producer_epoch, base_sequence, len(records))
     batch[RECORDS_OFFSET:] = payload
-    _CRC.pack_into(batch, CRC_OFFSET, crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+    _restamp_crc(batch, 0)
     return batch
 
 
+# ---- header rewrites -------------------------------------------------------------------
+# One helper per field family. baseOffset and partitionLeaderEpoch are outside the CRC;
+# every other field is inside it, so its helper recomputes the CRC. `pos` is where the
+# batch starts in `batch` (a buffer of several batches); the batch must be whole.
+
+def _restamp_crc(batch: Any, pos: int) -> None:
+    end = pos + LOG_OVERHEAD + _LENGTH.unpack_from(batch, pos + LENGTH_OFFSET)[0]
+    _CRC.pack_into(batch, pos + CRC_OFFSET,
+                   crc32c(memoryview(batch)[pos + ATTRIBUTES_OFFSET:end]))
+
+
 def stamp_base_offset(batch: bytearray, base_offset: int, leader_epoch: int = -1) -> None:
-    """Set baseOffset and partitionLeaderEpoch in place; the CRC does not cover them."""
+    """Set baseOffset and partitionLeaderEpoch in place (the appender's stamp); the CRC
+    does not cover them."""
     _BASE_OFFSET.pack_into(batch, BASE_OFFSET_OFFSET, base_offset)
-    struct.pack_into(">i", batch, PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
+    _LEADER_EPOCH.pack_into(batch, PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
+
+
+def stamp_leader_epoch(batch: Any, leader_epoch: int, *, pos: int = 0) -> None:
+    """Set partitionLeaderEpoch of the batch at `pos` in place (not covered by the CRC)."""
+    _LEADER_EPOCH.pack_into(batch, pos + PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
+
+
+def stamp_log_append_time(batch: Any, now_ms: int, *, pos: int = 0) -> None:
+    """Make the batch at `pos` a LogAppendTime batch stamped `now_ms` (Kafka's broker
+    side timestamp: the timestamp-type bit set, base and max timestamp = now; each
+    record then reads as now) and recompute its CRC."""
+    attributes = _ATTRIBUTES.unpack_from(batch, pos + ATTRIBUTES_OFFSET)[0]
+    _ATTRIBUTES.pack_into(batch, pos + ATTRIBUTES_OFFSET, attributes | ATTR_TIMESTAMP_TYPE)
+    _TIMESTAMPS.pack_into(batch, pos + BASE_TIMESTAMP_OFFSET, now_ms, now_ms)
+    _restamp_crc(batch, pos)
+
+
+def stamp_producer(batch: Any, producer_id: int, producer_epoch: int, base_sequence: int,
+                   *, pos: int = 0) -> None:
+    """Set producerId, producerEpoch and baseSequence of the batch at `pos` (an
+    idempotent writer's identity) and recompute its CRC."""
+    _PRODUCER.pack_into(batch, pos + PRODUCER_ID_OFFSET, producer_id, producer_epoch,
+                        base_sequence)
+    _restamp_crc(batch, pos)
 
 
 # ---- decode ----------------------------------------------------------------------------
@@ -285,10 +361,10 @@ def read_header(buf: Any, pos: int, end: int, path: str = "") -> BatchHeader | N
     if header.magic != MAGIC:
         raise CorruptRecordError("record batch has an unknown magic byte", path=path,
                                  position=pos, expected=MAGIC, actual=header.magic)
-    if header.batch_length < RECORDS_OFFSET - LOG_OVERHEAD or header.records_count < 0 \
+    if header.batch_length < MIN_BATCH_LENGTH or header.records_count < 0 \
             or header.last_offset_delta < 0:
         raise CorruptRecordError("record batch header has impossible lengths", path=path,
-                                 position=pos, expected=">= 49 bytes",
+                                 position=pos, expected=f">= {MIN_BATCH_LENGTH} bytes",
                                  actual=header.batch_length)
     if pos + LOG_OVERHEAD + header.batch_length > end:
         return None
@@ -302,6 +378,50 @@ def check_batch(buf: Any, pos: int, header: BatchHeader, path: str = "") -> None
     if actual != header.crc:
         raise CorruptRecordError("record batch CRC mismatch", path=path, position=pos,
                                  expected=header.crc, actual=actual)
+
+
+TORN_BATCH = "batch runs past the end of the data"
+OUT_OF_SEQUENCE = "record batch base offset out of sequence"
+
+
+def out_of_sequence(path: str, position: int, expected: int,
+                    actual: int) -> CorruptRecordError:
+    """The error for a batch whose baseOffset does not follow the previous batch."""
+    return CorruptRecordError(OUT_OF_SEQUENCE, path=path, position=position,
+                              expected=expected, actual=actual)
+
+
+def iter_batches(buffer: Any, start: int, end: int, path: str = "", *,
+                 first_offset: int | None = None, verify: bool = False,
+                 max_batch_bytes: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) of each batch in buffer[start:end], in order: the one
+    batch walker (segment scans, recovery, check(), batches_since, dump, Spark).
+
+    Bad bytes are handled one way: the walk raises CorruptRecordError whose `position`
+    is the start of the first batch that is not whole and valid, so a reader reports
+    it and recovery truncates there. That batch is one that is torn (fewer bytes left
+    before `end` than its header or its batchLength needs), has an impossible header,
+    is bigger than `max_batch_bytes` (when given), starts out of sequence (offsets are
+    contiguous: the first batch must start at `first_offset` when given, each later
+    one one past the previous batch's last offset), or, with `verify`, fails its CRC.
+    Every batch yielded before the error is whole and passed these checks."""
+    pos = start
+    expected = first_offset
+    while pos < end:
+        header = read_header(buffer, pos, end, path)
+        if header is None:
+            raise CorruptRecordError(TORN_BATCH, path=path, position=pos, expected=end)
+        if max_batch_bytes is not None and header.size > max_batch_bytes:
+            raise CorruptRecordError("record batch is bigger than max.message.bytes allows",
+                                     path=path, position=pos, expected=max_batch_bytes,
+                                     actual=header.size)
+        if expected is not None and header.base_offset != expected:
+            raise out_of_sequence(path, pos, expected, header.base_offset)
+        if verify:
+            check_batch(buffer, pos, header, path)
+        expected = header.last_offset + 1
+        yield pos, header
+        pos += header.size
 
 
 def decode_batch(buf: Any, pos: int, header: BatchHeader, topic: str, partition: int,
@@ -425,20 +545,12 @@ def _decode_headers(buf: Any, pos: int, count: int) -> tuple[list[tuple[str, byt
 
 # ---- the compiled accelerator ----------------------------------------------------------
 # `logkit._speedups` (built from _speedups.c when a compiler is present) replaces the two
-# loops above and murmur2; tests/test_speedups.py checks both agree byte for byte.
-# LOGKIT_PURE_PYTHON=1 forces the pure-Python code (tests and benchmarks compare them).
+# loops above; `_native` makes the choice once (LOGKIT_PURE_PYTHON=1 forces pure Python).
+# tests/test_speedups.py checks both agree byte for byte. The benchmarks compare them by
+# rebinding `_encode_records` / `_decode_records` here: encode_batch and decode_batch look
+# those two names up at each call, so keep them module globals.
 
-def _load_speedups() -> Any:
-    if os.environ.get("LOGKIT_PURE_PYTHON"):
-        return None
-    try:
-        from . import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _speedups
-
-
-_speedups = _load_speedups()
+_speedups = _native.speedups
 SPEEDUPS = _speedups is not None
 
 
