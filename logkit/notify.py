@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import mmap
 import os
 import platform
@@ -32,6 +33,8 @@ import time
 from .errors import StorageError, storage_error
 
 __all__ = ["Doorbell"]
+
+log = logging.getLogger(__name__)
 
 DOORBELL_FILE = "doorbell"
 MAX_SLEEP_S = 0.005

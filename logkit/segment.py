@@ -1,9 +1,12 @@
 """One log segment: a `.log` file of record batches plus its offset and time indexes.
 
-Owns: Kafka's file names (`%020d.log`, `.index`, `.timeindex`), appending a stamped
-batch at a byte position, finding and decoding the batches at or after an offset, the
-time lookup, and recovery of this one file (validate each batch, rebuild both indexes,
-truncate at the first bad byte, report the bytes cut).
+Owns: Kafka's file names (`%020d.log`, `.index`, `.timeindex`) and removing a segment's
+files (`unlink_segment`, `retire_segment` to `.deleted`), appending a stamped batch at
+a byte position, finding and decoding the batches at or after an offset, the time
+lookup, and recovery of this one file (validate each batch, rebuild both indexes,
+truncate at the first bad byte, report the bytes cut and why). Batch bytes are walked
+with `records.iter_batches`; the two hot read loops (`_find`, `_read`) are its inlined
+twins, with the same errors.
 
 Invariant: bytes [0, size) of the `.log` file are whole, CRC-valid batches with
 contiguous offsets starting at `base_offset`. The CRC leaves out baseOffset, so reads
@@ -18,18 +21,26 @@ Readers map the file with mmap and remap only when asked to read past the mapped
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
-from typing import Any
+from typing import Any, Iterator, NamedTuple
 
 from .errors import CorruptRecordError
 from .index import OffsetIndex, TimeIndex
-from .records import (BatchHeader, LOG_OVERHEAD, RECORDS_OFFSET, Record, _HEADER, check_batch,
-                      decode_batch, read_header)
+from .records import (ATTR_CONTROL, FIELD_BASE_OFFSET, FIELD_BATCH_LENGTH,
+                      FIELD_LAST_OFFSET_DELTA, FIELD_MAGIC, LOG_OVERHEAD, MAGIC,
+                      MIN_BATCH_LENGTH, RECORDS_OFFSET, TORN_BATCH, BatchHeader, Record,
+                      _HEADER, decode_batch, iter_batches, out_of_sequence, read_header)
 
-__all__ = ["LogSegment", "segment_file_name", "parse_segment_name"]
+__all__ = ["LogSegment", "SegmentRecovery", "segment_file_name", "parse_segment_name",
+           "unlink_segment", "retire_segment", "DELETED_SUFFIX"]
+
+log = logging.getLogger(__name__)
 
 PREAD_MAX_BYTES = 1 << 20      # tail reads up to this size use pread instead of a remap
+SEGMENT_SUFFIXES = (".log", ".index", ".timeindex")
+DELETED_SUFFIX = ".deleted"
 
 _unpack_header = _HEADER.unpack_from
 _make_header = BatchHeader._make
@@ -44,6 +55,42 @@ def parse_segment_name(name: str) -> int | None:
     if len(name) == 24 and name.endswith(".log") and name[:20].isdigit():
         return int(name[:20])
     return None
+
+
+def unlink_segment(directory: str, base_offset: int) -> int:
+    """Remove a segment's three files; returns the log bytes removed."""
+    removed = 0
+    for suffix in SEGMENT_SUFFIXES:
+        path = os.path.join(directory, segment_file_name(base_offset, suffix))
+        if os.path.exists(path):
+            if suffix == ".log":
+                removed = os.path.getsize(path)
+            os.unlink(path)
+    return removed
+
+
+def retire_segment(directory: str, base_offset: int) -> None:
+    """Rename a segment's files `.deleted` (unlinked after file.delete.delay.ms, so a
+    reader that has one open keeps reading)."""
+    for suffix in SEGMENT_SUFFIXES:
+        path = os.path.join(directory, segment_file_name(base_offset, suffix))
+        try:
+            os.rename(path, path + DELETED_SUFFIX)
+        except FileNotFoundError:
+            pass
+
+
+class SegmentRecovery(NamedTuple):
+    """What `LogSegment.recover` found: the valid size and the bytes cut after it, the
+    offset after the last valid batch, the largest timestamp and its offset, and why
+    the cut was made (None when nothing was cut)."""
+
+    size: int
+    bytes_cut: int
+    next_offset: int
+    max_timestamp: int
+    max_timestamp_offset: int
+    cause: CorruptRecordError | None
 
 
 class LogSegment:
@@ -202,25 +249,17 @@ class LogSegment:
 
     # ---- read ----------------------------------------------------------------------
 
-    def headers(self, start: int, size: int) -> Any:
-        """Yield (position, header) for batches in [start, size); header CRC unchecked."""
-        buf = self.view(size)
-        pos = start
-        expected = self.base_offset if start == 0 else None
-        while pos < size:
-            header = read_header(buf, pos, size, self.path)
-            if header is None:
-                raise CorruptRecordError("batch runs past the committed end of the segment",
-                                         path=self.path, position=pos, expected=size)
-            if expected is not None and header.base_offset != expected:
-                raise self._out_of_sequence(pos, expected, header.base_offset)
-            expected = header.last_offset + 1
-            yield pos, header
-            pos += LOG_OVERHEAD + header.batch_length
+    def headers(self, start: int, size: int, *,
+                verify: bool = False) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of the batches in [start, size), offsets chained (from
+        `base_offset` when start is 0); CRCs checked only with `verify`. Bad bytes raise
+        CorruptRecordError as `records.iter_batches` defines."""
+        return iter_batches(self.view(size), start, size, self.path,
+                            first_offset=self.base_offset if start == 0 else None,
+                            verify=verify)
 
     def _out_of_sequence(self, position: int, expected: int, actual: int) -> CorruptRecordError:
-        return CorruptRecordError("record batch base offset out of sequence", path=self.path,
-                                  position=position, expected=expected, actual=actual)
+        return out_of_sequence(self.path, position, expected, actual)
 
     def find(self, offset: int, size: int) -> int:
         """Position of the first batch whose last offset >= offset, or `size`; that
@@ -251,35 +290,39 @@ class LogSegment:
                 # past the map (a tail reader that preads): the reader checks it
                 return pos, cursor[2]
             fields = _unpack_header(self._mmap, pos)
-            if (fields[0] == offset if cursor[2] else
-                    fields[0] <= offset <= fields[0] + fields[6]):
+            base = fields[FIELD_BASE_OFFSET]
+            if (base == offset if cursor[2] else
+                    base <= offset <= base + fields[FIELD_LAST_OFFSET_DELTA]):
                 return pos, None
             # not the batch the cursor promised: scan, which checks offsets
         buf = self.view(size)
         expected_last, pos = self._index_entry(offset)
         expected_base = self.base_offset if pos == 0 else -1
         path = self.path
+        # The hot twin of records.iter_batches (raw tuples, no header objects), with the
+        # same errors: a torn batch, an impossible header, an out-of-sequence offset.
         while pos < size:
-            if size - pos < 61:
-                raise CorruptRecordError("truncated batch header", path=path, position=pos)
+            if size - pos < RECORDS_OFFSET:
+                raise CorruptRecordError(TORN_BATCH, path=path, position=pos, expected=size)
             fields = _unpack_header(buf, pos)
-            # fields: baseOffset, batchLength, epoch, magic, crc, attrs, lastOffsetDelta...
-            if fields[3] != 2 or fields[1] < 49:
+            base = fields[FIELD_BASE_OFFSET]
+            length = fields[FIELD_BATCH_LENGTH]
+            if fields[FIELD_MAGIC] != MAGIC or length < MIN_BATCH_LENGTH:
                 read_header(buf, pos, size, path)          # raises the precise error
-            last = fields[0] + fields[6]
+            delta = fields[FIELD_LAST_OFFSET_DELTA]
+            last = base + delta
             # baseOffset is outside the CRC: check it against the index entry or the chain
-            if expected_base >= 0 and fields[0] != expected_base:
-                raise self._out_of_sequence(pos, expected_base, fields[0])
+            if expected_base >= 0 and base != expected_base:
+                raise self._out_of_sequence(pos, expected_base, base)
             if expected_base < 0 and last != expected_last:
-                raise self._out_of_sequence(pos, expected_last - fields[6], fields[0])
+                raise self._out_of_sequence(pos, expected_last - delta, base)
             if last >= offset:
                 return pos, None
             expected_base = last + 1
-            pos += LOG_OVERHEAD + fields[1]
-            if pos > size:             # a batchLength bent by a flipped bit
-                raise CorruptRecordError("batch runs past the committed end of the segment",
-                                         path=path, position=pos - LOG_OVERHEAD - fields[1],
-                                         expected=size, actual=pos)
+            if pos + LOG_OVERHEAD + length > size:     # a batchLength bent by a flipped bit
+                raise CorruptRecordError(TORN_BATCH, path=path, position=pos, expected=size,
+                                         actual=pos + LOG_OVERHEAD + length)
+            pos += LOG_OVERHEAD + length
         return size, None
 
     def _index_entry(self, offset: int) -> tuple[int, int]:
@@ -290,8 +333,8 @@ class LogSegment:
             return -1, 0
 
     def read(self, offset: int, size: int, topic: str, partition: int, *,
-             max_records: int, max_bytes: int, upto_offset: int) -> tuple[list[Record], int]:
-        """Records from `offset` (below upto_offset), up to max_records and about
+             max_records: int, max_bytes: int, stop_offset: int) -> tuple[list[Record], int]:
+        """Records from `offset` (below stop_offset), up to max_records and about
         max_bytes of batches (always at least one batch); also the batch bytes read."""
         pos, exact = self._find(offset, size)
         if pos >= size:
@@ -300,21 +343,21 @@ class LogSegment:
             return [], 0
         if size <= self._mapped or size - pos > PREAD_MAX_BYTES:
             return self._read(self.view(size), 0, pos, offset, size, topic, partition,
-                              max_records, max_bytes, upto_offset, exact)
+                              max_records, max_bytes, stop_offset, exact)
         # The tail grew past the map: one pread of the new bytes beats remapping the
         # file (munmap + mmap + page faults) on every poll of a reader that keeps up.
         window = os.pread(self._fd, size - pos, pos)
         try:
             return self._read(window, pos, pos, offset, size, topic, partition,
-                              max_records, max_bytes, upto_offset, exact)
+                              max_records, max_bytes, stop_offset, exact)
         except CorruptRecordError:     # report it with file positions, from the map
             self._cursor = None
             return self._read(self.view(size), 0, pos, offset, size, topic, partition,
-                              max_records, max_bytes, upto_offset, exact)
+                              max_records, max_bytes, stop_offset, exact)
 
     def _read(self, buf: Any, base: int, pos: int, offset: int, size: int, topic: str,
               partition: int, max_records: int, max_bytes: int,
-              upto_offset: int, exact: bool | None = None) -> tuple[list[Record], int]:
+              stop_offset: int, exact: bool | None = None) -> tuple[list[Record], int]:
         """read() over `buf`, which holds the file's bytes from position `base`;
         `exact` as `_find` returned it for the first batch."""
         out: list[Record] = []
@@ -322,24 +365,25 @@ class LogSegment:
         path = self.path
         last_pos = pos
         expected = -1                  # the first batch: checked by _find or just below
+        # The hot twin of records.iter_batches over a window of the file (`base`), with
+        # the same errors, decoding as it goes.
         while pos < size and len(out) < max_records:
             header = read_header(buf, pos - base, size - base, path)
             if header is None:
-                raise CorruptRecordError("batch runs past the committed end of the segment",
-                                         path=path, position=pos, expected=size)
+                raise CorruptRecordError(TORN_BATCH, path=path, position=pos, expected=size)
             if exact is not None:
                 self._check_first(header, pos, offset, exact)
                 exact = None
             elif expected >= 0 and header.base_offset != expected:
                 raise self._out_of_sequence(pos, expected, header.base_offset)
             expected = header.last_offset + 1
-            if header.base_offset >= upto_offset:
+            if header.base_offset >= stop_offset:
                 break
-            if not header.attributes & 0x20:               # control batches: not data
+            if not header.attributes & ATTR_CONTROL:       # control batches: not data
                 records = decode_batch(buf, pos - base, header, topic, partition,
                                        min_offset=offset, path=path)
-                if header.last_offset >= upto_offset:
-                    records = [r for r in records if r.offset < upto_offset]
+                if header.last_offset >= stop_offset:
+                    records = [r for r in records if r.offset < stop_offset]
                 if out:
                     out.extend(records)
                 else:
@@ -400,41 +444,40 @@ class LogSegment:
     # ---- recovery ------------------------------------------------------------------
 
     def recover(self, *, max_message_bytes: int, interval_bytes: int, index_bytes: int,
-                start_offset: int) -> tuple[int, int, int, int, int]:
-        """Validate every batch, rebuild both indexes, truncate at the first bad byte.
+                start_offset: int) -> SegmentRecovery:
+        """Validate every batch (CRC, lengths, offsets contiguous from `start_offset`,
+        at most max.message.bytes), rebuild both indexes, truncate at the first bad byte.
 
-        Returns (valid size, bytes cut, next offset, max timestamp, its offset). The
-        indexes are left writable and preallocated; the caller seals the segment if it
-        is not the last. Must be called with the partition lock held."""
+        The indexes are left writable and preallocated; the caller seals the segment if
+        it is not the last. Must be called with the partition lock held."""
         length = self.file_size()
         self._create_indexes(index_bytes)                 # derived data: rebuilt below
         self._release_view()
         buf = self.view(length) if length else b""
-        pos = 0
+        valid = 0
         next_offset = start_offset
         max_timestamp = max_timestamp_offset = -1
-        while pos < length:
-            try:
-                header = read_header(buf, pos, length, self.path)
-                if header is None or header.size > max_message_bytes + LOG_OVERHEAD \
-                        or header.base_offset != next_offset:   # offsets are contiguous
-                    break
-                check_batch(buf, pos, header, self.path)
-            except CorruptRecordError:
-                break
-            if header.max_timestamp > max_timestamp:
-                max_timestamp = header.max_timestamp
-                max_timestamp_offset = header.last_offset
-            self.index_batch(header.last_offset, pos, interval_bytes, max_timestamp,
-                             max_timestamp_offset)
-            next_offset = header.last_offset + 1
-            pos += header.size
+        cause = None
+        try:
+            for pos, header in iter_batches(buf, 0, length, self.path,
+                                            first_offset=start_offset, verify=True,
+                                            max_batch_bytes=max_message_bytes + LOG_OVERHEAD):
+                if header.max_timestamp > max_timestamp:
+                    max_timestamp = header.max_timestamp
+                    max_timestamp_offset = header.last_offset
+                self.index_batch(header.last_offset, pos, interval_bytes, max_timestamp,
+                                 max_timestamp_offset)
+                next_offset = header.last_offset + 1
+                valid = pos + header.size
+        except CorruptRecordError as exc:
+            cause = exc                                   # cut at the bad batch's start
         self._release_view()
-        if pos < length:
-            os.ftruncate(self._fd, pos)
+        if valid < length:
+            os.ftruncate(self._fd, valid)
         self.active = True
         self._index_entries, self._timeindex_entries = self.index_entry_counts()
-        return pos, length - pos, next_offset, max_timestamp, max_timestamp_offset
+        return SegmentRecovery(valid, length - valid, next_offset, max_timestamp,
+                               max_timestamp_offset, cause)
 
     def _close_indexes(self) -> None:
         for index in (self._offset_index, self._time_index):

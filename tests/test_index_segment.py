@@ -138,7 +138,7 @@ def test_segment_read_checks_base_offsets_against_the_chain(tmp_path):
         for start in range(0, 100, 3):
             try:
                 records, _ = segment.read(start, size, "t", 0, max_records=100,
-                                          max_bytes=10**6, upto_offset=100)
+                                          max_bytes=10**6, stop_offset=100)
             except CorruptRecordError as exc:
                 assert exc.path == log_path and exc.position in positions
                 continue

@@ -1,0 +1,217 @@
+"""Open-time checks and recovery of one partition directory (Kafka's LogLoader).
+
+Owns: deciding, cheaply, whether a partition needs recovery when it is opened
+(`needs_recovery`), and recovery itself (`recover`): finish an interrupted retention
+run, sweep orphaned index files, validate every batch from the recovery point by CRC,
+rebuild the indexes, truncate at the first bad byte, drop the segments after a cut, and
+publish a fresh tail. Also the view of which files make up the log (`live_bases`).
+
+Invariant: after `recover` the directory holds exactly the segments the new tail names,
+each made of whole CRC-valid batches with contiguous offsets, and their indexes agree
+with them. Who may call: the partition log, holding the partition's append lock
+(recovery writes files and the tail); `needs_recovery` and `live_bases` also without it.
+
+Logging: a recovery that cuts bytes logs a WARNING naming `topic-partition`, the bytes
+cut and where (DESIGN §13); one that only re-validates logs at INFO; finishing an
+interrupted retention or roll at INFO.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from .segment import (LogSegment, parse_segment_name, retire_segment, segment_file_name,
+                      unlink_segment)
+from .tail import BOOT_ID, Tail, TailFile
+
+__all__ = ["RecoveryReport", "needs_recovery", "recover", "live_bases", "leftovers"]
+
+log = logging.getLogger(__name__)
+
+
+class RecoveryReport(NamedTuple):
+    """What one recovery did: segments and bytes validated, bytes cut, time taken."""
+
+    segments_checked: int
+    bytes_checked: int
+    bytes_truncated: int
+    seconds: float
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def live_bases(names: Iterable[str], tail: Tail) -> list[int]:
+    """Base offsets of the published segments: from the one holding the log start up to
+    the active one (a roller's unpublished segment above it and retention's leftovers
+    below the start are not part of the log)."""
+    bases = sorted(b for b in map(parse_segment_name, names)
+                   if b is not None and b <= tail.active_base_offset)
+    first = max(0, bisect.bisect_right(bases, tail.log_start_offset) - 1)
+    return bases[first:]
+
+
+def _orphan_index(name: str, names: Any) -> bool:
+    """An index file whose `.log` is gone (a retention or roll interrupted between its
+    renames)."""
+    return (name.endswith((".index", ".timeindex")) and name[:20].isdigit()
+            and f"{name[:20]}.log" not in names)
+
+
+def leftovers(names: Any, bases: list[int]) -> bool:
+    """True when files other than the live segments' remain: segments below the log
+    start, or index files without their log."""
+    live = {segment_file_name(b, ".log") for b in bases}
+    for name in names:
+        if name.endswith(".log") and parse_segment_name(name) is not None:
+            if name not in live and int(name[:20]) < bases[0]:
+                return True
+        elif _orphan_index(name, names):
+            return True
+    return False
+
+
+def files_match(directory: str, tail: Tail) -> bool:
+    """The files agree with the tail: every segment has its indexes and the active
+    log holds at least the committed bytes. (Committed bytes are not re-checked
+    here: a bad batch below the committed size raises CorruptRecordError when read,
+    rather than being cut along with the good batches after it.)"""
+    names = set(os.listdir(directory))
+    # A segment above the active one was never published (a roller died before
+    # publishing it); the next roll removes it.
+    bases = live_bases(names, tail)
+    if not bases or bases[-1] != tail.active_base_offset:
+        return False
+    if leftovers(names, bases):
+        return False                  # an interrupted retention or roll: sweep them
+    for base in bases:
+        if (segment_file_name(base, ".index") not in names
+                or segment_file_name(base, ".timeindex") not in names):
+            return False
+    active_path = os.path.join(directory, segment_file_name(bases[-1], ".log"))
+    return os.stat(active_path).st_size >= tail.active_size
+
+
+def needs_recovery(directory: str, tail_file: TailFile) -> bool:
+    """Whether opening this partition must run recovery: the tail file is new or torn,
+    the last writer ran on another boot and did not close cleanly (an OS crash may
+    have lost unsynced bytes), or the files disagree with the tail. Without the lock
+    the answer may be stale (another process mid-update): decide again under it."""
+    if not tail_file.valid() or tail_file.torn():
+        return True
+    tail = tail_file.read()
+    if tail is None or (tail.boot_id != BOOT_ID and not tail.clean):
+        return True
+    return not files_match(directory, tail)
+
+
+def _sweep_orphans(directory: str) -> None:
+    """Remove index files whose `.log` is gone."""
+    names = set(os.listdir(directory))
+    for name in names:
+        if _orphan_index(name, names):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
+def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, full: bool,
+            name: str) -> RecoveryReport:
+    """Validate from the recovery point (everything when `full` or when the tail is
+    unreadable), rebuild indexes, truncate at the first bad byte, drop later segments,
+    publish a fresh tail. `name` is `topic-partition`, for the log. The caller holds
+    the partition lock and has closed its segments."""
+    started = time.perf_counter()
+    valid = tail_file.valid()
+    old = tail_file.read() if valid and not tail_file.torn() else None
+    # A torn tail's fields are each old or new, so its version is >= every version
+    # a reader cached: count on from it, or readers could miss the new segment list.
+    previous = old if old is not None else tail_file.read_torn() if valid else None
+    full = full or old is None
+    previous_start = previous.log_start_offset if previous is not None else None
+    bases = sorted(b for b in map(parse_segment_name, os.listdir(directory))
+                   if b is not None)
+    fresh = not bases and tail_file.created
+    if previous_start is not None and bases:
+        # Segments wholly below the published log start are retention's leftovers
+        # (it publishes the new start before renaming): finish their deletion
+        # rather than bring deleted records back.
+        keep = max(0, bisect.bisect_right(bases, previous_start) - 1)
+        if keep:
+            log.info("%s: finishing an interrupted retention run: %d segment(s) below "
+                     "log start %d", name, keep, previous_start)
+        for base in bases[:keep]:
+            retire_segment(directory, base)
+        bases = bases[keep:]
+    names = set(os.listdir(directory))
+    _sweep_orphans(directory)
+    index_bytes = config["segment.index.bytes"]
+    if not bases:
+        start = previous_start if previous_start is not None else 0
+        LogSegment(directory, start, active=True, create_index_bytes=index_bytes).close()
+        bases = [start]
+    recovery_point = 0 if full or old is None else old.recovery_point
+    first = max(0, bisect.bisect_right(bases, recovery_point) - 1)
+    checked = truncated = segments_checked = 0
+    for i, base in enumerate(bases):
+        last = i == len(bases) - 1
+        has_indexes = (segment_file_name(base, ".index") in names
+                       and segment_file_name(base, ".timeindex") in names)
+        if i < first and has_indexes:
+            continue                  # below the recovery point: fsynced, trusted
+        segment = LogSegment(directory, base, active=True)
+        found = segment.recover(max_message_bytes=config["max.message.bytes"],
+                                interval_bytes=config["index.interval.bytes"],
+                                index_bytes=index_bytes, start_offset=base)
+        segments_checked += 1
+        checked += found.size
+        truncated += found.bytes_cut
+        if found.bytes_cut:
+            log.warning("%s: recovery cut %d bytes at position %d of %s (%s)", name,
+                        found.bytes_cut, found.size, segment.path, found.cause)
+        if found.bytes_cut and not last:      # Kafka drops every segment after a cut
+            dropped = 0
+            for later in bases[i + 1:]:
+                dropped += unlink_segment(directory, later)
+            truncated += dropped
+            log.warning("%s: recovery dropped %d segment(s) (%d bytes) after the cut",
+                        name, len(bases) - i - 1, dropped)
+            bases = bases[:i + 1]
+            last = True
+        if last:
+            entries, time_entries = segment.index_entry_counts()
+            segment.close()
+            break
+        segment.seal(found.max_timestamp, found.max_timestamp_offset, found.size)
+        segment.close()
+    next_offset = found.next_offset
+    version = (previous.segments_version + 1) if previous is not None else 1
+    start = bases[0]
+    if previous_start is not None and start < previous_start <= next_offset:
+        start = previous_start        # a log start inside the first segment stays
+    tail_file.publish(Tail(
+        BOOT_ID, start, next_offset, bases[-1], found.size, entries, time_entries,
+        version, next_offset, found.max_timestamp, found.max_timestamp_offset,
+        min(recovery_point, next_offset), _now_ms() if found.size else -1, 0, 0, -1,
+        previous.leader_epoch if previous is not None else 0,
+        previous.deleted if previous is not None else 0))
+    tail_file.sync()
+    report = RecoveryReport(segments_checked, checked, truncated,
+                            time.perf_counter() - started)
+    if fresh:
+        log.debug("%s: new partition, first segment at offset %d", name, start)
+    elif truncated:
+        log.warning("%s: recovered with %d bytes cut: %d segment(s), %d bytes valid, log "
+                    "end offset %d, %.3f s", name, truncated, segments_checked, checked,
+                    next_offset, report.seconds)
+    else:
+        log.info("%s: recovered: %d segment(s), %d bytes valid, nothing cut, log end "
+                 "offset %d, %.3f s", name, segments_checked, checked, next_offset,
+                 report.seconds)
+    return report
