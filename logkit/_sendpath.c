@@ -22,6 +22,9 @@
 #include <Python.h>
 #include <structmember.h>
 
+/* The per-record size estimate: must equal records.RECORD_OVERHEAD_BYTES (the one
+ * estimate every batch sizer uses), or the two send paths would fill batches
+ * differently. */
 #define RECORD_OVERHEAD_BYTES 21
 
 /* ---- FutureBase: the fields of FutureRecordMetadata, allocated without a Python
@@ -114,6 +117,11 @@ new_future(PyObject *type, PyObject *batch, PyObject *row, PyObject *acks)
 
 /* ---- Sender ------------------------------------------------------------------------ */
 
+/* Python attributes read by name (interned in PyInit__sendpath). They are defined in
+ * logkit/producer.py, each marked there with a comment naming this file: on a topic
+ * state, `sticky`, `cache`, `open`; on an open batch, `size`, `inbox` (a deque, whose
+ * `append` is called) and `sealed`; `key` and `value` are send()'s keyword names.
+ * Renaming one on the Python side without changing it here breaks this path. */
 static PyObject *s_sticky, *s_cache, *s_open, *s_size, *s_inbox, *s_sealed, *s_append,
                 *s_key, *s_value;
 

@@ -1,0 +1,29 @@
+"""Type stub of the optional C extension `logkit._speedups` (logkit/_speedups.c).
+
+Each function mirrors a pure-Python one exactly (records.py, columns.py, murmur2.py)
+and raises ValueError (or UnicodeDecodeError) where the Python version raises on
+malformed bytes. Import it through `logkit._native`, which chooses once.
+"""
+
+from typing import Any, Sequence
+
+def encode_records(records: Sequence[Sequence[Any]],
+                   now_ms: int) -> tuple[bytes, int, int]:
+    """The uncompressed records section of (key, value, headers, timestamp_ms) rows:
+    (payload, base timestamp, max timestamp). A timestamp of None means now_ms."""
+
+def decode_records(buf: Any, pos: int, end: int, count: int, base_offset: int,
+                   base_timestamp: int, append_time: int | None, topic: str,
+                   partition: int, min_offset: int, record_type: type) -> list[Any]:
+    """Records of the uncompressed section buf[pos:end] as `record_type` tuples
+    (topic, partition, offset, timestamp, key, value, headers), offsets >= min_offset.
+    `append_time` is None or the LogAppendTime timestamp."""
+
+def decode_columns(buf: Any, pos: int, end: int, count: int, base_offset: int,
+                   base_timestamp: int, append_time: int, min_offset: int,
+                   stop_offset: int, columns: list[bytearray]) -> int:
+    """Append the records with min_offset <= offset < stop_offset to the seven column
+    buffers (see columns.Columns); returns how many. append_time < 0: CreateTime."""
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (seed 0x9747b28c) as a signed 32-bit int."""
