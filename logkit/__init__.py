@@ -14,7 +14,7 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      NoOffsetForPartitionError, NotEnoughReplicasError,
                      OffsetOutOfRangeError, RecordTooLargeError, TopicExistsError,
                      UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
-                     ForkedProcessError, ReadOnlyError)
+                     ForkedProcessError, ReadOnlyError, SerializationError)
 from .murmur2 import murmur2
 from .records import Record, RecordMetadata
 from .topic import Partition, Topic, TopicPartition
@@ -31,5 +31,5 @@ __all__ = [
     "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
-    "ReadOnlyError",
+    "ReadOnlyError", "SerializationError",
 ]

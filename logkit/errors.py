@@ -13,7 +13,7 @@ __all__ = [
     "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
-    "ReadOnlyError", "storage_error",
+    "ReadOnlyError", "SerializationError", "storage_error",
 ]
 
 import errno as _errno
@@ -127,6 +127,30 @@ class ForkedProcessError(LogkitError):
 
 class ReadOnlyError(LogkitError):
     """A write through a Broker opened with `read_only=True`."""
+
+
+class SerializationError(LogkitError, ValueError):
+    """A value that does not match its schema (`field`: the dotted path), or stored bytes
+    that do not decode (unknown magic byte or schema id). `topic`, `partition` and
+    `offset` say where, when known (a consumer fills partition and offset)."""
+
+    def __init__(self, message: str, *, topic: str | None = None,
+                 partition: int | None = None, offset: int | None = None,
+                 field: str | None = None) -> None:
+        where = [f"{name} {value}" for name, value in (("topic", topic),
+                 ("partition", partition), ("offset", offset)) if value is not None]
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+        self.message = message
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.field = field
+
+    def at(self, topic: str, partition: int, offset: int) -> "SerializationError":
+        """The same error naming where the bytes were read (the consumer raises this,
+        `from` the original)."""
+        return SerializationError(self.message, topic=topic, partition=partition,
+                                  offset=offset, field=self.field)
 
 
 def storage_error(exc: OSError, operation: str, path: str = "") -> StorageError:

@@ -54,7 +54,8 @@ __all__ = ["MetaStore", "DATABASES", "MetadataDiskFullError", "MAX_KEY_BYTES",
 
 log = logging.getLogger("logkit.meta")
 
-DATABASES = ("topics", "groups", "offsets", "members", "replication", "spark")
+DATABASES = ("topics", "groups", "offsets", "members", "replication", "spark",
+             "schemas")                 # schemas: schema_registry.py
 MAP_SIZE_BYTES = 1 << 30          # address space, not disk: LMDB files grow as needed
 MAX_MAP_SIZE_BYTES = 1 << 36      # 64 GiB: growth stops here; metadata is small
 MAX_READERS = 1024
