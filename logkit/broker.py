@@ -27,7 +27,7 @@ import shutil
 import threading
 import time
 import uuid
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from . import _fork
 from .config import LONG_MAX, overrides_only, resolve_broker_config, resolve_topic_config
@@ -41,6 +41,10 @@ from .meta import MetaStore
 from .notify import Doorbell
 from .producer import Producer
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
+
+if TYPE_CHECKING:                  # imported when first used
+    from .registry_http import RegistryServer
+    from .schema_registry import SchemaRegistry
 
 __all__ = ["Broker", "FORMAT_VERSION"]
 
@@ -543,3 +547,23 @@ class Broker:
             if isinstance(first, OSError):
                 raise storage_error(first, "close", self.path) from first
             raise first
+
+    # ---- schemas (schema_registry.py, registry_http.py) ------------------------------
+
+    def schema_registry(self) -> SchemaRegistry:
+        """The embedded schema registry, kept in this broker's metadata store
+        (docs/schemas.md); one object per broker."""
+        from .schema_registry import SchemaRegistry
+        self._check_open()
+        return SchemaRegistry.for_broker(self)
+
+    def serve_schema_registry(self, host: str = "127.0.0.1", port: int = 0
+                              ) -> RegistryServer:
+        """Serve the registry over the REST subset confluent-kafka's SchemaRegistryClient
+        uses, on host:port (0: a free port). The handle has `.url`, `.host`, `.port`,
+        `close()`; it is closed with the broker."""
+        from .registry_http import serve
+        self._check_open()
+        server = serve(self.schema_registry(), host=host, port=port)
+        self._clients.append(server)
+        return server
