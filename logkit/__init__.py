@@ -5,6 +5,7 @@ package is private and may change.
 """
 
 from .broker import Broker
+from .config import resolve_config
 from .consumer import Consumer, OffsetAndTimestamp
 from .group import ConsumerGroup, MemberInfo, OffsetAndMetadata
 from .producer import FutureRecordMetadata, Producer
@@ -24,7 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
     "Producer", "FutureRecordMetadata", "Consumer", "OffsetAndTimestamp", "ConsumerGroup",
-    "MemberInfo", "OffsetAndMetadata", "murmur2",
+    "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config",
     "LogkitError", "ConfigError", "InvalidTopicError", "TopicExistsError",
     "UnknownTopicError", "OffsetOutOfRangeError", "CorruptRecordError",
     "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",

@@ -25,16 +25,27 @@ Fork: a consumer made in one process raises `ForkedProcessError` from every call
 forked child (checked before any lock or file is touched); `close()` there returns
 without leaving the group or touching any file — the parent's membership is not the
 child's to end.
+
+Options: the keywords, defaults and bounds are the "consumer" rows of the one settings
+table (logkit/config.py, docs/configuration.md). `isolation_level` takes Kafka's two
+values only and, with no transactions yet, both read the same records.
+
+Errors that are not raised: auto-commits are best effort, as Kafka's are — a refused one
+(fenced, busy group) is logged at INFO/DEBUG, a failed one at WARNING; a heartbeat that
+fails with a `LogkitError` is logged and retried next interval (the next poll sees an
+eviction); any other error in the heartbeat thread is logged and ends the thread.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from . import _fork
+from .config import CONSUMER, resolve
 from .errors import (ClosedError, CommitFailedError, ConfigError, IllegalStateError,
                      LogkitError, NoOffsetForPartitionError, OffsetOutOfRangeError,
                      storage_error)
@@ -44,16 +55,10 @@ from .topic import TopicPartition, validate_topic_name
 
 __all__ = ["Consumer", "OffsetAndTimestamp"]
 
-DEFAULTS: dict[str, Any] = {
-    "group_id": None, "client_id": "logkit-consumer", "auto_offset_reset": "latest",
-    "enable_auto_commit": True, "auto_commit_interval_ms": 5000, "max_poll_records": 500,
-    "fetch_max_bytes": 52428800, "max_partition_fetch_bytes": 1048576,
-    "consumer_timeout_ms": float("inf"), "session_timeout_ms": 45000,
-    "heartbeat_interval_ms": 3000, "max_poll_interval_ms": 300000,
-    "partition_assignment_strategy": "range", "key_deserializer": None,
-    "value_deserializer": None, "on_assign": None, "on_revoke": None,
-    "isolation_level": "read_uncommitted",
-}
+# Keyword -> default, from the one settings table (logkit/config.py, scope "consumer").
+DEFAULTS: dict[str, Any] = resolve(CONSUMER, None)
+
+log = logging.getLogger(__name__)
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -79,20 +84,7 @@ class Consumer:
     """`broker.consumer("orders", group_id="billing", auto_offset_reset="earliest")`."""
 
     def __init__(self, broker: Any, *topics: str, **options: Any) -> None:
-        unknown = set(options) - set(DEFAULTS)
-        if unknown:
-            raise ConfigError(f"unknown consumer option(s) {sorted(unknown)}; known: "
-                              f"{sorted(DEFAULTS)}")
-        self.config = settings = {**DEFAULTS, **options}
-        if settings["auto_offset_reset"] not in ("earliest", "latest", "none"):
-            raise ConfigError("auto_offset_reset must be 'earliest', 'latest' or 'none', "
-                              f"got {settings['auto_offset_reset']!r}")
-        for name in ("max_poll_records", "fetch_max_bytes", "max_partition_fetch_bytes",
-                     "session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms",
-                     "auto_commit_interval_ms"):
-            value = settings[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        self.config = settings = resolve(CONSUMER, options)   # ConfigError naming a key
         strategy = settings["partition_assignment_strategy"]
         if isinstance(strategy, (list, tuple)):
             strategy = strategy[0]
@@ -228,9 +220,16 @@ class Consumer:
             try:
                 if not coordinator.heartbeat(self._last_poll_ms):
                     self._fenced = True
-            except Exception:   # the broker is closing; the next poll reports it
-                if self._heartbeat_stop.is_set():
-                    return
+            except Exception as exc:
+                if self._heartbeat_stop.is_set() or self._closed or self._broker.closed:
+                    return               # closing under us: nothing to report
+                if not isinstance(exc, LogkitError):   # a bug: said, and the thread ends
+                    log.exception("the heartbeat thread of group %r stops", self._group_id)
+                    raise
+                # a store error: retried next interval; eviction shows on the next poll
+                log.warning("heartbeat of %s in group %r failed (retried in %d ms): %s",
+                            coordinator.member_id, self._group_id,
+                            self.config["heartbeat_interval_ms"], exc)
 
     def _sync_group(self) -> None:
         """Learn a new generation: revoke, release, acquire, call back."""
@@ -296,8 +295,10 @@ class Consumer:
         if offsets and self._coordinator is not None:
             try:
                 self._coordinator.commit(offsets, member_id=self._coordinator.member_id)
-            except Exception:   # fenced meanwhile: the next owner resumes from the last commit
-                pass
+            except CommitFailedError as exc:   # fenced meanwhile: the next owner resumes
+                log.info("auto-commit in group %r refused: %s", self._group_id, exc)
+            except LogkitError as exc:         # best effort, as Kafka's auto-commit is
+                log.warning("auto-commit in group %r failed: %s", self._group_id, exc)
 
     def _leave_group(self) -> None:
         if self._coordinator is not None and self._coordinator.member_id is not None:
@@ -446,8 +447,10 @@ class Consumer:
             if self._manual:
                 try:
                     self.commit()
-                except Exception:   # a busy group: try again next interval
-                    pass
+                except CommitFailedError as exc:   # a busy group: try next interval
+                    log.debug("auto-commit in group %r refused: %s", self._group_id, exc)
+                except LogkitError as exc:         # best effort, as Kafka's auto-commit is
+                    log.warning("auto-commit in group %r failed: %s", self._group_id, exc)
             else:
                 self._commit_quietly(set(self._owned))
 

@@ -32,7 +32,18 @@ Timestamps: a record sent without one is stamped with the time its batch is
 appended (about `linger_ms` after `send()` at most), which is what the batch header and
 `RecordMetadata` report. `acks`: 0 resolves futures without waiting (offset -1, as Kafka's client
 reports); 1 waits for the append; "all" (or -1) waits for the append and, with no
-replication configured, means the same as 1 — the leader is the whole ISR.
+replication configured, means the same as 1 — the leader is the whole ISR — except that
+a topic whose `min.insync.replicas` is above 1 fails the batch with
+`NotEnoughReplicasError` before anything is written, as Kafka does with one replica.
+
+Options: the keywords, their defaults and bounds are the "producer" rows of the one
+settings table (logkit/config.py, docs/configuration.md); `retries`,
+`request_timeout_ms`, `enable_idempotence` and `client_id` are accepted and ignored
+(appends are local and never retried, so nothing is stored twice).
+
+Errors: an append's error goes to its records' futures; one that is not a `LogkitError`
+(a bug) is also logged with its traceback; a send callback's exception is logged and
+the producer carries on.
 
 The compiled twin: `logkit/_sendpath.c` (optional, like `_speedups`) does send()'s
 common case — bytes in, default partitioner, known topic, room in the open batch — and
@@ -89,10 +100,12 @@ from typing import Any, Callable
 
 from . import _fork
 from .compression import codec_id, require
-from .config import snake_to_kafka
-from .errors import (ClosedError, ConfigError, IllegalStateError, LogkitTimeoutError,
-                     RecordTooLargeError, UnknownTopicError, storage_error)
-from .records import RECORDS_OFFSET, RecordMetadata, encode_batch, record_size_estimate
+from .config import PRODUCER, resolve
+from .errors import (ClosedError, ConfigError, IllegalStateError, LogkitError,
+                     LogkitTimeoutError, NotEnoughReplicasError, RecordTooLargeError,
+                     UnknownTopicError, storage_error)
+from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
+                      record_size_estimate)
 
 __all__ = ["Producer", "FutureRecordMetadata"]
 
@@ -112,20 +125,14 @@ def _load_sendpath() -> Any:
 _sendpath = _load_sendpath()
 _CSender = None if _sendpath is None else _sendpath.Sender
 
-# Keyword -> default: Kafka's producer names in snake_case, with kafka-python's defaults.
-DEFAULTS: dict[str, Any] = {
-    "acks": 1, "linger_ms": 0, "batch_size": 16384, "compression_type": None,
-    "buffer_memory": 33554432, "max_block_ms": 60000, "max_request_size": 1048576,
-    "key_serializer": None, "value_serializer": None, "partitioner": None,
-    "client_id": "logkit-producer", "retries": 0, "request_timeout_ms": 30000,
-    "enable_idempotence": False, "delivery_timeout_ms": 120000,
-}
-RECORD_OVERHEAD_BYTES = 21          # upper bound of a record's framing without headers
+# Keyword -> default, from the one settings table (logkit/config.py, scope "producer").
+DEFAULTS: dict[str, Any] = resolve(PRODUCER, None)
+IN_SYNC_REPLICAS = 1                # no replication yet: the leader is the whole ISR
 KEY_CACHE_LIMIT = 100_000           # key -> partition entries per topic, then cleared
 SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
 MAX_TIMESTAMP_MS = 2**63 - 1        # the batch header's int64
 
-log = logging.getLogger("logkit.producer")
+log = logging.getLogger(__name__)
 
 
 class _Batch:
@@ -303,11 +310,20 @@ def _after_fork_in_child() -> None:
             producer._slow = True
             if _CSender is not None and isinstance(producer.__dict__.get("send"), _CSender):
                 producer.send.slow = 1
-    except Exception:                  # an unusable copy raises ForkedProcessError anyway
-        pass
+    except Exception:                  # broad on purpose: an at-fork hook must not raise,
+        # and a copy left on the compiled path is still unusable (ForkedProcessError
+        # from every other method); say so for whoever debugs the child
+        log.debug("routing a forked producer to the checking path failed", exc_info=True)
 
 
 _fork.at_fork_in_child(_after_fork_in_child)
+
+
+def _log_unexpected(exc: BaseException, batch: _Batch) -> None:
+    """An append failed with an error that is not logkit's (a bug): it goes to the
+    records' futures, which must resolve, and to the log with its traceback."""
+    log.error("appending %d record(s) to %s-%d failed unexpectedly", len(batch.rows),
+              batch.state.name, batch.partition, exc_info=exc)
 
 
 def _run_callback(batch: _Batch, row: tuple, ok: Callable | None,
@@ -367,43 +383,18 @@ def _check_headers(headers: Any) -> list[tuple[str, bytes | None]]:
     return out
 
 
-def _non_negative_int(settings: dict[str, Any], name: str) -> int:
-    value = settings[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{name} ({snake_to_kafka(name)}) must be a non-negative "
-                          f"integer, got {value!r}")
-    return value
-
-
 class Producer:
     """`broker.producer(acks=1, linger_ms=0, batch_size=16384, compression_type=None)`."""
 
     def __init__(self, broker: Any, **options: Any) -> None:
-        unknown = set(options) - set(DEFAULTS)
-        if unknown:
-            raise ConfigError(f"unknown producer option(s) {sorted(unknown)}; known: "
-                              f"{sorted(DEFAULTS)}")
-        settings = {**DEFAULTS, **options}
-        acks = settings["acks"]
-        if isinstance(acks, bool) or acks not in (0, 1, -1, "all", "0", "1", "-1"):
-            raise ConfigError(f"acks must be 0, 1 or 'all', got {acks!r}")
-        for name in ("linger_ms", "batch_size", "buffer_memory", "max_block_ms",
-                     "max_request_size", "retries", "request_timeout_ms",
-                     "delivery_timeout_ms"):
-            _non_negative_int(settings, name)
-        for name in ("key_serializer", "value_serializer"):
-            if settings[name] is not None and not callable(settings[name]):
-                raise ConfigError(f"{name} must be a callable or None")
-        partitioner = settings["partitioner"]
-        if partitioner not in (None, "sticky", "murmur2", "round_robin") \
-                and not callable(partitioner):
-            raise ConfigError("partitioner must be None (Kafka's default), 'round_robin' "
-                              "or a callable (key_bytes, all_partitions, available) -> int")
+        settings = resolve(PRODUCER, options)        # ConfigError naming a bad key
+        acks, partitioner = settings["acks"], settings["partitioner"]
         self.config = settings
         self._codec = codec_id(settings["compression_type"])
         require(self._codec)
         self._broker = broker
-        self._acks = 0 if acks in (0, "0") else 1
+        self._acks = 0 if acks == 0 else 1
+        self._acks_all = acks in (-1, "all")           # checks min.insync.replicas
         self._linger_s = settings["linger_ms"] / 1000
         self._buffer_memory = settings["buffer_memory"]
         self._batch_size = max(1, min(settings["batch_size"], self._buffer_memory))
@@ -683,18 +674,21 @@ class Producer:
             until = deadline
         try:
             if batch.rows:                       # every row may have been rescued
-                log = batch.state.topic.partition(batch.partition)
+                partition = batch.state.topic.partition(batch.partition)
+                if self._acks_all:
+                    self._check_in_sync_replicas(batch, partition)
                 now_ms = int(time.time() * 1000)
                 batch.timestamp_ms = now_ms
                 encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
                 if len(batch.rows) > 1 and \
-                        len(encoded) > log.config["max.message.bytes"]:
+                        len(encoded) > partition.config["max.message.bytes"]:
                     batch.outcomes = {}
-                    self._append_split(log, batch.rows, now_ms, batch.outcomes,
+                    self._append_split(partition, batch.rows, now_ms, batch.outcomes,
                                        [until, callers, batch])
                 else:
-                    batch.base_offset = log.append_batch(
-                        encoded, verify=False, lock_timeout_s=max(0.0, until - time.monotonic()))
+                    batch.base_offset = partition.append_batch(
+                        encoded, verify=False,
+                        lock_timeout_s=max(0.0, until - time.monotonic()))
         except LogkitTimeoutError as exc:     # the lock was not free: nothing stored
             if callers and not batch.outcomes:
                 batch.outcomes = None
@@ -704,10 +698,28 @@ class Producer:
             batch.error = storage_error(exc, "append",
                                         f"{batch.state.name}-{batch.partition}")
             batch.error.__cause__ = exc
-        except BaseException as exc:   # the error belongs to the records' futures
+        except LogkitError as exc:            # the error belongs to the records' futures
             batch.error = exc
+        except Exception as exc:              # a bug: logged; the futures still resolve
+            _log_unexpected(exc, batch)
+            batch.error = exc
+        except BaseException as exc:          # KeyboardInterrupt...: resolve, propagate
+            batch.error = exc
+            self._resolve(batch)
+            raise
         self._resolve(batch)
         return True
+
+    def _check_in_sync_replicas(self, batch: _Batch, partition: Any) -> None:
+        """acks='all': refuse the batch before appending when the topic asks for more
+        in-sync replicas than exist (Kafka's NOT_ENOUGH_REPLICAS; nothing is written)."""
+        wanted = partition.config["min.insync.replicas"]
+        if wanted > IN_SYNC_REPLICAS:
+            raise NotEnoughReplicasError(
+                f"acks='all' to {batch.state.name}-{batch.partition} needs "
+                f"min.insync.replicas={wanted} in-sync replicas; there is "
+                f"{IN_SYNC_REPLICAS} (no replication): lower the topic's "
+                "min.insync.replicas or send with acks=1")
 
     def _expired(self, batch: _Batch, exc: LogkitTimeoutError) -> LogkitTimeoutError:
         error = LogkitTimeoutError(
@@ -728,11 +740,12 @@ class Producer:
                 try:
                     _run_callback(batch, row, ok, err)
                 except Exception:    # a user callback must not break the producer
-                    pass
+                    log.exception("a send callback for %s-%d raised", batch.state.name,
+                                  batch.partition)
         finally:
             _in_callback.active = False
 
-    def _append_split(self, log: Any, rows: list[tuple], now_ms: int,
+    def _append_split(self, partition: Any, rows: list[tuple], now_ms: int,
                       outcomes: dict[int, int | BaseException], bound: list) -> None:
         """A batch over the topic's max.message.bytes goes in halves, recursively (as
         Kafka's producer splits on MESSAGE_TOO_LARGE); each row's offset or error is
@@ -742,14 +755,14 @@ class Producer:
         lock timeout before anything is stored propagates (the batch is requeued);
         once a part is stored the rest is bounded by the delivery timeout only."""
         encoded = encode_batch(rows, codec=self._codec, now_ms=now_ms)
-        if len(rows) > 1 and len(encoded) > log.config["max.message.bytes"]:
+        if len(rows) > 1 and len(encoded) > partition.config["max.message.bytes"]:
             half = len(rows) // 2
-            self._append_split(log, rows[:half], now_ms, outcomes, bound)
-            self._append_split(log, rows[half:], now_ms, outcomes, bound)
+            self._append_split(partition, rows[:half], now_ms, outcomes, bound)
+            self._append_split(partition, rows[half:], now_ms, outcomes, bound)
             return
         until, callers, batch = bound
         try:
-            base = log.append_batch(encoded, verify=False,
+            base = partition.append_batch(encoded, verify=False,
                                     lock_timeout_s=max(0.0, until - time.monotonic()))
         except LogkitTimeoutError as exc:
             if callers and not outcomes:
@@ -763,7 +776,12 @@ class Producer:
             for row in rows:
                 outcomes[id(row)] = error
             return
-        except Exception as exc:       # the error belongs to these rows' futures
+        except LogkitError as exc:     # the error belongs to these rows' futures
+            for row in rows:
+                outcomes[id(row)] = exc
+            return
+        except Exception as exc:       # a bug: logged; these rows' futures still resolve
+            _log_unexpected(exc, batch)
             for row in rows:
                 outcomes[id(row)] = exc
             return

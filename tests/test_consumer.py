@@ -3,6 +3,7 @@ seek/pause, offset reset, auto-commit, bad input."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -174,3 +175,43 @@ def test_iteration_ends_after_consumer_timeout_ms(broker):
                                value_deserializer=bytes.decode)
     values = [record.value for record in consumer]
     assert sorted(values, key=int) == [str(i) for i in range(30)]
+
+
+def test_a_refused_auto_commit_is_logged_and_polling_goes_on(broker, caplog):
+    """Auto-commit is best effort, as Kafka's: a manually assigned consumer whose group
+    has an active member cannot commit (CommitFailedError); poll() still returns its
+    records, and the refusal is logged on logkit.consumer instead of raised or lost."""
+    broker.create_topic("t", 1)
+    producer = broker.producer()
+    for i in range(3):
+        producer.send("t", b"%d" % i)
+    producer.flush()
+    member = broker.consumer("t", group_id="g")             # the group is not empty
+    manual = broker.consumer(group_id="g", auto_offset_reset="earliest",
+                             auto_commit_interval_ms=1)
+    manual.assign([TopicPartition("t", 0)])
+    time.sleep(0.01)                                       # the interval has passed
+    with caplog.at_level(logging.DEBUG, logger="logkit.consumer"):
+        assert [r.value for r in manual.poll(timeout_ms=1000)] == [b"0", b"1", b"2"]
+    assert any("refused" in r.getMessage() and "active members" in r.getMessage()
+               for r in caplog.records if r.name == "logkit.consumer")
+    assert manual.committed(TopicPartition("t", 0)) is None
+    manual.close(autocommit=False)
+    member.close()
+
+
+def test_consumer_options_come_from_the_settings_table(broker):
+    """The consumer's options and defaults are the table's "consumer" rows; a dotted
+    Kafka name is refused with the keyword to write."""
+    from logkit.config import TABLE
+    broker.create_topic("t", 1)
+    consumer = broker.consumer("t", max_poll_records="7", partition_assignment_strategy=[
+        "roundrobin", "range"])
+    assert consumer.config["max_poll_records"] == 7
+    assert set(consumer.config) == {key for key, row in TABLE["consumer"].items()
+                                    if row.status != "refused"}
+    consumer.close()
+    with pytest.raises(ConfigError, match="write the keyword group_id="):
+        broker.consumer("t", **{"group.id": "g"})
+    with pytest.raises(ConfigError, match="partition_assignment_strategy"):
+        broker.consumer("t", partition_assignment_strategy=["range", "fastest"])

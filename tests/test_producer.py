@@ -3,6 +3,7 @@ threads, limits and backpressure, acks, bad input."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -311,3 +312,76 @@ def test_flush_inside_a_callback_is_refused(broker):
     producer.send("t", b"v").add_callback(callback)
     producer.flush(timeout=10)
     assert len(errors) == 1
+
+
+def test_a_raising_send_callback_is_logged_and_the_others_still_run(broker, caplog):
+    """A user callback's exception does not reach the producer: it is logged at ERROR
+    on logkit.producer with its traceback, and the next callbacks run."""
+    broker.create_topic("t", 1)
+    producer = broker.producer(linger_ms=60_000)
+    ran = []
+
+    def bad(metadata):
+        raise RuntimeError("callback bug")
+
+    producer.send("t", b"a").add_callback(bad)
+    producer.send("t", b"b").add_callback(lambda md: ran.append(md.offset))
+    with caplog.at_level(logging.ERROR, logger="logkit.producer"):
+        producer.flush()
+    assert ran == [1]
+    [record] = [r for r in caplog.records if r.name == "logkit.producer"]
+    assert "callback" in record.getMessage() and record.exc_info[0] is RuntimeError
+    producer.close()
+
+
+def test_an_error_that_is_not_logkits_reaches_the_futures_and_the_log(
+        broker, caplog, monkeypatch):
+    """A bug while appending (simulated: the batch encoder raises TypeError) fails that
+    batch's futures with it, is logged with its traceback, and the producer goes on."""
+    broker.create_topic("t", 1)
+    producer = broker.producer(linger_ms=60_000)
+    real = producer_module.encode_batch
+    monkeypatch.setattr(producer_module, "encode_batch",
+                        lambda *a, **k: (_ for _ in ()).throw(TypeError("encoder bug")))
+    futures = [producer.send("t", b"%d" % i) for i in range(3)]
+    with caplog.at_level(logging.ERROR, logger="logkit.producer"):
+        producer.flush()
+    assert all(isinstance(f.exception(), TypeError) for f in futures)
+    assert any(r.exc_info and r.exc_info[0] is TypeError for r in caplog.records
+               if r.name == "logkit.producer")
+    monkeypatch.setattr(producer_module, "encode_batch", real)
+    assert producer.send("t", b"after").result(timeout=10).offset == 0
+    producer.close()
+
+
+def test_a_keyboard_interrupt_while_appending_propagates_after_resolving_the_batch(
+        broker, monkeypatch):
+    """KeyboardInterrupt is not swallowed into a future: flush() raises it, and the
+    batch's futures are resolved first, so nobody waits on them forever."""
+    broker.create_topic("t", 1)
+    producer = broker.producer(linger_ms=60_000)
+    real = producer_module.encode_batch
+    monkeypatch.setattr(producer_module, "encode_batch",
+                        lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    future = producer.send("t", b"v")
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush()
+    assert future.done() and isinstance(future.exception(timeout=0), KeyboardInterrupt)
+    monkeypatch.setattr(producer_module, "encode_batch", real)
+    producer.close()
+    assert broker.topic("t").partition(0).log_end_offset == 0
+
+
+def test_producer_options_come_from_the_settings_table(broker):
+    """The producer's options and defaults are the table's "producer" rows; strings
+    are read as Kafka's .properties are; refused keys say why."""
+    from logkit.config import TABLE
+    producer = broker.producer(linger_ms="5", enable_idempotence="true")
+    assert producer.config["linger_ms"] == 5 and producer.config["enable_idempotence"]
+    assert set(producer.config) == {key for key, row in TABLE["producer"].items()
+                                    if row.status != "refused"}
+    producer.close()
+    with pytest.raises(ConfigError, match="transactions are not built"):
+        broker.producer(transactional_id="tx-1")
+    with pytest.raises(ConfigError, match="bootstrap_servers.*not supported"):
+        broker.producer(bootstrap_servers="localhost:9092")

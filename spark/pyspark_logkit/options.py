@@ -1,12 +1,19 @@
 """Options of the `logkit` Spark data source, parsed and checked on the driver.
 
-Owns: the names and meaning of every option (mirroring Spark's Kafka source: `path`,
-`subscribe`, `subscribePattern`, `assign`, `startingOffsets`, `endingOffsets`,
+Owns: reading the options (mirroring Spark's Kafka source: `path`, `subscribe`,
+`subscribePattern`, `assign`, `startingOffsets`, `endingOffsets`,
 `maxOffsetsPerTrigger`, `minPartitions`, `maxRecordsPerPartition`, `includeHeaders`,
-`failOnDataLoss`, `topic`) and the offsets JSON
-format `{"topic": {"0": 42}}` with -2 for earliest and -1 for latest. Invariant: a bad
-option raises `LogkitSparkError` with a message that names the option and says what to
-write instead, before any Spark job starts.
+`failOnDataLoss`; for writes `path`, `topic`, `sinkId`, `checkpointLocation`,
+`queryName`) and the offsets JSON format `{"topic": {"0": 42}}` with -2 for earliest
+and -1 for latest. The names, types, defaults and bounds are the "spark read" and
+"spark write" rows of logkit's one settings table (`logkit.resolve_config`, listed in
+docs/configuration.md): the same coercion as every other setting, and an unknown option
+is refused as an unknown config key is; `kafka.*` options are accepted and ignored so a
+job written for Spark's Kafka source runs unchanged. Option names are case-insensitive,
+as Spark's are.
+
+Invariant: a bad option raises `LogkitSparkError` with a message that names the option
+and says what to write instead, before any Spark job starts.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from typing import Any, Mapping
 
 import logkit
 
-__all__ = ["LogkitSparkError", "SourceOptions", "parse_offsets", "EARLIEST", "LATEST"]
+__all__ = ["LogkitSparkError", "SourceOptions", "checked", "parse_offsets", "EARLIEST",
+           "LATEST"]
 
 EARLIEST, LATEST = -2, -1
 Offsets = dict[str, dict[int, int]]
@@ -28,27 +36,15 @@ class LogkitSparkError(logkit.LogkitError, ValueError):
     """A bad option or state of the logkit Spark data source."""
 
 
-def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    if str(raw).lower() in ("true", "false"):
-        return str(raw).lower() == "true"
-    raise LogkitSparkError(f"logkit: option {name!r} must be true or false, got {raw!r}")
-
-
-def _positive_int(options: Mapping[str, str], name: str) -> int | None:
-    raw = options.get(name)
-    if raw is None:
-        return None
+def checked(options: Mapping[str, str], *, write: bool = False) -> dict[str, Any]:
+    """Every read (or write) option, typed and defaulted by logkit's settings table;
+    LogkitSparkError naming the option otherwise. Keys are spelled as in the table
+    (`maxOffsetsPerTrigger`), whatever case Spark passed them in."""
     try:
-        number = int(raw)
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise LogkitSparkError(f"logkit: option {name!r} must be a positive integer, "
-                               f"got {raw!r}")
-    return number
+        return logkit.resolve_config("spark write" if write else "spark read",
+                                     dict(options.items()))
+    except logkit.ConfigError as exc:
+        raise LogkitSparkError(f"logkit: {exc}") from None
 
 
 def parse_offsets(name: str, raw: str, *, allow_latest: bool = True,
@@ -95,28 +91,25 @@ def parse_offsets(name: str, raw: str, *, allow_latest: bool = True,
 class SourceOptions:
     """Read options, checked. `topics_now(broker)` lists the matching partitions."""
 
-    def __init__(self, options: Mapping[str, str], *, streaming: bool) -> None:
-        self.path = options.get("path")
-        if not self.path:
-            raise LogkitSparkError("logkit: option 'path' is required: the broker directory, "
-                                   "e.g. .option('path', 'data/')")
-        self.path = os.path.abspath(self.path)
+    def __init__(self, given: Mapping[str, str], *, streaming: bool) -> None:
+        options = checked(given)
+        self.path = os.path.abspath(options["path"])
         if not os.path.isdir(self.path):
             raise LogkitSparkError(f"logkit: path {self.path!r} is not a logkit directory")
-        chosen = [k for k in ("subscribe", "subscribePattern", "assign") if options.get(k)]
+        chosen = [k for k in ("subscribe", "subscribePattern", "assign") if options[k]]
         if len(chosen) != 1:
             raise LogkitSparkError("logkit: set exactly one of 'subscribe', "
                                    f"'subscribePattern' or 'assign' (got {chosen or 'none'})")
-        self.subscribe = [t.strip() for t in options.get("subscribe", "").split(",")
+        self.subscribe = [t.strip() for t in (options["subscribe"] or "").split(",")
                           if t.strip()] or None
-        pattern = options.get("subscribePattern")
+        pattern = options["subscribePattern"]
         try:
             self.pattern = re.compile(pattern) if pattern else None
         except re.error as exc:
             raise LogkitSparkError(f"logkit: subscribePattern {pattern!r} is not a valid "
                                    f"regular expression: {exc}") from None
         self.assign: dict[str, list[int]] | None = None
-        if options.get("assign"):
+        if options["assign"]:
             try:
                 assign = json.loads(options["assign"])
                 self.assign = {t: [int(p) for p in ps] for t, ps in assign.items()}
@@ -126,16 +119,16 @@ class SourceOptions:
                     from None
         default_start = "latest" if streaming else "earliest"
         self.starting = parse_offsets("startingOffsets",
-                                      options.get("startingOffsets", default_start))
-        if streaming and "endingOffsets" in options:
+                                      options["startingOffsets"] or default_start)
+        if streaming and any(key.lower() == "endingoffsets" for key in given):
             raise LogkitSparkError("logkit: 'endingOffsets' is for batch reads only")
-        self.ending = parse_offsets("endingOffsets", options.get("endingOffsets", "latest"),
+        self.ending = parse_offsets("endingOffsets", options["endingOffsets"],
                                     allow_earliest=False)
-        self.include_headers = _bool(options, "includeHeaders", False)
-        self.fail_on_data_loss = _bool(options, "failOnDataLoss", True)
-        self.max_offsets_per_trigger = _positive_int(options, "maxOffsetsPerTrigger")
-        self.min_partitions = _positive_int(options, "minPartitions")
-        self.max_records_per_partition = _positive_int(options, "maxRecordsPerPartition")
+        self.include_headers: bool = options["includeHeaders"]
+        self.fail_on_data_loss: bool = options["failOnDataLoss"]
+        self.max_offsets_per_trigger: int | None = options["maxOffsetsPerTrigger"]
+        self.min_partitions: int | None = options["minPartitions"]
+        self.max_records_per_partition: int | None = options["maxRecordsPerPartition"]
 
     def partitions(self, broker: logkit.Broker) -> list[logkit.TopicPartition]:
         """The topic partitions this source reads, as of now."""
