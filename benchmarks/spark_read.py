@@ -1,7 +1,8 @@
 """Batch-read N records (10-byte keys, 100-byte values, 3 partitions) through the
 logkit Spark data source, beside `spark.read.parquet` of the same rows, in one run.
 
-Run: .venv/bin/python benchmarks/spark_read.py [--records 1000000] [--repeats 5]
+Run from the checkout's root:
+    .venv/bin/python -m benchmarks.spark_read [--records 1000000] [--repeats 5]
 
 The action on every side is the same full scan: sum(length(value)) and count(*).
 Two data shapes, each written to a logkit topic and to Parquet with identical rows:

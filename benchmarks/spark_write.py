@@ -2,7 +2,8 @@
 data source into a 3-partition topic, beside `df.write.parquet` of the same cached
 DataFrame, in one run.
 
-Run: .venv/bin/python benchmarks/spark_write.py [--records 500000] [--repeats 3]
+Run from the checkout's root:
+    .venv/bin/python -m benchmarks.spark_write [--records 500000] [--repeats 3]
 
 Each logkit write appends N more records (staged by the tasks, appended by the driver's
 commit); each Parquet write overwrites its directory. Repeats are interleaved; medians.

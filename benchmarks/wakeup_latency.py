@@ -13,7 +13,10 @@ Systems:
   pipe     Connection.send_bytes -> blocking recv_bytes on an OS pipe (kernel floor)
   SQLite   WAL insert + commit -> a reader polling SELECT every 100 µs
 
-Run:  .venv/bin/python benchmarks/wakeup_latency.py [--records 3000] [--json FILE]
+Run from the checkout's root (one module of the `benchmarks` package, with its own
+command line and JSON):
+    .venv/bin/python -m benchmarks.wakeup_latency [--records 3000] [--json FILE]
+(the committed figures are benchmarks/wakeup_latency.json).
 Target (DESIGN §10 / issue 3): logkit wake-up p99 <= 1 ms.
 """
 
@@ -25,14 +28,11 @@ import multiprocessing as mp
 import os
 import shutil
 import sqlite3
-import sys
 import tempfile
 import time
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import logkit  # noqa: E402
+import logkit
 
 READY_TIMEOUT_S = 60
 SQLITE_POLL_S = 0.0001

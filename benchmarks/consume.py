@@ -1,0 +1,133 @@
+"""The consume benchmark: read back every record (touching each value) through logkit's
+consumer and through `Partition.read`, beside SQLite in WAL mode, persist-queue, `os.read`
+of the same batches and kafka-python's batch parser over the same file; Kafka's 2014
+figure as a labelled anchor.
+
+Owns: the `consume` rows. Invariant: logkit's rows read exactly the records loaded (a
+short read fails the run), and the peers read the same records' bytes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._common import (KAFKA_2014, NOT_INSTALLED, TOPIC, BenchConfig, Progress, Result,
+                      append_all, encoded_batches, make_records, measure, open_broker,
+                      records_per_batch, scratch)
+from ._peers import kafka_python, persist_queue, sqlite_open, sqlite_read, sqlite_write
+
+MAX_RECORDS_PER_POLL = 500
+IDLE_POLLS_MAX = 50                   # empty 100 ms polls before the consumer gives up
+
+
+def run(config: BenchConfig) -> list[Result]:
+    count = config.records
+    pairs = make_records(config, count)
+    payload_each = config.key_bytes + config.value_bytes
+    out: list[Result] = []
+    with scratch(config, "consume") as path:
+        broker = open_broker(path, config)
+        progress = Progress("consume: loading", count, config.progress)
+        append_all(broker, config, pairs, progress)
+        progress.done()
+        topic = broker.topic(TOPIC)
+
+        def client_poll() -> None:
+            consumer = broker.consumer(TOPIC, group_id=None, auto_offset_reset="earliest",
+                                       enable_auto_commit=False)
+            seen = idle = 0
+            while seen < count and idle < IDLE_POLLS_MAX:
+                records = consumer.poll(timeout_ms=100, max_records=MAX_RECORDS_PER_POLL)
+                idle = 0 if records else idle + 1
+                for r in records:
+                    r.value
+                seen += len(records)
+            consumer.close()
+            if seen != count:
+                raise RuntimeError(f"consumer.poll returned {seen} of {count} records")
+
+        def log_read() -> None:
+            seen = 0
+            for p in range(config.partitions):
+                partition = topic.partition(p)
+                offset = 0
+                end = partition.high_watermark
+                while offset < end:
+                    records = partition.read(offset, max_records=MAX_RECORDS_PER_POLL)
+                    for r in records:
+                        r.value
+                    seen += len(records)
+                    offset = records[-1].offset + 1
+            if seen != count:
+                raise RuntimeError(f"Partition.read returned {seen} of {count} records")
+
+        out.append(measure("consume", "logkit consumer.poll(max_records=500) + iterate",
+                           count, count * payload_each, client_poll, headline=True))
+        out.append(measure("consume", "logkit Partition.read(max_records=500) + iterate",
+                           count, count * payload_each, log_read))
+        broker.close()
+        out += _peer_rows(config, path, pairs[:min(count, config.peer_records_cap)])
+    out.append(Result("consume", "Kafka 2014, 1 consumer (historical anchor, not this "
+                      "machine)", records_per_s=KAFKA_2014["consume_records_per_s"],
+                      note="anchor"))
+    return out
+
+
+def _peer_rows(config: BenchConfig, path: str, pairs: list[tuple[bytes, bytes]]) -> list[Result]:
+    count = len(pairs)
+    payload_bytes = count * (config.key_bytes + config.value_bytes)
+    per_batch = records_per_batch(config)
+    out: list[Result] = []
+    db = sqlite_open(os.path.join(path, "peer.db"), "NORMAL")
+    sqlite_write(db, pairs, per_batch, config.partitions)
+    out.append(measure("consume", "SQLite WAL SELECT 500 rows per query + iterate",
+                       count, payload_bytes,
+                       lambda: sqlite_read(db, count, MAX_RECORDS_PER_POLL)))
+    db.close()
+
+    queue_count = min(count, 50_000)
+    queue = persist_queue(os.path.join(path, "pq"))
+    if queue is None:
+        out.append(Result("consume", "persist-queue SQLiteQueue", note=NOT_INSTALLED))
+    else:
+        for pair in pairs[:queue_count]:
+            queue.put(pair)
+        queue.task_done()
+
+        def pq_get() -> None:
+            for start in range(0, queue_count, per_batch):
+                for _ in range(min(per_batch, queue_count - start)):
+                    queue.get(block=False)
+                queue.task_done()
+
+        out.append(measure("consume", "persist-queue SQLiteQueue get, commit per batch",
+                           queue_count, queue_count * (config.key_bytes + config.value_bytes),
+                           pq_get))
+
+    raw_path = os.path.join(path, "raw.log")
+    with open(raw_path, "wb") as f:
+        for batch in encoded_batches(config, pairs):
+            f.write(batch)
+
+    def raw_read() -> None:
+        fd = os.open(raw_path, os.O_RDONLY)
+        try:
+            while os.read(fd, 1 << 20):
+                pass
+        finally:
+            os.close(fd)
+
+    out.append(measure("consume", "os.read of the same batches, 1 MiB reads "
+                       "(physical limit)", count, payload_bytes, raw_read))
+    kp = kafka_python()
+    if kp is not None:
+        def kp_read() -> None:
+            with open(raw_path, "rb") as f:
+                batches = kp.MemoryRecords(f.read())
+            while (batch := batches.next_batch()) is not None:
+                for r in batch:
+                    r.value
+
+        out.append(measure("consume", "kafka-python DefaultRecordBatch over the same "
+                           "file (codec peer)", count, payload_bytes, kp_read))
+    return out
