@@ -45,6 +45,7 @@ __all__ = ["RegistryServer", "serve", "handle", "ROUTES", "MAX_BODY_BYTES"]
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20          # a schema is at most 1 MiB; JSON escaping may double it
+DRAIN_LIMIT_BYTES = 4 * MAX_BODY_BYTES   # a larger body is not read: the connection closes
 SOCKET_TIMEOUT_S = 30.0           # an idle or stalled connection is closed after this
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 Answer = tuple[int, Any]
@@ -373,6 +374,7 @@ def handle(registry: SchemaRegistry, method: str, path: str, query: dict[str, st
 
 class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.0"   # so a garbled request line gets a status line
     timeout = SOCKET_TIMEOUT_S
     server: "_Server"
 
@@ -390,6 +392,14 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("schema registry %s: " + format, self.address_string(), *args)
+
+    def send_error(self, code: int, message: str | None = None,
+                   explain: str | None = None) -> None:
+        """http.server's own refusals (a garbled request line, too many headers, a URI
+        too long) in the registry's JSON error shape; the connection then closes."""
+        self.close_connection = True
+        self._answer(code, {"error_code": code,
+                            "message": message or explain or "bad request"})
 
     def _answer(self, status: int, document: Any) -> None:
         payload = json.dumps(document).encode()
@@ -415,7 +425,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return
         length = int(length_header)
         if length > MAX_BODY_BYTES:
-            self.close_connection = True           # the body is not read
+            self.close_connection = True
+            if length <= DRAIN_LIMIT_BYTES:        # read and drop it, so the client sees
+                self._drain(length)                # the answer, not a reset connection
             self._answer(413, {"error_code": 413, "message": f"the body is {length} bytes; "
                                                              f"the limit is {MAX_BODY_BYTES}"})
             return
@@ -429,7 +441,15 @@ class _RequestHandler(BaseHTTPRequestHandler):
                                   body)
         self._answer(status, document)
 
-    do_GET = do_POST = do_PUT = do_DELETE = _run
+    def _drain(self, length: int) -> None:
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 16))
+            if not chunk:
+                return
+            length -= len(chunk)
+
+    # Every method goes to `handle`, which answers 405 (JSON) for one it does not route.
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _run
 
 
 class _Server(ThreadingHTTPServer):
