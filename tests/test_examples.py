@@ -43,3 +43,16 @@ def test_stream_processing(spark, tmp_path):
     result = stream_processing.run(str(tmp_path), events=3000, spark=spark)
     assert result["spark_rows_in"] == 3000
     assert result["dashboard"] == result["truth"]
+
+
+def test_schema_evolution(tmp_path):
+    """Old and new consumers each read every record in their own schema; v3 is refused
+    at registration and at send."""
+    pytest.importorskip("fastavro")
+    import schema_evolution
+    result = schema_evolution.run(str(tmp_path))
+    assert [v["note"] for v in result["old"]] == ["gift wrap", "", ""]
+    assert [v["currency"] for v in result["new"]] == ["EUR", "USD", "EUR"]
+    assert [where for where, _ in result["refusals"]] == ["register", "send"]
+    assert all("id: TYPE_MISMATCH" in message for _, message in result["refusals"])
+    assert result["versions"] == [1, 2] and result["records"] == 3
