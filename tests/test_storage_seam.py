@@ -179,3 +179,27 @@ def test_last_recovery_is_none_after_a_clean_open_and_a_report_after_a_cut(tmp_p
         report = storage(b.topic("t").partition(0)).last_recovery
         assert report is not None and report.bytes_truncated == 37
         assert os.path.getsize(path) == size
+
+
+def test_check_names_the_file_and_position_of_a_flipped_byte(tmp_path):
+    """check() verifies stored data with named errors, never assert (python -O keeps
+    it): a flipped byte in a batch body is reported at that batch's position."""
+    import logkit
+    from logkit import CorruptRecordError
+    from tests.helpers.tailpoke import batch_positions
+    with logkit.Broker(tmp_path / "d") as b:
+        p = b.create_topic("t", 1).partition(0)
+        fill(p, 4)
+        p.check()
+        path = os.path.join(p.directory, "00000000000000000000.log")
+    third = batch_positions(path)[2]
+    with open(path, "r+b") as f:
+        f.seek(third + 70)
+        byte = f.read(1)
+        f.seek(third + 70)
+        f.write(bytes([byte[0] ^ 0x55]))
+    with logkit.Broker(tmp_path / "d") as b:
+        p = b.topic("t").partition(0)
+        with pytest.raises(CorruptRecordError) as info:
+            p.check()
+        assert (info.value.path, info.value.position) == (path, third)
