@@ -4,8 +4,10 @@ The public API is exactly what this module exports (DESIGN §6). Everything else
 package is private and may change.
 """
 
+from .batches import BatchBuilder, SegmentBatch, iter_segment_batches, stamp_producer
 from .broker import Broker
 from .config import resolve_config
+from .columns import Columns
 from .consumer import Consumer, OffsetAndTimestamp
 from .group import ConsumerGroup, MemberInfo, OffsetAndMetadata
 from .producer import FutureRecordMetadata, Producer
@@ -17,7 +19,8 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
                      ForkedProcessError, ReadOnlyError, SerializationError)
 from .murmur2 import murmur2
-from .records import Record, RecordMetadata
+from .log import RecoveryReport
+from .records import BatchHeader, Record, RecordMetadata
 from .topic import Partition, Topic, TopicPartition
 
 __version__ = "0.1.0"
@@ -26,6 +29,8 @@ __all__ = [
     "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
     "Producer", "FutureRecordMetadata", "Consumer", "OffsetAndTimestamp", "ConsumerGroup",
     "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config",
+    "Columns", "BatchHeader", "RecoveryReport", "BatchBuilder", "stamp_producer",
+    "SegmentBatch", "iter_segment_batches",
     "LogkitError", "ConfigError", "InvalidTopicError", "TopicExistsError",
     "UnknownTopicError", "OffsetOutOfRangeError", "CorruptRecordError",
     "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",

@@ -1,8 +1,9 @@
 """The `logkit` command: a thin layer over the library.
 
 Owns: argument parsing and turning library errors into a message and an exit code. Each
-command opens one library object and makes one or two calls on it; nothing here knows
-the file formats beyond what `records.py` exposes. Every command's help carries an
+command opens one library object and makes one or two calls on it; it uses only the
+public names of `logkit` (tests/test_seams.py holds it to that), so it knows nothing of
+the file formats beyond what they expose. Every command's help carries an
 example (tests/test_cli.py checks that).
 
     logkit topics DIR                    list topics and their partition counts
@@ -17,18 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import sys
 from typing import Any, Callable, Sequence
 
-from .errors import LogkitError
+from . import Broker, LogkitError, iter_segment_batches
 
 __all__ = ["main", "build_parser"]
 
 
-def _broker(directory: str) -> Any:
-    from .broker import Broker
+def _broker(directory: str) -> Broker:
     if not os.path.isfile(os.path.join(directory, "logkit.json")):
         # inspection must never turn an arbitrary directory into a broker root
         raise LogkitError(f"{directory} is not a logkit directory (no logkit.json)")
@@ -70,39 +69,26 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from .errors import CorruptRecordError
-    from .records import LOG_OVERHEAD, check_batch, decode_batch, read_header
     path = args.segment
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            print(f"{path}: empty")
-            return 0
-        buf = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-        try:
-            pos = batches = records = 0
-            while pos < size:
-                header = read_header(buf, pos, size, path)
-                if header is None:
-                    raise CorruptRecordError("torn batch at the end of the file",
-                                             path=path, position=pos, expected=size)
-                check_batch(buf, pos, header, path)
-                print(f"baseOffset: {header.base_offset} lastOffset: {header.last_offset} "
-                      f"count: {header.records_count} position: {pos} "
-                      f"size: {header.size} codec: {header.codec} "
-                      f"maxTimestamp: {header.max_timestamp} crc: {header.crc} "
-                      f"isControl: {header.is_control}")
-                if args.records and not header.is_control:
-                    for r in decode_batch(buf, pos, header, "", 0, path=path, verify=False):
-                        print(f"| offset: {r.offset} timestamp: {r.timestamp} "
-                              f"key: {_show(r.key)} value: {_show(r.value)}"
-                              + (f" headers: {list(r.headers)}" if r.headers else ""))
-                batches += 1
-                records += header.records_count
-                pos += LOG_OVERHEAD + header.batch_length
-            print(f"{batches} batch(es), {records} record(s), {size} bytes: all CRCs valid")
-        finally:
-            buf.close()
+    size = os.stat(path).st_size
+    if size == 0:
+        print(f"{path}: empty")
+        return 0
+    batches = records = 0
+    for batch in iter_segment_batches(path, decode=args.records):
+        header = batch.header
+        print(f"baseOffset: {header.base_offset} lastOffset: {header.last_offset} "
+              f"count: {header.records_count} position: {batch.position} "
+              f"size: {header.size} codec: {header.codec} "
+              f"maxTimestamp: {header.max_timestamp} crc: {header.crc} "
+              f"isControl: {header.is_control}")
+        for r in batch.records or ():
+            print(f"| offset: {r.offset} timestamp: {r.timestamp} "
+                  f"key: {_show(r.key)} value: {_show(r.value)}"
+                  + (f" headers: {list(r.headers)}" if r.headers else ""))
+        batches += 1
+        records += header.records_count
+    print(f"{batches} batch(es), {records} record(s), {size} bytes: all CRCs valid")
     return 0
 
 

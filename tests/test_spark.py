@@ -264,8 +264,9 @@ def test_streaming_write_without_an_identity_is_refused(spark, tmp_path):
         spark.conf.unset("spark.sql.streaming.checkpointLocation")
 
 
-def test_exactly_once_commit_recovers_a_half_appended_batch(tmp_path):
-    """A sink commit that died half-way appends only the missing staged batches."""
+def test_exactly_once_commit_recovers_a_half_appended_batch(tmp_path, caplog):
+    """A sink commit that died half-way appends only the missing staged batches, and
+    says so in a WARNING."""
     pytest.importorskip("pyspark")
     from pyspark_logkit.writer import append_staged, stage
     import pyarrow as pa
@@ -275,7 +276,7 @@ def test_exactly_once_commit_recovers_a_half_appended_batch(tmp_path):
     staged = stage(str(tmp_path), "w1", "dst", iter([batch]))
     from pyspark_logkit.brokers import broker_for
     broker = broker_for(str(tmp_path))
-    log = broker.topic("dst").partition(0)._log
+    partition = broker.topic("dst").partition(0)
     # Simulate the crash: record the intent and append only the first staged batch.
     import pyspark_logkit.writer as w
     frames = list(w.read_staged(staged.path))
@@ -284,12 +285,15 @@ def test_exactly_once_commit_recovers_a_half_appended_batch(tmp_path):
     with broker.meta.begin(write=True) as txn:
         txn.put(b"sink", json.dumps(state).encode(), db=broker.meta.db("spark"))
     first = frames[0][2]
-    w._stamp_producer(first, w._producer_id("sink"), 7, 0)
-    log.append_batch(first)
-    appended = append_staged(str(tmp_path), [staged.path], sink_id="sink", batch_id=7)
-    assert appended == 2 and log.log_end_offset == 5000
+    logkit.stamp_producer(first, w._producer_id("sink"), 7, 0)
+    partition.append_batch(first)
+    with caplog.at_level("WARNING", logger="pyspark_logkit.writer"):
+        appended = append_staged(str(tmp_path), [staged.path], sink_id="sink", batch_id=7)
+    assert appended == 2 and partition.log_end_offset == 5000
+    assert any("micro-batch 7 resumes" in r.getMessage() and "1 of its 3" in r.getMessage()
+               for r in caplog.records)
     assert append_staged(str(tmp_path), [staged.path], sink_id="sink", batch_id=7) == 0
-    assert log.log_end_offset == 5000
+    assert partition.log_end_offset == 5000
 
 
 @pytest.mark.parametrize("options, message", [

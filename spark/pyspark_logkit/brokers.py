@@ -22,7 +22,7 @@ def broker_for(path: str) -> logkit.Broker:
     key = (os.getpid(), os.path.abspath(path))
     with _lock:
         broker = _brokers.get(key)
-        if broker is None or broker._closed:
+        if broker is None or broker.closed:
             broker = _brokers[key] = logkit.Broker(key[1], background=False)
         return broker
 

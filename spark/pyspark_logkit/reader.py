@@ -80,14 +80,13 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
     partition = broker.topic(part.topic).partition(part.partition)
     arrow_schema = _arrow_schema(part.include_headers)
     offset = _past_lost(partition, part, part.start)
-    log = partition._log
     if not part.include_headers:
-        yield from _read_columns(log, partition, part, offset, arrow_schema)
+        yield from _read_columns(partition, part, offset, arrow_schema)
         return
     while offset < part.end:
         try:
-            records = log.read(offset, max_records=min(CHUNK_RECORDS, part.end - offset),
-                               upto_offset=part.end)
+            records = partition.read(offset, min(CHUNK_RECORDS, part.end - offset),
+                                     stop_offset=part.end)
         except logkit.OffsetOutOfRangeError:
             offset = _past_lost(partition, part, offset, raced=True)
             continue
@@ -128,7 +127,7 @@ def _binary(count: int, nulls: pa.Array, bit: int, ends: bytearray,
                                  [validity, pa.py_buffer(ends), pa.py_buffer(data)])
 
 
-def _past_lost(partition: Any, part: OffsetRange, offset: int, *,
+def _past_lost(partition: logkit.Partition, part: OffsetRange, offset: int, *,
                raced: bool = False) -> int:
     """Where to read from when `offset` may be below the log start (retention removed
     it): raise per failOnDataLoss, or skip to the log start. `raced`: a read said the
@@ -149,15 +148,14 @@ def _past_lost(partition: Any, part: OffsetRange, offset: int, *,
     return start
 
 
-def _read_columns(log: Any, partition: Any, part: OffsetRange, offset: int,
+def _read_columns(partition: logkit.Partition, part: OffsetRange, offset: int,
                   arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The fast path (no headers): batches decoded straight into Arrow buffers."""
-    from logkit.columns import Columns
+    """The fast path (no headers): batches decoded straight into Arrow buffers
+    (`logkit.Columns`, whose buffers are Arrow's layout as they stand)."""
     while offset < part.end:
-        columns = Columns()
         try:
-            offset = log.read_columns(offset, columns, stop_offset=part.end,
-                                      max_records=CHUNK_RECORDS)
+            columns, offset = partition.read_columns(offset, CHUNK_RECORDS,
+                                                     stop_offset=part.end)
         except logkit.OffsetOutOfRangeError:
             offset = _past_lost(partition, part, offset, raced=True)
             continue

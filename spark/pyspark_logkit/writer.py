@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -49,19 +50,17 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, StringType, S
                                StructType)
 
 import logkit
-from logkit.crc import crc32c
-from logkit.records import (ATTRIBUTES_OFFSET, CRC_OFFSET, PRODUCER_ID_OFFSET, _CRC,
-                            encode_batch)
 
 from .brokers import broker_for
 from .options import LogkitSparkError
 
 __all__ = ["LogkitBatchWriter", "LogkitStreamWriter", "SinkOptions"]
 
+log = logging.getLogger(__name__)
+
 STAGING_DIR = ".spark-staging"
 STAGED_BATCH_RECORDS = 2000
 _FRAME = struct.Struct(">HiI")                # topic length, partition, batch length
-_PRODUCER = struct.Struct(">qhi")              # producerId, producerEpoch, baseSequence
 
 
 class SinkOptions:
@@ -195,32 +194,28 @@ class _Slots:
 
     def __init__(self, out: Any) -> None:
         self.out = out
-        self.rows: dict[tuple[str, int], list[tuple]] = {}
-        self.size_bytes: dict[tuple[str, int], int] = {}
+        self.builders: dict[tuple[str, int], logkit.BatchBuilder] = {}
 
     def add(self, slot: tuple[str, int], key: bytes | None, value: bytes | None,
             headers: list | None, limit_bytes: int) -> None:
-        size = 24 + (len(key) if key else 0) + (len(value) if value else 0)
-        rows = self.rows.get(slot)
-        if rows and (len(rows) >= STAGED_BATCH_RECORDS
-                     or self.size_bytes[slot] + size > limit_bytes):
+        builder = self.builders.get(slot)
+        if builder is not None:
+            if builder.try_append(key, value, headers):
+                return
             self.emit(slot)
-            rows = None
-        if rows is None:
-            rows = self.rows[slot] = []
-            self.size_bytes[slot] = 61
-        rows.append((key, value, headers, None))
-        self.size_bytes[slot] += size
+        builder = self.builders[slot] = logkit.BatchBuilder(
+            limit_bytes=limit_bytes, max_records=STAGED_BATCH_RECORDS)
+        builder.append(key, value, headers)
 
     def emit(self, slot: tuple[str, int]) -> None:
-        encoded = encode_batch(self.rows.pop(slot))
+        encoded = self.builders.pop(slot).build()
         name = slot[0].encode()
         self.out.write(_FRAME.pack(len(name), slot[1], len(encoded)))
         self.out.write(name)
         self.out.write(encoded)
 
     def emit_all(self) -> None:
-        for slot in list(self.rows):
+        for slot in list(self.builders):
             self.emit(slot)
 
 
@@ -298,11 +293,6 @@ def _producer_id(sink_id: str) -> int:
     return int.from_bytes(hashlib.sha256(sink_id.encode()).digest()[:8], "big") >> 1
 
 
-def _stamp_producer(batch: bytearray, producer_id: int, epoch: int, sequence: int) -> None:
-    _PRODUCER.pack_into(batch, PRODUCER_ID_OFFSET, producer_id, epoch, sequence)
-    _CRC.pack_into(batch, CRC_OFFSET, crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
-
-
 def _cleanup(path: str, writer_id: str) -> None:
     shutil.rmtree(os.path.join(path, STAGING_DIR, writer_id), ignore_errors=True)
 
@@ -314,15 +304,17 @@ def append_staged(path: str, files: list[str], *, sink_id: str | None,
     staged = [frame for f in files for frame in read_staged(f)]
     if sink_id is None:
         for topic, partition, batch in staged:
-            broker.topic(topic).partition(partition)._log.append_batch(batch)
+            broker.topic(topic).partition(partition).append_batch(batch)
         return len(staged)
     meta = broker.meta
     key = sink_id.encode()
     with meta.begin() as txn:
         raw = txn.get(key, db=meta.db("spark"))
     state = json.loads(raw) if raw else {"committed": -1, "intent": None}
-    if batch_id <= state["committed"]:
-        return 0                                      # a replay of a committed batch
+    if batch_id <= state["committed"]:               # a replay of a committed batch
+        log.debug("sink %s: micro-batch %d is already committed (a replay): nothing "
+                  "appended", sink_id, batch_id)
+        return 0
     producer_id = _producer_id(sink_id)
     epoch = batch_id % 32768
     intent = state.get("intent")
@@ -330,10 +322,12 @@ def append_staged(path: str, files: list[str], *, sink_id: str | None,
     if intent and intent["batch"] == batch_id:       # crashed mid-commit: what got in?
         for slot, start in intent["starts"].items():
             topic, partition = slot.rsplit("/", 1)
-            for header in broker.topic(topic).partition(int(partition))._log \
-                    .batch_headers(start):
+            for header in broker.topic(topic).partition(int(partition)).batch_headers(start):
                 if header.producer_id == producer_id and header.producer_epoch == epoch:
                     present.add((topic, int(partition), header.base_sequence))
+        log.warning("sink %s: micro-batch %d resumes a commit that stopped half-way: %d of "
+                    "its %d staged batch(es) were already appended", sink_id, batch_id,
+                    len(present), len(staged))
     else:
         starts = {f"{t}/{p}": broker.topic(t).partition(p).log_end_offset
                   for t, p, _ in staged}
@@ -344,8 +338,8 @@ def append_staged(path: str, files: list[str], *, sink_id: str | None,
     for sequence, (topic, partition, batch) in enumerate(staged):
         if (topic, partition, sequence) in present:
             continue
-        _stamp_producer(batch, producer_id, epoch, sequence)
-        broker.topic(topic).partition(partition)._log.append_batch(batch)
+        logkit.stamp_producer(batch, producer_id, epoch, sequence)
+        broker.topic(topic).partition(partition).append_batch(batch)
         appended += 1
     state["committed"], state["intent"] = batch_id, None
     with meta.begin(write=True) as txn:
