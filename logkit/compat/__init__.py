@@ -23,6 +23,7 @@ for text that is not a schema of its type. Nothing here touches storage.
 
 from __future__ import annotations
 
+import logging
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -31,6 +32,8 @@ from .errors import InvalidCompatibilityLevelError, InvalidSchemaError
 
 __all__ = ["LEVELS", "DEFAULT_LEVEL", "SCHEMA_TYPES", "MAX_SCHEMA_BYTES", "Incompatibility",
            "ParsedSchema", "parse", "check_compatibility", "check_level", "normalize_level"]
+
+log = logging.getLogger(__name__)
 
 LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE",
           "FULL", "FULL_TRANSITIVE")

@@ -17,6 +17,7 @@ expanded. Pure Python: no Avro library is needed to register or check Avro schem
 
 from __future__ import annotations
 
+import logging
 import json
 import math
 import re
@@ -26,6 +27,8 @@ from . import MAX_NESTING, Incompatibility, ParsedSchema
 from .errors import InvalidSchemaError
 
 __all__ = ["parse", "check", "find_error", "AvroModel"]
+
+log = logging.getLogger(__name__)
 
 PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes",
                         "string"))

@@ -9,6 +9,7 @@ its own, and clients that switch on Confluent's codes keep working.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..errors import LogkitError
@@ -20,6 +21,8 @@ __all__ = [
     "IncompatibleSchemaError", "InvalidSchemaError", "InvalidVersionError",
     "InvalidCompatibilityLevelError", "InvalidSubjectError",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class SchemaRegistryError(LogkitError):

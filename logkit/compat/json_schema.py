@@ -17,6 +17,7 @@ Validation of the schema itself uses the `jsonschema` package when it is install
 
 from __future__ import annotations
 
+import logging
 import json
 from typing import Any, Sequence
 
@@ -24,6 +25,8 @@ from . import MAX_NESTING, Incompatibility, ParsedSchema
 from .errors import InvalidSchemaError
 
 __all__ = ["parse", "check"]
+
+log = logging.getLogger(__name__)
 
 # Keywords where a larger value in the reader accepts less, and smaller accepts less.
 LOWER_BOUNDS = {"minimum": "MINIMUM", "exclusiveMinimum": "EXCLUSIVE_MINIMUM",

@@ -15,12 +15,15 @@ with the line number. Bounded: at most `MAX_TOKENS` tokens.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Iterator
 
 from .errors import InvalidSchemaError
 
 __all__ = ["parse_proto", "MAX_TOKENS"]
+
+log = logging.getLogger(__name__)
 
 MAX_TOKENS = 200_000
 _TOKEN = re.compile(r"""

@@ -17,6 +17,7 @@ it a Protobuf schema raises CodecUnavailableError, never a wrong answer.
 
 from __future__ import annotations
 
+import logging
 import base64
 import binascii
 import re
@@ -29,6 +30,8 @@ from .errors import InvalidSchemaError
 
 __all__ = ["parse", "check", "ProtoModel", "to_serialized", "message_indexes",
            "message_at"]
+
+log = logging.getLogger(__name__)
 
 _BASE64 = re.compile(r"[A-Za-z0-9+/=\s]+\Z")
 # Scalar types whose values decode from each other's wire bytes (Confluent's groups).

@@ -20,6 +20,8 @@ CodecUnavailableError when it is made. Invariant: every failure to convert raise
 the dotted field path; a consumer adds partition and offset.
 """
 
+import logging
+
 from ..compat import LEVELS
 from ..compat.errors import (IncompatibleSchemaError, InvalidCompatibilityLevelError,
                              InvalidSchemaError, InvalidSubjectError, InvalidVersionError,
@@ -51,3 +53,5 @@ __all__ = [
     "IncompatibleSchemaError", "InvalidSchemaError", "InvalidVersionError",
     "InvalidCompatibilityLevelError", "InvalidSubjectError",
 ]
+
+log = logging.getLogger(__name__)

@@ -13,18 +13,21 @@ or leaves bytes over, raises `SerializationError` (never a partial value).
 
 from __future__ import annotations
 
+import logging
 import io
 import json
 import struct
 from typing import Any, Callable
 
 from ..compat import ParsedSchema, parse
-from ..compat.avro import find_error
+from ..compat.avro import PRIMITIVES, find_error
 from ..errors import CodecUnavailableError, SerializationError
 from ..schema_registry import Schema, _references
 from .base import SchemaSerde
 
 __all__ = ["AvroSerde"]
+
+log = logging.getLogger(__name__)
 
 # What fastavro raises for a value that does not fit, or bytes that do not decode.
 _ENCODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError,
@@ -44,7 +47,8 @@ def _fastavro() -> Any:
 
 class AvroSerde(SchemaSerde):
     """`AvroSerde(registry, topic, schema, *, is_key=False)`: `schema` is Avro schema
-    JSON text or its dict (or None to decode with each record's writer schema).
+    JSON text or its dict, or a primitive's name ("string"), or None to decode with each
+    record's writer schema.
     Values are dicts (records), or whatever fastavro accepts for the schema."""
 
     schema_type = "AVRO"
@@ -56,6 +60,8 @@ class AvroSerde(SchemaSerde):
 
     def _own_schema(self, schema: Any) -> tuple[Schema, ParsedSchema]:
         text = schema if isinstance(schema, str) else json.dumps(schema)
+        if text in PRIMITIVES:                   # "string" for '"string"'
+            text = json.dumps(text)
         references = _references(self._references)
         parsed = parse("AVRO", text, [self.registry.get(
             self.registry.version(r.subject, r.version, deleted=True).schema_id)[1]

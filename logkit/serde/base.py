@@ -16,6 +16,7 @@ under a lock; decoders are built once per writer id. Any thread may use a serde.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable, Iterable
 
@@ -27,6 +28,8 @@ from ..schema_registry import (SUBJECT_NAME_STRATEGIES, Reference, Schema, Schem
 from . import wire
 
 __all__ = ["SchemaSerde", "as_registry"]
+
+log = logging.getLogger(__name__)
 
 MAX_DECODERS = 1024          # writer ids a serde keeps decoders for, then starts over
 

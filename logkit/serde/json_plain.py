@@ -11,12 +11,15 @@ returns the parsed value or raises SerializationError (invalid UTF-8 or JSON).
 
 from __future__ import annotations
 
+import logging
 import json
 from typing import Any
 
 from ..errors import SerializationError
 
 __all__ = ["JsonSerde", "dumps", "loads", "ORJSON"]
+
+log = logging.getLogger(__name__)
 
 try:
     import orjson as _orjson

@@ -13,6 +13,7 @@ path of the offending field (for a missing required property, the property's pat
 
 from __future__ import annotations
 
+import logging
 import json
 from typing import Any, Callable
 
@@ -23,6 +24,8 @@ from .base import SchemaSerde
 from .json_plain import dumps, loads
 
 __all__ = ["JsonSchemaSerde"]
+
+log = logging.getLogger(__name__)
 
 
 def _jsonschema() -> Any:

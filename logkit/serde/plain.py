@@ -14,6 +14,7 @@ else it serializes.
 
 from __future__ import annotations
 
+import logging
 import struct
 import uuid
 from typing import Any
@@ -21,6 +22,8 @@ from typing import Any
 from ..errors import ConfigError, SerializationError
 
 __all__ = ["StringSerde", "IntSerde", "FloatSerde", "UUIDSerde"]
+
+log = logging.getLogger(__name__)
 
 
 class _Plain:

@@ -15,6 +15,7 @@ do not parse, or whose indexes name another message, raise SerializationError.
 
 from __future__ import annotations
 
+import logging
 import base64
 import importlib
 from typing import Any, Callable
@@ -26,6 +27,8 @@ from ..schema_registry import Reference, Schema
 from .base import SchemaSerde
 
 __all__ = ["ProtobufSerde"]
+
+log = logging.getLogger(__name__)
 
 WELL_KNOWN_PREFIX = "google/protobuf/"
 

@@ -17,6 +17,7 @@ handed to a decoder. Hot path: `frame` is one struct pack and one concatenation.
 
 from __future__ import annotations
 
+import logging
 import struct
 from typing import Sequence
 
@@ -24,6 +25,8 @@ from ..errors import SerializationError
 
 __all__ = ["MAGIC_BYTE", "HEADER", "HEADER_BYTES", "MAX_SCHEMA_ID", "MAX_MESSAGE_INDEXES",
            "frame", "unframe", "encode_indexes", "decode_indexes"]
+
+log = logging.getLogger(__name__)
 
 MAGIC_BYTE = 0
 MAGIC_OFFSET = 0
