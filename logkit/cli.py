@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -25,6 +26,8 @@ from typing import Any, Callable, Sequence
 from . import Broker, LogkitError, iter_segment_batches
 
 __all__ = ["main", "build_parser"]
+
+log = logging.getLogger(__name__)
 
 
 def _broker(directory: str) -> Broker:
@@ -180,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:          # `logkit dump ... | head`
         return 0
     except (LogkitError, OSError) as exc:
+        log.debug("logkit %s failed", args.command, exc_info=exc)   # the traceback, if wanted
         print(f"logkit {args.command}: {exc}", file=sys.stderr)
         return 1
 

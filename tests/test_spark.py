@@ -352,10 +352,11 @@ def test_failed_batch_write_leaves_no_records_and_no_staging(spark, tmp_path):
 
 
 @pytest.mark.parametrize("include_headers", [False, True])
-def test_retention_during_a_read_is_data_loss(tmp_path, include_headers):
+def test_retention_during_a_read_is_data_loss(tmp_path, include_headers, caplog):
     """Retention that removes offsets while a task is reading them (the task is behind
     the new log start) fails the task with failOnDataLoss=true; with
-    failOnDataLoss=false a read from below the log start skips to it."""
+    failOnDataLoss=false a read from below the log start skips to it, with a WARNING
+    naming the offsets skipped."""
     pytest.importorskip("pyspark")
     from pyspark_logkit.brokers import broker_for
     from pyspark_logkit.options import LogkitSparkError
@@ -380,5 +381,8 @@ def test_retention_during_a_read_is_data_loss(tmp_path, include_headers):
         list(reading)
     start = broker_for(root).topic("t").partition(0).log_start_offset
     assert start > 20_000
-    got = [o for batch in offsets_from_zero(False) for o in batch.column(4).to_pylist()]
+    with caplog.at_level("WARNING", logger="pyspark_logkit.reader"):
+        got = [o for batch in offsets_from_zero(False) for o in batch.column(4).to_pylist()]
     assert got == list(range(start, 60_000))
+    assert any(f"offsets 0..{start - 1} of t-0 were removed" in r.getMessage()
+               for r in caplog.records)

@@ -9,10 +9,13 @@ Spark forks workers from a daemon).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 
 import logkit
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _brokers: dict[tuple[int, str], logkit.Broker] = {}
@@ -23,6 +26,7 @@ def broker_for(path: str) -> logkit.Broker:
     with _lock:
         broker = _brokers.get(key)
         if broker is None or broker.closed:
+            log.debug("opening the broker at %s in process %d", key[1], key[0])
             broker = _brokers[key] = logkit.Broker(key[1], background=False)
         return broker
 

@@ -10,6 +10,7 @@ exist; a range partly removed by retention raises (failOnDataLoss=true) or is sk
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -27,6 +28,8 @@ from .brokers import broker_for
 from .options import EARLIEST, LATEST, LogkitSparkError, SourceOptions
 
 __all__ = ["schema", "LogkitBatchReader", "LogkitStreamReader"]
+
+log = logging.getLogger(__name__)
 
 CHUNK_RECORDS = 20_000          # records decoded per Arrow batch on a worker
 
@@ -145,6 +148,9 @@ def _past_lost(partition: logkit.Partition, part: OffsetRange, offset: int, *,
             f"logkit: offsets {offset}..{start - 1} of {part.topic}-{part.partition} were "
             "removed by retention before they were read. Set failOnDataLoss=false to skip "
             "them.")
+    log.warning("offsets %d..%d of %s-%d were removed by retention before they were "
+                "read; skipped (failOnDataLoss=false)", offset, start - 1, part.topic,
+                part.partition)
     return start
 
 
