@@ -22,10 +22,11 @@ logkit's headline row is than the peer (>1: logkit faster, or lower latency). Sh
 pieces: `_common` (config, rows, timing, workload), `_peers` (SQLite, persist-queue,
 kafka-python), `_report` (ratios, tables, JSON).
 
-Three benchmarks have their own command line and output, and are not part of `all`:
+Four benchmarks have their own command line and output, and are not part of `all`:
 `python -m benchmarks.wakeup_latency` (blocking-poll wake-up latency, writes
 benchmarks/wakeup_latency.json), `python -m benchmarks.spark_read` and
-`python -m benchmarks.spark_write` (the Spark data source beside Parquet; need Java).
+`python -m benchmarks.spark_write` (the Spark data source beside Parquet; need Java),
+`python -m benchmarks.schemas` (serdes beside confluent-kafka's, docs/schemas.md).
 
 Speed is never asserted anywhere: tests run each benchmark small and check only that
 the figures are sane.
@@ -63,7 +64,7 @@ BENCHMARKS: dict[str, str] = {
 MODULES = {name: name for name in BENCHMARKS} | {"open": "broker_open"}
 
 # Benchmarks with their own command line: python -m benchmarks.<name> --help
-STANDALONE = ("wakeup_latency", "spark_read", "spark_write")
+STANDALONE = ("wakeup_latency", "spark_read", "spark_write", "schemas")
 
 
 def run(names: Sequence[str], config: BenchConfig) -> list[Result]:

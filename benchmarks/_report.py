@@ -80,10 +80,11 @@ def format_table(results: list[Result], *, markdown: bool = False) -> str:
 
 def environment() -> dict[str, Any]:
     """What the figures depend on: Python, machine, and which native code logkit loaded."""
-    from logkit import records
+    from logkit import _native
     from logkit.crc import IMPLEMENTATION
     return {"python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "speedups": records.SPEEDUPS, "crc32c": IMPLEMENTATION}
+            "cpus": os.cpu_count(), "speedups": _native.speedups is not None,
+            "sendpath": _native.sendpath is not None, "crc32c": IMPLEMENTATION}
 
 
 def document(config: BenchConfig, results: list[Result]) -> dict[str, Any]:

@@ -3,42 +3,53 @@ the library chose it (compiled when `_speedups` is built), by logkit's pure-Pyth
 and by kafka-python's DefaultRecordBatchBuilder / DefaultRecordBatch.
 
 Owns: the `codec-encode` and `codec-decode` rows. The pure-Python rows are measured in a
-child process started with LOGKIT_PURE_PYTHON=1, the variable logkit reads once at import
-to choose its codec: the library has no switch to flip at run time, and this benchmark
-swaps nothing inside it. Invariant: a child that finds the compiled codec loaded anyway
-fails the run rather than report compiled figures as pure Python.
+child process started with LOGKIT_PURE_PYTHON=1, the variable `logkit._native` reads once
+at import to choose C or Python: the library has no switch to flip at run time, and this
+benchmark swaps nothing inside it. The child stays up for the whole benchmark and measures each
+operation right after this process measured it (compiled encode, pure encode, compiled
+decode, pure decode), so the two figures of a ratio come from the same moment of a noisy
+machine. Invariant: a child that finds the compiled codec loaded anyway fails the run
+rather than report compiled figures as pure Python; every wait on the child is bounded.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
 from dataclasses import asdict
+from typing import Any
+
+from logkit._native import PURE_PYTHON_ENV   # the switch logkit reads once, at import
 
 from ._common import (NOT_INSTALLED, TOPIC, BenchConfig, Result, chunks, make_records,
                       measure, records_per_batch)
 from ._peers import kafka_python
 
-PURE_PYTHON_ENV = "LOGKIT_PURE_PYTHON"    # logkit's own switch, read when it is imported
 MAX_CODEC_RECORDS = 1_000_000
-CHILD_TIMEOUT_S = 600
+OPERATIONS = ("encode", "decode")
+CHILD_TIMEOUT_S = 600                     # bound on the child's set-up and on each answer
+READY = "ready"
 
 
 def run(config: BenchConfig) -> list[Result]:
-    from logkit import records
-    native = _logkit_rows(config, "compiled" if records.SPEEDUPS
-                          else "pure Python (no _speedups)", headline=True)
-    pure = _pure_python_rows(config)
-    out = [native[0], pure[0], native[1], pure[1]]
-    out += _kafka_python_rows(config)
-    return out
+    from logkit import _native
+    label = "compiled" if _native.speedups is not None else "pure Python (no _speedups)"
+    work = _Workload(config)
+    out: list[Result] = []
+    with _PurePythonChild(config) as child:
+        for operation in OPERATIONS:
+            out.append(_measure(work, operation, label, headline=True))
+            out.append(child.measure(operation))
+    return out + _kafka_python_rows(work)
 
 
 class _Workload:
-    """The records of one codec run: input tuples per batch, and the same batches encoded."""
+    """The records of one codec run: input tuples per batch, and the same batches encoded.
+    The same config builds the same workload in every process."""
 
     def __init__(self, config: BenchConfig) -> None:
         from logkit.compression import codec_id
@@ -55,10 +66,10 @@ class _Workload:
         self.headers = [read_header(b, 0, len(b)) for b in self.batches]
 
 
-def _logkit_rows(config: BenchConfig, label: str, *, headline: bool) -> list[Result]:
-    """[encode row, decode row] for logkit's codec as this process loaded it."""
+def _measure(work: _Workload, operation: str, label: str, *, headline: bool) -> Result:
+    """One row: `operation` (encode or decode) of the whole workload with logkit's codec
+    as this process loaded it."""
     from logkit.records import decode_batch, encode_batch
-    work = _Workload(config)
 
     def encode() -> None:
         for rows in work.inputs:
@@ -69,32 +80,62 @@ def _logkit_rows(config: BenchConfig, label: str, *, headline: bool) -> list[Res
             for r in decode_batch(batch, 0, header, TOPIC, 0):
                 r.value
 
-    return [measure("codec-encode", f"logkit encode_batch ({label})", work.count,
-                    work.payload_bytes, encode, headline=headline),
-            measure("codec-decode", f"logkit decode_batch ({label})", work.count,
-                    work.payload_bytes, decode, headline=headline)]
+    fn = {"encode": encode, "decode": decode}[operation]
+    return measure(f"codec-{operation}", f"logkit {operation}_batch ({label})", work.count,
+                   work.payload_bytes, fn, headline=headline)
 
 
-def _pure_python_rows(config: BenchConfig) -> list[Result]:
-    """The same two rows from a child process that loaded logkit with the pure-Python codec."""
-    env = dict(os.environ)
-    env[PURE_PYTHON_ENV] = "1"
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (checkout, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.codec",
-                           json.dumps(asdict(config))],
-                          env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the pure-Python codec child failed (exit {proc.returncode}): "
-                           f"{proc.stderr.strip()[-2000:]}")
-    return [Result(**row) for row in json.loads(proc.stdout)]
+class _PurePythonChild:
+    """`python -m benchmarks.codec CONFIG_JSON` with LOGKIT_PURE_PYTHON=1, answering one
+    JSON row per operation name written to its stdin."""
+
+    def __init__(self, config: BenchConfig) -> None:
+        env = dict(os.environ)
+        env[PURE_PYTHON_ENV] = "1"
+        checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (checkout, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.codec", json.dumps(asdict(config))],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        if self._answer() != READY:
+            raise self._failed("did not start")
+
+    def measure(self, operation: str) -> Result:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(operation + "\n")
+        self.proc.stdin.flush()
+        line = self._answer()
+        if not line:
+            raise self._failed(f"gave no {operation} row")
+        return Result(**json.loads(line))
+
+    def _answer(self) -> str:
+        """The child's next line ('' if it ended), waiting at most CHILD_TIMEOUT_S."""
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], CHILD_TIMEOUT_S)
+        if not ready:
+            raise self._failed(f"did not answer within {CHILD_TIMEOUT_S} s")
+        return self.proc.stdout.readline().strip()
+
+    def _failed(self, what: str) -> RuntimeError:
+        self.proc.kill()
+        _, stderr = self.proc.communicate(timeout=CHILD_TIMEOUT_S)
+        return RuntimeError(f"the pure-Python codec child {what} (exit "
+                            f"{self.proc.returncode}): {stderr.strip()[-2000:]}")
+
+    def __enter__(self) -> _PurePythonChild:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc.poll() is None:
+            self.proc.communicate(input="", timeout=CHILD_TIMEOUT_S)   # EOF: it exits
 
 
-def _kafka_python_rows(config: BenchConfig) -> list[Result]:
+def _kafka_python_rows(work: _Workload) -> list[Result]:
     kp = kafka_python()
     if kp is None:
         return [Result("codec", "kafka-python", note=NOT_INSTALLED)]
-    work = _Workload(config)
     kp_codec = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4}[work.codec]
 
     def kp_encode() -> None:
@@ -116,15 +157,23 @@ def _kafka_python_rows(config: BenchConfig) -> list[Result]:
 
 
 def _child(argv: list[str]) -> int:
-    """`python -m benchmarks.codec CONFIG_JSON` with LOGKIT_PURE_PYTHON=1: prints the two
-    pure-Python rows as JSON."""
+    """The child's side: build the workload, say READY, then answer each operation name
+    read from stdin with its row as one JSON line, until EOF."""
     config = BenchConfig(**json.loads(argv[0]))
-    from logkit import records
-    if not os.environ.get(PURE_PYTHON_ENV) or records.SPEEDUPS:
+    from logkit import _native
+    if not _native.FORCED_PURE_PYTHON or _native.speedups is not None:
         sys.stderr.write(f"the compiled codec is loaded: run with {PURE_PYTHON_ENV}=1\n")
         return 2
-    rows = _logkit_rows(config, f"pure Python, {PURE_PYTHON_ENV}=1", headline=False)
-    json.dump([asdict(r) for r in rows], sys.stdout)
+    work = _Workload(config)
+    print(READY, flush=True)
+    label = f"pure Python, {PURE_PYTHON_ENV}=1"
+    for line in sys.stdin:
+        operation = line.strip()
+        if operation not in OPERATIONS:
+            sys.stderr.write(f"unknown operation {operation!r}\n")
+            return 2
+        print(json.dumps(asdict(_measure(work, operation, label, headline=False))),
+              flush=True)
     return 0
 
 

@@ -70,23 +70,15 @@ def run(config: BenchConfig) -> list[Result]:
 def _crc_only(segment_paths: list[str]) -> None:
     """Each batch's header read and its CRC-32C computed: the least a recovery can do."""
     from logkit.crc import crc32c
-    from logkit.errors import CorruptRecordError
-    from logkit.records import ATTRIBUTES_OFFSET, read_header
+    from logkit.records import ATTRIBUTES_OFFSET, iter_batches
     for path in segment_paths:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         view = memoryview(mm)
         try:
-            pos = 0
-            while pos < size:
-                header = read_header(mm, pos, size, path)
-                if header is None:
-                    raise CorruptRecordError("torn batch", path=path, position=pos,
-                                             expected=size)
-                end = pos + header.size
-                crc32c(view[pos + ATTRIBUTES_OFFSET:end])
-                pos = end
+            for pos, header in iter_batches(mm, 0, size, path):
+                crc32c(view[pos + ATTRIBUTES_OFFSET:pos + header.size])
         finally:
             view.release()
             mm.close()

@@ -87,7 +87,8 @@ def test_codec_child_refuses_to_report_the_compiled_codec_as_pure_python():
     env["PYTHONPATH"] = CHECKOUT
     proc = subprocess.run([sys.executable, "-m", "benchmarks.codec",
                            json.dumps(asdict(replace(TINY, records=10)))],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 2, proc.stdout
     assert codec.PURE_PYTHON_ENV in proc.stderr and proc.stdout == ""
 
