@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -184,3 +185,20 @@ def test_spark_benchmarks_load_as_modules_of_the_package(name):
                           cwd=CHECKOUT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--records" in proc.stdout and "parquet" in proc.stdout.lower()
+
+
+def test_logkit_bench_without_the_checkout_says_how_to_get_it(tmp_path):
+    """A logkit installed without the checkout (as from a wheel) has no benchmarks:
+    `logkit bench` exits 1 and says where the suite is, and its --help says the same."""
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(CHECKOUT, "logkit"), site / "logkit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(site))
+    code = "import sys; from logkit import cli; sys.exit(cli.main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, "bench", "open"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "not installed with logkit" in proc.stderr and "make bench" in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", code, "bench", "--help"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "python -m benchmarks" in proc.stdout, proc.stderr
