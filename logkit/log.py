@@ -140,12 +140,12 @@ class PartitionLog:
         if self._tail_file.deleted():
             raise UnknownTopicError(f"topic {self.topic!r} was deleted")
 
-    @contextmanager
-    def _locked(self, timeout_s: float | None = LOCK_TIMEOUT_S) -> Iterator[None]:
-        """The append lock: this process's appenders queue on `_append_lock`, then the
-        flock excludes other processes, then `_thread_lock` excludes our readers for
+    def _acquire(self, timeout_s: float | None) -> None:
+        """Take the append lock: this process's appenders queue on `_append_lock`, then
+        the flock excludes other processes, then `_thread_lock` excludes our readers for
         the (short) mutation. Waits at most `timeout_s` (None: no bound) in all, then
-        raises LogkitTimeoutError; the deleted flag is checked once the lock is held."""
+        raises LogkitTimeoutError; the deleted flag is checked once the lock is held.
+        On any error nothing stays held. `_release` undoes it."""
         self._check_usable()
         if self.read_only:
             raise ReadOnlyError(f"partition {self.name} is open read-only")
@@ -155,39 +155,67 @@ class PartitionLog:
         try:
             self._flock(deadline, timeout_s)
             try:
-                with self._thread_lock:
+                self._thread_lock.acquire()
+                try:
                     self._check_usable()
-                    yield
-            finally:
+                except BaseException:
+                    self._thread_lock.release()
+                    raise
+            except BaseException:
                 self._funlock()
+                raise
+        except BaseException:
+            self._append_lock.release()
+            raise
+
+    def _release(self) -> None:
+        """Release what `_acquire` took, innermost first."""
+        try:
+            self._thread_lock.release()
+            self._funlock()
         finally:
             self._append_lock.release()
+
+    @contextmanager
+    def _locked(self, timeout_s: float | None = LOCK_TIMEOUT_S) -> Iterator[None]:
+        """The append lock alone (recovery and opening use it; every other mutation
+        uses `_locked_tail`)."""
+        self._acquire(timeout_s)
+        try:
+            yield
+        finally:
+            self._release()
 
     @contextmanager
     def _locked_tail(self, operation: str,
                      timeout_s: float | None = LOCK_TIMEOUT_S) -> Iterator[Tail]:
         """The append lock, with the current tail (repaired first if torn) and the
         segment list refreshed to it: the prelude of every mutation. An I/O error in
-        the prelude raises StorageError naming `operation`."""
-        with self._locked(timeout_s):
+        the prelude raises StorageError naming `operation`. (One generator, not one
+        around `_locked`: appends pay for this on every batch.)"""
+        self._acquire(timeout_s)
+        try:
             try:
                 tail = self._tail_under_lock()
                 self._refresh(tail)
             except OSError as exc:
                 raise storage_error(exc, operation, self.directory) from exc
             yield tail
+        finally:
+            self._release()
 
     def _tail_under_lock(self) -> Tail:
         """The tail, read under the lock. No live writer can be mid-update, so a torn or
         invalid tail was left by a writer that died: recovery repairs it (the one way a
         torn tail is handled, whichever path meets it)."""
-        tail_file = self._tail_file
-        if not tail_file.valid() or tail_file.torn():
-            self._recover(full=not tail_file.valid())
-        tail = tail_file.read()
-        if tail is None:        # recovery just published it, and we hold the lock
-            raise StorageError(f"the tail state of {self.name} stays torn after recovery",
-                               operation="recover", path=tail_file.path)
+        tail = self._tail_file.read_locked()
+        if tail is None:
+            self._recover(full=not self._tail_file.valid())
+            tail = self._tail_file.read_locked()
+            if tail is None:    # recovery just published it, and we hold the lock
+                raise StorageError(f"the tail state of {self.name} stays torn after "
+                                   "recovery", operation="recover",
+                                   path=self._tail_file.path)
         return tail
 
     def _lock_timeout(self, timeout_s: float | None) -> LogkitTimeoutError:

@@ -73,6 +73,7 @@ class Tail(NamedTuple):
 _MAGIC = struct.Struct("<4sI")
 _SEQ = struct.Struct("<Q")
 _SEQ_OFFSET = _MAGIC.size
+_MAGIC_SEQ = struct.Struct("<4sIQ")                  # both, in one unpack
 _BODY = struct.Struct("<16sqqqqqqQqqqqqqqqqq")
 _BODY_OFFSET = _SEQ_OFFSET + _SEQ.size
 _DELETED = struct.Struct("<q")
@@ -158,6 +159,15 @@ class TailFile:
             if spin > SEQLOCK_SPINS_BEFORE_SLEEP:
                 time.sleep(0.0001)
         return None
+
+    def read_locked(self) -> Tail | None:
+        """The tail as the lock holder sees it: no writer can be mid-update, so a body
+        is whole unless the file is invalid or a dead writer left it torn (None: the
+        caller repairs it). One unpack of the header; no spinning."""
+        magic, version, seq = _MAGIC_SEQ.unpack_from(self.mm, 0)
+        if magic != TAIL_MAGIC or version != TAIL_VERSION or seq & 1:
+            return None
+        return Tail._make(_BODY.unpack_from(self.mm, _BODY_OFFSET))
 
     def read_torn(self) -> Tail:
         """The fields as a writer that died mid-update left them (each old or new)."""
