@@ -15,6 +15,7 @@ import contextlib
 import functools
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -150,6 +151,20 @@ def percentiles(samples_ns: Sequence[int]) -> dict[str, float]:
 
     return {"latency_us_p50": pick(0.50), "latency_us_p99": pick(0.99),
             "latency_us_p999": pick(0.999), "latency_us_max": ordered[-1] / 1000}
+
+
+def interleaved_medians(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds of each run over `repeats` rounds, after one warm-up round; each
+    round runs every system once, so the machine's noise hits all of them alike."""
+    for fn in runs.values():
+        fn()                                          # warm every path (and workers)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            started = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 @contextlib.contextmanager

@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from typing import Any, Callable, Iterator
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -33,6 +31,8 @@ import pyarrow.parquet as pq  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition  # noqa: E402
 
 import logkit  # noqa: E402
+
+from ._common import interleaved_medians  # noqa: E402
 
 PARTITIONS = 3
 RECORDS_PER_KAFKA_BATCH = 130          # what the producer's 16 KiB batch_size holds
@@ -124,18 +124,6 @@ class FloorSource(DataSource):
         return _FloorReader(int(self.options["records"]))
 
 
-def interleaved(readers: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    for run in readers.values():
-        run()                                         # warm every path (and workers)
-    times: dict[str, list[float]] = {name: [] for name in readers}
-    for _ in range(repeats):
-        for name, run in readers.items():
-            started = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - started)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -165,7 +153,7 @@ def main() -> int:
             readers[f"spark.read.parquet ({shape})"] = scan(spark.read.parquet(parquet_dir))
         readers["transport floor (no-work Python source)"] = scan(
             spark.read.format("logkit_bench_floor").option("records", n).load())
-        medians = interleaved(readers, args.repeats)
+        medians = interleaved_medians(readers, args.repeats)
     finally:
         spark.stop()
         for root in roots.values():

@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import logkit  # noqa: E402
+
+from ._common import interleaved_medians  # noqa: E402
 
 
 def main() -> int:
@@ -45,14 +45,7 @@ def main() -> int:
             "df.write.parquet": lambda: df.write.mode("overwrite")
             .parquet(os.path.join(root, "parquet")),
         }
-        for write in writers.values():
-            write()                                   # warm both paths (and workers)
-        times: dict[str, list[float]] = {name: [] for name in writers}
-        for _ in range(args.repeats):
-            for name, write in writers.items():
-                started = time.perf_counter()
-                write()
-                times[name].append(time.perf_counter() - started)
+        medians = interleaved_medians(writers, args.repeats)
         with logkit.Broker(root) as broker:
             topic = broker.topic("bench")
             written = sum(p.log_end_offset for p in topic.partitions)
@@ -60,7 +53,6 @@ def main() -> int:
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
-    medians = {name: statistics.median(t) for name, t in times.items()}
     print(f"records: {args.records:,}; median of {args.repeats} interleaved writes\n")
     print("| writer | time | records/s |\n|---|---:|---:|")
     for name, seconds in medians.items():
