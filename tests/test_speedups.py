@@ -3,6 +3,7 @@ the same inputs: encoded bytes, decoded records, malformed input, and murmur2.""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -134,8 +135,25 @@ def test_murmur2_matches_python_and_kafka_vectors():
 
 def test_speedups_are_in_use():
     """When built, the package uses them (LOGKIT_PURE_PYTHON unset in the test run)."""
-    import os
     if os.environ.get("LOGKIT_PURE_PYTHON"):
         pytest.skip("pure Python forced")
     assert rec.SPEEDUPS
     assert rec._encode_records is speedups.encode_records
+
+
+def test_pure_python_switch_is_read_once_by_native_for_every_twin():
+    """LOGKIT_PURE_PYTHON=1 makes `_native` choose pure Python for every module with a
+    compiled twin (records, columns, murmur2, the producer's send path)."""
+    import subprocess
+    import sys
+    code = ("import sys, logkit, logkit.columns as c, logkit.records as r, logkit._native as n;"
+            "m = sys.modules['logkit.murmur2'];"
+            "print(r.SPEEDUPS, c._speedups is None, n.sendpath is None,"
+            " m.murmur2 is m.murmur2_py, r._encode_records is r._encode_records_py)")
+    env = {k: v for k, v in os.environ.items() if k != "LOGKIT_PURE_PYTHON"}
+    forced = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**env, "LOGKIT_PURE_PYTHON": "1"}, check=True)
+    assert forced.stdout.split() == ["False", "True", "True", "True", "True"]
+    default = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, check=True)
+    assert default.stdout.split()[:2] == ["True", "False"]        # built: compiled codec

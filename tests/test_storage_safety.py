@@ -4,7 +4,6 @@ the reliability probe with real files and real processes, and proves the fix."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
