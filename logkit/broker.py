@@ -43,6 +43,7 @@ from .producer import Producer
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
 
 if TYPE_CHECKING:                  # imported when first used
+    from .protocol import KafkaServer
     from .registry_http import RegistryServer
     from .schema_registry import SchemaRegistry
 
@@ -565,5 +566,22 @@ class Broker:
         from .registry_http import serve
         self._check_open()
         server = serve(self.schema_registry(), host=host, port=port)
+        self._clients.append(server)
+        return server
+
+    # ---- the Kafka protocol listener (logkit/protocol) ---------------------------------
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0, **options: Any) -> KafkaServer:
+        """Serve this broker to Kafka clients (kafka-python, aiokafka, confluent-kafka)
+        over Kafka's wire protocol on host:port (0: a free port), from background
+        threads of this process (docs/kafka-protocol.md). The handle has `.host`,
+        `.port`, `.bootstrap_servers`, `close()` (safe twice); a context manager; it is
+        closed with the broker. Options: `advertised_host`, `max_request_bytes`
+        (socket.request.max.bytes), `idle_timeout_ms`, `request_timeout_ms`,
+        `max_connections`, `initial_rebalance_delay_ms` (default 0), `ssl_context`,
+        `sasl_plain_users` ({user: password})."""
+        from .protocol import serve
+        self._check_writable("serve")
+        server = serve(self, host=host, port=port, **options)
         self._clients.append(server)
         return server

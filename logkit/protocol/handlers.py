@@ -1,0 +1,786 @@
+"""One handler per Kafka API: a decoded request in, a response body out, through the
+broker's public methods only (Broker, Topic, Partition, ConsumerGroup).
+
+Owns: what each API means on an embedded broker — a cluster of one node, this listener;
+produce by `Partition.append_batch` (length and CRC checked, offsets stamped, records never
+decoded); fetch by `Partition.batches_since` (the stored bytes, whole batches, from the
+one holding the fetch offset), long-polling on the broker's doorbell; committed offsets
+in the broker's one LMDB offsets store; groups through `groups.GroupManager`.
+
+Handlers know nothing of sockets: the server hands them a `Request` and a `Session`
+(client host, a closing flag) and writes what they return. A handler returns None only
+for produce with acks=0, which Kafka never answers.
+
+Error policy: a broker exception maps to Kafka's code for the partition or topic it
+concerns (`_code_for`); the request goes on for the others. An unexpected exception is
+a bug: it propagates and the server closes that connection, logging it.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from ..config import resolve_broker_config, resolve_topic_config
+from ..errors import (ClosedError, ConfigError, CorruptRecordError, InvalidTopicError,
+                      LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
+                      OffsetOutOfRangeError, RecordTooLargeError, StorageError,
+                      TopicExistsError, UnknownTopicError, CommitFailedError)
+from ..group import (GroupCoordinator, OffsetAndMetadata, OffsetMetadataTooLargeError,
+                     committed_offsets, validate_group_id)
+from ..topic import TopicPartition, validate_topic_name
+from . import errors as E
+from .frame import Request
+from .groups import GroupManager, encode_assignment
+from .messages import APIS
+from .producers import ProducerStates, new_producer_id
+
+__all__ = ["Handlers", "Session", "NODE_ID"]
+
+log = logging.getLogger(__name__)
+
+NODE_ID = 1
+MAX_FETCH_WAIT_MS = 30000                  # a client's max.wait.ms is capped here
+BATCH_HEADER_BYTES = 61
+_MAGIC_AT = 16
+_LENGTH = struct.Struct(">i")              # batchLength at 8
+_LOG_APPEND_TIME = 0x08
+_LATEST, _EARLIEST, _MAX_TIMESTAMP, _EARLIEST_LOCAL = -1, -2, -3, -4
+_RESOURCE_TOPIC, _RESOURCE_BROKER = 2, 4
+_SOURCE_DYNAMIC_TOPIC, _SOURCE_STATIC_BROKER, _SOURCE_DEFAULT = 1, 4, 5
+_TYPE_BOOLEAN, _TYPE_STRING, _TYPE_LONG = 1, 2, 5
+
+
+class Session:
+    """What a handler may know about the connection it serves."""
+
+    def __init__(self, host: str, closing: threading.Event) -> None:
+        self.host = host
+        self.closing = closing
+
+
+def _code_for(exc: BaseException) -> int:
+    """Kafka's error code for a broker exception met while serving one partition."""
+    for kinds, code in (
+            ((UnknownTopicError,), E.UNKNOWN_TOPIC_OR_PARTITION),
+            ((InvalidTopicError,), E.INVALID_TOPIC_EXCEPTION),
+            ((OffsetOutOfRangeError,), E.OFFSET_OUT_OF_RANGE),
+            ((CorruptRecordError,), E.CORRUPT_MESSAGE),
+            ((RecordTooLargeError,), E.MESSAGE_TOO_LARGE),
+            ((NotEnoughReplicasError,), E.NOT_ENOUGH_REPLICAS),
+            ((LogkitTimeoutError,), E.REQUEST_TIMED_OUT),
+            ((TopicExistsError,), E.TOPIC_ALREADY_EXISTS),
+            ((OffsetMetadataTooLargeError,), E.OFFSET_METADATA_TOO_LARGE),
+            ((ConfigError,), E.INVALID_CONFIG),
+            ((ClosedError,), E.NOT_LEADER_OR_FOLLOWER),
+            ((StorageError,), E.KAFKA_STORAGE_ERROR)):
+        if isinstance(exc, kinds):
+            return code
+    return E.UNKNOWN_SERVER_ERROR
+
+
+def _config_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _config_type(value: Any) -> int:
+    if isinstance(value, bool):
+        return _TYPE_BOOLEAN
+    return _TYPE_LONG if isinstance(value, int) else _TYPE_STRING
+
+
+class Handlers:
+    """The handlers of one listener over one broker; any connection thread may call."""
+
+    def __init__(self, broker: Any, *, host: str, port: int,
+                 initial_rebalance_delay_ms: int = 0,
+                 closing: threading.Event | None = None) -> None:
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.closing = closing or threading.Event()
+        self.cluster_id = _cluster_id(broker.path)
+        self.producers = ProducerStates()
+        self.groups = GroupManager(persist=self._persist_group,
+                                   embedded_live=self._embedded_live,
+                                   initial_rebalance_delay_ms=initial_rebalance_delay_ms,
+                                   closing=self.closing)
+        self._topic_ids: dict[bytes, str] = {}
+        self.sasl = False                  # the server answers SaslHandshake/Authenticate
+        self._table: dict[int, Callable[[Request, Session], Any]] = {
+            0: self.produce, 1: self.fetch, 2: self.list_offsets, 3: self.metadata,
+            8: self.offset_commit, 9: self.offset_fetch, 10: self.find_coordinator,
+            11: self.join_group, 12: self.heartbeat, 13: self.leave_group,
+            14: self.sync_group, 15: self.describe_groups, 16: self.list_groups,
+            18: self.api_versions, 19: self.create_topics, 20: self.delete_topics,
+            22: self.init_producer_id, 32: self.describe_configs,
+            37: self.create_partitions}
+
+    def handle(self, request: Request, session: Session) -> dict[str, Any] | None:
+        return self._table[request.api.key](request, session)
+
+    def serves(self, api_key: int) -> bool:
+        return api_key in self._table or (self.sasl and api_key in (17, 36))
+
+    # ---- cluster -------------------------------------------------------------------
+
+    def api_versions(self, request: Request, session: Session) -> dict[str, Any]:
+        keys = [{"api_key": api.key, "min_version": api.min_version,
+                 "max_version": api.max_version}
+                for api in APIS.values() if self.serves(api.key)]
+        if request.version > request.api.max_version:
+            return {"error_code": E.UNSUPPORTED_VERSION, "api_keys": keys}
+        return {"error_code": E.NONE, "api_keys": keys}
+
+    def _broker_entry(self) -> dict[str, Any]:
+        return {"node_id": NODE_ID, "host": self.host, "port": self.port, "rack": None}
+
+    def _topic(self, name: str) -> Any:
+        return self.broker.topic(name)
+
+    def _topic_by_id(self, topic_id: bytes) -> Any:
+        name = self._topic_ids.get(topic_id)
+        if name is None:
+            for candidate in self.broker.topics():
+                try:
+                    topic = self.broker.topic(candidate)
+                except LogkitError:
+                    continue
+                self._topic_ids[bytes.fromhex(topic.topic_id)] = candidate
+            name = self._topic_ids.get(topic_id)
+        if name is None:
+            raise UnknownTopicError(f"no topic has id {topic_id.hex()}")
+        topic = self.broker.topic(name)
+        if bytes.fromhex(topic.topic_id) != topic_id:
+            raise UnknownTopicError(f"no topic has id {topic_id.hex()}")
+        return topic
+
+    def metadata(self, request: Request, session: Session) -> dict[str, Any]:
+        body, version = request.body, request.version
+        wanted = body["topics"]
+        if wanted is None or (version == 0 and not wanted):
+            names = self.broker.topics()
+            auto = False
+        else:
+            names = [t["name"] for t in wanted]
+            auto = body["allow_auto_topic_creation"] \
+                and self.broker.config["auto.create.topics.enable"]
+        topics = []
+        for name in names:
+            topics.append(self._topic_metadata(name, auto))
+        return {"brokers": [self._broker_entry()], "cluster_id": self.cluster_id,
+                "controller_id": NODE_ID, "topics": topics}
+
+    def _topic_metadata(self, name: str | None, auto: bool) -> dict[str, Any]:
+        try:
+            if name is None:
+                raise UnknownTopicError("a topic id lookup without a name")
+            topic = self.broker.get_or_create_topic(name) if auto else self._topic(name)
+        except (UnknownTopicError, InvalidTopicError) as exc:
+            return {"error_code": _code_for(exc), "name": name, "partitions": []}
+        return {"error_code": E.NONE, "name": name,
+                "topic_id": bytes.fromhex(topic.topic_id), "is_internal": False,
+                "partitions": [{"error_code": E.NONE, "partition_index": n,
+                                "leader_id": NODE_ID, "leader_epoch": 0,
+                                "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
+                                "offline_replicas": []}
+                               for n in range(topic.num_partitions)]}
+
+    def find_coordinator(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        keys = body["coordinator_keys"] if request.version >= 4 else [body["key"]]
+        code, message = E.NONE, None
+        if body["key_type"] != 0:
+            code = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            message = "the logkit listener has no transaction coordinator"
+        node = {} if code else {"node_id": NODE_ID, "host": self.host, "port": self.port}
+        coordinators = [{"key": key, "error_code": code, "error_message": message,
+                         "node_id": NODE_ID if not code else -1,
+                         "host": self.host if not code else "",
+                         "port": self.port if not code else -1} for key in keys]
+        return {"error_code": code, "error_message": message,
+                "node_id": node.get("node_id", -1), "host": node.get("host", ""),
+                "port": node.get("port", -1), "coordinators": coordinators}
+
+    # ---- produce -------------------------------------------------------------------
+
+    def produce(self, request: Request, session: Session) -> dict[str, Any] | None:
+        body = request.body
+        acks = body["acks"]
+        responses = []
+        for topic_data in body["topic_data"]:
+            name = topic_data["name"]
+            results = []
+            try:
+                topic = self._topic_by_id(topic_data["topic_id"]) \
+                    if request.version >= 13 else self._topic(name)
+                topic_error = E.NONE
+            except (UnknownTopicError, InvalidTopicError) as exc:
+                topic, topic_error = None, _code_for(exc)
+            for part in topic_data["partition_data"]:
+                if topic_error:
+                    results.append(_produce_result(part["index"], topic_error))
+                elif body["transactional_id"] is not None:
+                    results.append(_produce_result(
+                        part["index"], E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                        "the logkit listener does not support transactions"))
+                elif acks not in (-1, 0, 1):
+                    results.append(_produce_result(part["index"], E.INVALID_REQUEST,
+                                                   f"acks must be -1, 0 or 1, not {acks}"))
+                else:
+                    results.append(self._produce_partition(topic, part, acks))
+            responses.append({"name": name, "topic_id": topic_data["topic_id"],
+                              "partition_responses": results})
+        if acks == 0:
+            return None
+        return {"responses": responses}
+
+    def _produce_partition(self, topic: Any, part: dict[str, Any],
+                           acks: int) -> dict[str, Any]:
+        index, records = part["index"], part["records"]
+        try:
+            partition = topic.partition(index)
+        except UnknownTopicError as exc:
+            return _produce_result(index, _code_for(exc))
+        problem = _check_batch(records)
+        if problem:
+            return _produce_result(index, problem[0], problem[1])
+        if acks == -1 and topic.config.get("min.insync.replicas", 1) > 1:
+            return _produce_result(index, E.NOT_ENOUGH_REPLICAS,
+                                   "min.insync.replicas is above the one replica here")
+        batch = bytearray(records)
+        try:
+            code, base = self.producers.append(partition, batch, partition.append_batch)
+            log_start = partition.log_start_offset
+        except LogkitError as exc:
+            log.debug("produce to %s-%d refused: %s", topic.name, index, exc)
+            return _produce_result(index, _code_for(exc), str(exc)[:500])
+        if code:
+            return _produce_result(index, code)
+        append_time = -1
+        if topic.config.get("message.timestamp.type") == "LogAppendTime":
+            headers = partition.batch_headers(base)
+            append_time = headers[0].max_timestamp if headers else int(time.time() * 1000)
+        return {"index": index, "error_code": E.NONE, "base_offset": base,
+                "log_append_time_ms": append_time, "log_start_offset": log_start}
+
+    def init_producer_id(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        if body["transactional_id"] is not None:
+            return {"error_code": E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                    "producer_id": -1, "producer_epoch": -1}
+        producer_id, epoch = body["producer_id"], body["producer_epoch"]
+        if producer_id >= 0 and 0 <= epoch < 32766:
+            return {"error_code": E.NONE, "producer_id": producer_id,
+                    "producer_epoch": epoch + 1}
+        return {"error_code": E.NONE, "producer_id": new_producer_id(), "producer_epoch": 0}
+
+    # ---- fetch ---------------------------------------------------------------------
+
+    def fetch(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        if request.version >= 7 and body["session_id"] != 0:
+            return {"error_code": E.FETCH_SESSION_ID_NOT_FOUND, "session_id": 0,
+                    "responses": []}
+        wait_s = min(max(body["max_wait_ms"], 0), MAX_FETCH_WAIT_MS) / 1000
+        deadline = time.monotonic() + wait_s
+        doorbell = self.broker.doorbell
+        while True:
+            seen = doorbell.value() if doorbell is not None else 0
+            responses, size, failed = self._fetch_once(request)
+            remaining = deadline - time.monotonic()
+            if size >= body["min_bytes"] or failed or remaining <= 0 \
+                    or session.closing.is_set() or self.closing.is_set() or doorbell is None:
+                return {"error_code": E.NONE, "session_id": 0, "responses": responses}
+            doorbell.wait(seen, remaining)
+
+    def _fetch_once(self, request: Request) -> tuple[list[dict[str, Any]], int, bool]:
+        body = request.body
+        budget = body["max_bytes"] if body["max_bytes"] > 0 else 0x7FFFFFFF
+        by_id = request.version >= 13
+        responses, total, failed = [], 0, False
+        for fetch_topic in body["topics"]:
+            try:
+                topic = self._topic_by_id(fetch_topic["topic_id"]) if by_id \
+                    else self._topic(fetch_topic["topic"])
+                topic_error = E.NONE
+            except (UnknownTopicError, InvalidTopicError) as exc:
+                topic = None
+                topic_error = E.UNKNOWN_TOPIC_ID if by_id else _code_for(exc)
+            partitions = []
+            for wanted in fetch_topic["partitions"]:
+                if topic_error:
+                    partitions.append(_fetch_error(wanted["partition"], topic_error))
+                    failed = True
+                    continue
+                result = self._fetch_partition(topic, wanted, budget - total,
+                                               first=total == 0)
+                failed = failed or result["error_code"] != E.NONE
+                total += len(result["records"] or b"")
+                partitions.append(result)
+            responses.append({"topic": fetch_topic["topic"],
+                              "topic_id": fetch_topic["topic_id"],
+                              "partitions": partitions})
+        return responses, total, failed
+
+    def _fetch_partition(self, topic: Any, wanted: dict[str, Any], budget: int,
+                         first: bool) -> dict[str, Any]:
+        index = wanted["partition"]
+        try:
+            partition = topic.partition(index)
+            high_watermark = partition.high_watermark
+            log_start = partition.log_start_offset
+            offset = wanted["fetch_offset"]
+            limit = min(wanted["partition_max_bytes"], budget)
+            if limit <= 0 and not first:
+                records = b""
+            elif offset == high_watermark and offset >= log_start:
+                records = b""
+            else:
+                records = partition.batches_since(offset, max_bytes=max(limit, 1))
+        except LogkitError as exc:
+            return _fetch_error(index, _code_for(exc))
+        return {"partition_index": index, "error_code": E.NONE,
+                "high_watermark": high_watermark, "last_stable_offset": high_watermark,
+                "log_start_offset": log_start, "aborted_transactions": None,
+                "records": records}
+
+    def list_offsets(self, request: Request, session: Session) -> dict[str, Any]:
+        topics = []
+        for wanted in request.body["topics"]:
+            partitions = []
+            try:
+                topic = self._topic(wanted["name"])
+                topic_error = E.NONE
+            except LogkitError as exc:
+                topic, topic_error = None, _code_for(exc)
+            for p in wanted["partitions"]:
+                index = p["partition_index"]
+                if topic_error:
+                    partitions.append({"partition_index": index, "error_code": topic_error})
+                    continue
+                try:
+                    offset, timestamp = self._offset_for(topic.partition(index),
+                                                         p["timestamp"])
+                except LogkitError as exc:
+                    partitions.append({"partition_index": index,
+                                       "error_code": _code_for(exc)})
+                    continue
+                partitions.append({"partition_index": index, "error_code": E.NONE,
+                                   "timestamp": timestamp, "offset": offset,
+                                   "old_style_offsets": [] if offset < 0 else [offset],
+                                   "leader_epoch": 0})
+            topics.append({"name": wanted["name"], "partitions": partitions})
+        return {"topics": topics}
+
+    @staticmethod
+    def _offset_for(partition: Any, timestamp: int) -> tuple[int, int]:
+        if timestamp == _LATEST:
+            return partition.high_watermark, -1
+        if timestamp in (_EARLIEST, _EARLIEST_LOCAL):
+            return partition.log_start_offset, -1
+        if timestamp == _MAX_TIMESTAMP:
+            best = None
+            for header in partition.batch_headers(partition.log_start_offset):
+                if header.base_offset < partition.high_watermark and (
+                        best is None or header.max_timestamp > best.max_timestamp):
+                    best = header
+            if best is None:
+                return -1, -1
+            for record in partition.read(best.base_offset, max_records=best.records_count
+                                         + best.last_offset_delta + 1):
+                if record.timestamp == best.max_timestamp:
+                    return record.offset, record.timestamp
+            return best.base_offset, best.max_timestamp
+        if timestamp < 0:
+            raise ConfigError(f"ListOffsets timestamp {timestamp} is not served")
+        offset = partition.offset_for_timestamp(timestamp)
+        if offset is None:
+            return -1, -1
+        found = partition.read(offset, max_records=1)
+        return offset, (found[0].timestamp if found else -1)
+
+    # ---- admin ---------------------------------------------------------------------
+
+    def create_topics(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        results = []
+        for wanted in body["topics"]:
+            results.append(self._create_topic(wanted, body["validate_only"]))
+        return {"topics": results}
+
+    def _create_topic(self, wanted: dict[str, Any], validate_only: bool) -> dict[str, Any]:
+        name = wanted["name"]
+        count = wanted["num_partitions"]
+        if count == -1:
+            count = self.broker.config["num.partitions"]
+        factor = wanted["replication_factor"]
+        if wanted["assignments"]:
+            return _create_error(name, E.INVALID_REPLICA_ASSIGNMENT,
+                                 "manual replica assignment is not supported")
+        if factor not in (-1, 1):
+            return _create_error(name, E.INVALID_REPLICATION_FACTOR,
+                                 f"replication factor {factor} is larger than the one "
+                                 "broker of this listener")
+        config = {c["name"]: c["value"] for c in wanted["configs"]}
+        try:
+            validate_topic_name(name)
+            if count < 1:
+                return _create_error(name, E.INVALID_PARTITIONS,
+                                     f"number of partitions must be at least 1, got {count}")
+            if validate_only:
+                if name in self.broker.topics():
+                    raise TopicExistsError(f"topic {name!r} already exists")
+                topic = None
+            else:
+                topic = self.broker.create_topic(name, count, config=config)
+        except LogkitError as exc:
+            return _create_error(name, _code_for(exc), str(exc)[:500])
+        configs = None if topic is None else [
+            {"name": key, "value": _config_text(value), "read_only": False,
+             "config_source": source, "is_sensitive": False}
+            for key, value, source in self._topic_configs(topic)]
+        return {"name": name, "error_code": E.NONE, "error_message": None,
+                "topic_id": bytes.fromhex(topic.topic_id) if topic else bytes(16),
+                "num_partitions": count, "replication_factor": 1, "configs": configs}
+
+    def delete_topics(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        if request.version >= 6:
+            wanted = [(t["name"], t["topic_id"]) for t in body["topics"]]
+        else:
+            wanted = [(name, bytes(16)) for name in body["topic_names"]]
+        responses = []
+        for name, topic_id in wanted:
+            try:
+                if name is None:
+                    name = self._topic_by_id(topic_id).name
+                self.broker.delete_topic(name)
+                self.producers.forget_topic(name)
+                responses.append({"name": name, "topic_id": topic_id,
+                                  "error_code": E.NONE})
+            except LogkitError as exc:
+                code = _code_for(exc)
+                if name is None and code == E.UNKNOWN_TOPIC_OR_PARTITION:
+                    code = E.UNKNOWN_TOPIC_ID
+                responses.append({"name": name, "topic_id": topic_id, "error_code": code,
+                                  "error_message": str(exc)[:500]})
+        return {"responses": responses}
+
+    def create_partitions(self, request: Request, session: Session) -> dict[str, Any]:
+        results = []
+        for wanted in request.body["topics"]:
+            name, count = wanted["name"], wanted["count"]
+            try:
+                topic = self._topic(name)
+            except LogkitError as exc:
+                results.append({"name": name, "error_code": _code_for(exc),
+                                "error_message": str(exc)[:500]})
+                continue
+            if count <= topic.num_partitions:
+                results.append({"name": name, "error_code": E.INVALID_PARTITIONS,
+                                "error_message": f"topic {name!r} has {topic.num_partitions}"
+                                f" partition(s); the count can only grow, not to {count}"})
+                continue
+            grow = getattr(self.broker, "create_partitions", None)
+            if grow is None:
+                results.append({"name": name, "error_code": E.INVALID_REQUEST,
+                                "error_message": "adding partitions to a topic is not "
+                                "supported by this logkit version"})
+                continue
+            try:
+                if not request.body["validate_only"]:
+                    grow(name, count)
+                results.append({"name": name, "error_code": E.NONE})
+            except LogkitError as exc:
+                results.append({"name": name, "error_code": _code_for(exc),
+                                "error_message": str(exc)[:500]})
+        return {"results": results}
+
+    def _topic_configs(self, topic: Any) -> list[tuple[str, Any, int]]:
+        defaults = resolve_topic_config(None, self.broker.config)
+        builtin = resolve_topic_config(None, resolve_broker_config(None))
+        out = []
+        for key, value in sorted(topic.config.items()):
+            if value != defaults.get(key, value):
+                source = _SOURCE_DYNAMIC_TOPIC
+            elif value != builtin.get(key, value):
+                source = _SOURCE_STATIC_BROKER
+            else:
+                source = _SOURCE_DEFAULT
+            out.append((key, value, source))
+        return out
+
+    def describe_configs(self, request: Request, session: Session) -> dict[str, Any]:
+        results = []
+        for resource in request.body["resources"]:
+            kind, name = resource["resource_type"], resource["resource_name"]
+            keys = resource["configuration_keys"]
+            try:
+                if kind == _RESOURCE_TOPIC:
+                    entries = self._topic_configs(self._topic(name))
+                elif kind == _RESOURCE_BROKER:
+                    builtin = resolve_broker_config(None)
+                    entries = [(key, value, _SOURCE_STATIC_BROKER
+                                if value != builtin.get(key) else _SOURCE_DEFAULT)
+                               for key, value in sorted(self.broker.config.items())]
+                else:
+                    results.append({"error_code": E.INVALID_REQUEST,
+                                    "error_message": f"resource type {kind} is not served",
+                                    "resource_type": kind, "resource_name": name,
+                                    "configs": []})
+                    continue
+            except LogkitError as exc:
+                results.append({"error_code": _code_for(exc), "error_message": str(exc),
+                                "resource_type": kind, "resource_name": name,
+                                "configs": []})
+                continue
+            configs = [{"name": key, "value": _config_text(value), "read_only": False,
+                        "config_source": source, "is_default": source == _SOURCE_DEFAULT,
+                        "is_sensitive": False,
+                        "synonyms": [{"name": key, "value": _config_text(value),
+                                      "source": source}]
+                        if request.body["include_synonyms"] else [],
+                        "config_type": _config_type(value), "documentation": None}
+                       for key, value, source in entries if keys is None or key in keys]
+            results.append({"error_code": E.NONE, "error_message": None,
+                            "resource_type": kind, "resource_name": name,
+                            "configs": configs})
+        return {"results": results}
+
+    # ---- groups --------------------------------------------------------------------
+
+    def _persist_group(self, group_id: str, snapshot: dict[str, Any] | None) -> None:
+        meta = self.broker.meta
+        key = group_id.encode()
+
+        def write(txn: Any) -> None:
+            if snapshot is None:
+                txn.delete(key, db=meta.db("members"))
+            else:
+                meta.put(txn, "members", key, snapshot)
+        meta.write(write, operation=f"store the wire members of group {group_id!r}")
+
+    def _embedded_live(self, group_id: str) -> bool:
+        try:
+            return bool(self.broker.group(group_id).members()) and not \
+                self._wire_only(group_id)
+        except LogkitError:
+            return False
+
+    def _wire_only(self, group_id: str) -> bool:
+        """Whether every member `broker.group(id)` shows is one of ours (group.py lists
+        wire members too)."""
+        ours = {m["member_id"] for m in (self.groups.describe(group_id) or
+                                         {"members": []})["members"]}
+        return {m.member_id for m in self.broker.group(group_id).members()} <= ours
+
+    def _check_group_id(self, group_id: str) -> int:
+        try:
+            validate_group_id(group_id)
+        except ConfigError:
+            return E.INVALID_GROUP_ID
+        return E.NONE
+
+    def join_group(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        code = self._check_group_id(body["group_id"])
+        if code:
+            return {"error_code": code, "member_id": body["member_id"], "leader": "",
+                    "protocol_name": "", "members": []}
+        return self.groups.join(
+            body["group_id"], body["member_id"], request.client_id or "", session.host,
+            body["session_timeout_ms"], body["rebalance_timeout_ms"], body["protocol_type"],
+            [(p["name"], p["metadata"]) for p in body["protocols"]])
+
+    def sync_group(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        return self.groups.sync(body["group_id"], body["generation_id"], body["member_id"],
+                                body["assignments"])
+
+    def heartbeat(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        return {"error_code": self.groups.heartbeat(body["group_id"], body["generation_id"],
+                                                    body["member_id"])}
+
+    def leave_group(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        if request.version >= 3:
+            ids = [m["member_id"] for m in body["members"]]
+        else:
+            ids = [body["member_id"]]
+        codes = self.groups.leave(body["group_id"], ids)
+        top = codes[0] if request.version < 3 and codes else E.NONE
+        return {"error_code": top,
+                "members": [{"member_id": m, "group_instance_id": None, "error_code": c}
+                            for m, c in zip(ids, codes)]}
+
+    def offset_commit(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        group_id = body["group_id"]
+        code = self._check_group_id(group_id) or self.groups.check_commit(
+            group_id, body["generation_id"], body["member_id"])
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        errors: dict[tuple[str, int], int] = {}
+        if not code:
+            for t in body["topics"]:
+                try:
+                    count = self._topic(t["name"]).num_partitions
+                except LogkitError as exc:
+                    count, missing = 0, _code_for(exc)
+                else:
+                    missing = E.UNKNOWN_TOPIC_OR_PARTITION
+                for p in t["partitions"]:
+                    index = p["partition_index"]
+                    if not 0 <= index < count:
+                        errors[(t["name"], index)] = missing
+                    else:
+                        offsets[TopicPartition(t["name"], index)] = OffsetAndMetadata(
+                            p["committed_offset"], p["committed_metadata"] or "")
+            if offsets:
+                try:
+                    self._committer(group_id).commit(offsets, member_id=None)
+                except CommitFailedError:
+                    code = E.ILLEGAL_GENERATION
+                except LogkitError as exc:
+                    code = _code_for(exc)
+        return {"topics": [{"name": t["name"], "partitions": [
+            {"partition_index": p["partition_index"],
+             "error_code": code or errors.get((t["name"], p["partition_index"]), E.NONE)}
+            for p in t["partitions"]]} for t in body["topics"]]}
+
+    def _committer(self, group_id: str) -> GroupCoordinator:
+        return GroupCoordinator(self.broker, group_id, strategy="range",
+                                session_timeout_ms=0, max_poll_interval_ms=0,
+                                client_id="kafka-listener")
+
+    def offset_fetch(self, request: Request, session: Session) -> dict[str, Any]:
+        body = request.body
+        if request.version >= 8:
+            groups = [{"group_id": g["group_id"], **self._fetch_offsets(
+                g["group_id"], g["topics"], flexible_names=True)} for g in body["groups"]]
+            return {"groups": groups}
+        result = self._fetch_offsets(body["group_id"], body["topics"], flexible_names=False)
+        return {"topics": result["topics"], "error_code": result["error_code"]}
+
+    def _fetch_offsets(self, group_id: str, wanted: list[dict[str, Any]] | None,
+                       flexible_names: bool) -> dict[str, Any]:
+        code = self._check_group_id(group_id)
+        if code:
+            return {"error_code": code, "topics": []}
+        try:
+            stored = committed_offsets(self.broker.meta, group_id)
+        except LogkitError as exc:
+            return {"error_code": _code_for(exc), "topics": []}
+        if wanted is None:
+            by_topic: dict[str, list[int]] = {}
+            for tp in sorted(stored):
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            wanted = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
+        topics = []
+        for t in wanted:
+            partitions = []
+            for index in t["partition_indexes"]:
+                om = stored.get(TopicPartition(t["name"], index))
+                partitions.append({"partition_index": index,
+                                   "committed_offset": -1 if om is None else om.offset,
+                                   "committed_leader_epoch": -1,
+                                   "metadata": "" if om is None else om.metadata,
+                                   "error_code": E.NONE})
+            topics.append({"name": t["name"], "partitions": partitions})
+        return {"error_code": E.NONE, "topics": topics}
+
+    def list_groups(self, request: Request, session: Session) -> dict[str, Any]:
+        states = set(request.body["states_filter"])
+        wire = {gid: (ptype, state) for gid, ptype, state in self.groups.groups()}
+        names = set(wire)
+        lister = getattr(self.broker, "groups", None)
+        if lister is not None:
+            names |= set(lister())
+        groups = []
+        for gid in sorted(names):
+            if gid in wire and wire[gid][1] != "Empty":
+                ptype, state = wire[gid]
+            else:
+                ptype = "consumer"
+                state = "Stable" if self.broker.group(gid).members() else "Empty"
+            if states and state not in states:
+                continue
+            groups.append({"group_id": gid, "protocol_type": ptype, "group_state": state,
+                           "group_type": "classic"})
+        return {"error_code": E.NONE, "groups": groups}
+
+    def describe_groups(self, request: Request, session: Session) -> dict[str, Any]:
+        out = []
+        for group_id in request.body["groups"]:
+            code = self._check_group_id(group_id)
+            if code:
+                out.append({"error_code": code, "group_id": group_id, "group_state": "",
+                            "protocol_type": "", "protocol_data": "", "members": []})
+                continue
+            wire = self.groups.describe(group_id)
+            if wire is not None and wire["members"]:
+                out.append({"error_code": E.NONE, "group_id": group_id, **wire})
+                continue
+            members = self.broker.group(group_id).members()
+            known = members or group_id in (getattr(self.broker, "groups", list)() or [])
+            out.append({
+                "error_code": E.NONE, "group_id": group_id,
+                "group_state": "Stable" if members else ("Empty" if known else "Dead"),
+                "protocol_type": "consumer" if known else "",
+                "protocol_data": "",
+                "members": [{"member_id": m.member_id, "client_id": m.client_id,
+                             "client_host": m.host, "member_metadata": b"",
+                             "member_assignment": encode_assignment(
+                                 [tuple(tp) for tp in m.assignment])}
+                            for m in members]})
+        return {"groups": out}
+
+
+def _produce_result(index: int, code: int, message: str | None = None) -> dict[str, Any]:
+    return {"index": index, "error_code": code, "base_offset": -1,
+            "log_append_time_ms": -1, "log_start_offset": -1, "error_message": message}
+
+
+def _fetch_error(index: int, code: int) -> dict[str, Any]:
+    return {"partition_index": index, "error_code": code, "high_watermark": -1,
+            "last_stable_offset": -1, "log_start_offset": -1,
+            "aborted_transactions": None, "records": None}
+
+
+def _create_error(name: str, code: int, message: str) -> dict[str, Any]:
+    return {"name": name, "error_code": code, "error_message": message,
+            "topic_config_error_code": E.NONE, "num_partitions": -1,
+            "replication_factor": -1, "configs": None}
+
+
+def _check_batch(records: bytes | None) -> tuple[int, str] | None:
+    """(error code, message) when a produce payload is not exactly one magic-2 batch
+    whose length field matches; None when it is (the CRC is checked by the append)."""
+    if records is None or len(records) < BATCH_HEADER_BYTES:
+        return E.CORRUPT_MESSAGE, "the records are shorter than a record batch header"
+    if records[_MAGIC_AT] != 2:
+        return (E.UNSUPPORTED_FOR_MESSAGE_FORMAT,
+                f"record batch magic {records[_MAGIC_AT]}: only magic 2 is stored")
+    size = _LENGTH.unpack_from(records, 8)[0] + 12
+    if size < len(records):
+        return E.INVALID_RECORD, "a produce request carries one record batch per partition"
+    if size > len(records):
+        return E.CORRUPT_MESSAGE, "the batch length field points past the records"
+    return None
+
+
+def _cluster_id(path: str) -> str:
+    """A stable 22-character cluster id (Kafka's base64 UUID shape) for a broker root."""
+    import base64
+    import os
+    raw = uuid.uuid5(uuid.NAMESPACE_URL, "logkit:" + os.path.realpath(path)).bytes
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
