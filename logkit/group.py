@@ -98,6 +98,28 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _live_wire(txn: Any, meta: Any, group_id: str) -> dict[str, Any]:
+    """The live members a Kafka protocol listener keeps for this group in the `members`
+    database (logkit/protocol/groups.py writes it); those past their session timeout are
+    left out (a killed listener's members)."""
+    raw = txn.get(group_id.encode(), db=meta.db("members"))
+    if raw is None:
+        return {}
+    now = _now_ms()
+    return {m: info for m, info in decode(raw)["members"].items()
+            if now - info["heartbeat_ms"] <= info["session_timeout_ms"]}
+
+
+def wire_members(meta: Any, group_id: str) -> list[MemberInfo]:
+    """The group's live members connected through the Kafka protocol listener."""
+    live = meta.read(lambda txn: _live_wire(txn, meta, group_id),
+                     operation=f"read the wire members of group {group_id!r}")
+    return [MemberInfo(m, info["client_id"], info["topics"],
+                       sorted(TopicPartition(t, p) for t, p in info["assignment"]),
+                       info["heartbeat_ms"], info["pid"], info["host"])
+            for m, info in sorted(live.items())]
+
+
 def _tp_key(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"          # '/' cannot appear in a topic name
 
@@ -208,6 +230,12 @@ class GroupCoordinator:
         member_id = self.member_id = f"{self.client_id}-{uuid.uuid4().hex[:12]}"
 
         def join(txn: Any) -> None:
+            wire = _live_wire(txn, self.meta, self.group_id)
+            if wire:
+                raise IllegalStateError(
+                    f"group {self.group_id!r} has {len(wire)} live member(s) connected "
+                    "through the Kafka protocol listener; an embedded consumer cannot "
+                    "join it until they leave (use another group id)")
             state = self._load(txn)
             self._evict_expired(state, now)
             state["members"][member_id] = {
@@ -408,6 +436,10 @@ class ConsumerGroup:
         return self._coordinator.generation()
 
     def members(self) -> list[MemberInfo]:
+        """Embedded members, then those connected through the Kafka listener."""
+        return self._embedded_members() + wire_members(self._broker.meta, self.group_id)
+
+    def _embedded_members(self) -> list[MemberInfo]:
         state = self._coordinator.state()
         return [MemberInfo(m, info["client_id"], info["topics"],
                            sorted(TopicPartition(t, p)
@@ -431,6 +463,15 @@ class ConsumerGroup:
         return out
 
     def _require_empty(self, action: str) -> None:
+        wire = wire_members(self._broker.meta, self.group_id)
+        if wire:
+            raise IllegalStateError(
+                f"cannot {action} group {self.group_id!r}: it has {len(wire)} live "
+                f"member(s) on the Kafka protocol listener "
+                f"({', '.join(m.member_id for m in wire[:3])}); stop them first")
+        self._require_no_embedded_member(action)
+
+    def _require_no_embedded_member(self, action: str) -> None:
         live = [m for m, info in self._coordinator.state()["members"].items()
                 if _now_ms() - info["heartbeat_ms"] <= info["session_timeout_ms"]]
         if live:

@@ -307,7 +307,11 @@ class GroupManager:
                 return error
             assert group is not None
             group.members[member_id].last_seen = time.monotonic()
-            if time.monotonic() - group.snapshot_at > SNAPSHOT_EVERY_MS / 1000:
+            # the snapshot's heartbeat time must stay within every member's session
+            # timeout, or other processes would take live members for gone ones
+            every_s = min(SNAPSHOT_EVERY_MS, min(m.session_timeout_ms for m in
+                                                 group.members.values()) // 3) / 1000
+            if time.monotonic() - group.snapshot_at > every_s:
                 self._save(group)
             return E.NONE
 

@@ -31,7 +31,7 @@ from ..errors import (ClosedError, ConfigError, CorruptRecordError, InvalidTopic
                       OffsetOutOfRangeError, RecordTooLargeError, StorageError,
                       TopicExistsError, UnknownTopicError, CommitFailedError)
 from ..group import (GroupCoordinator, OffsetAndMetadata, OffsetMetadataTooLargeError,
-                     committed_offsets, validate_group_id)
+                     committed_offsets, validate_group_id, wire_members)
 from ..topic import TopicPartition, validate_topic_name
 from . import errors as E
 from .frame import Request
@@ -570,18 +570,12 @@ class Handlers:
         meta.write(write, operation=f"store the wire members of group {group_id!r}")
 
     def _embedded_live(self, group_id: str) -> bool:
+        """Whether logkit.Consumer members (not wire ones) are live in the group."""
         try:
-            return bool(self.broker.group(group_id).members()) and not \
-                self._wire_only(group_id)
+            wire = {m.member_id for m in wire_members(self.broker.meta, group_id)}
+            return any(m.member_id not in wire for m in self.broker.group(group_id).members())
         except LogkitError:
             return False
-
-    def _wire_only(self, group_id: str) -> bool:
-        """Whether every member `broker.group(id)` shows is one of ours (group.py lists
-        wire members too)."""
-        ours = {m["member_id"] for m in (self.groups.describe(group_id) or
-                                         {"members": []})["members"]}
-        return {m.member_id for m in self.broker.group(group_id).members()} <= ours
 
     def _check_group_id(self, group_id: str) -> int:
         try:
