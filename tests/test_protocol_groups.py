@@ -1,0 +1,144 @@
+"""Kafka's classic group protocol on the listener with real clients in real processes:
+two consumers of one group in two processes split the partitions; one is killed with
+SIGKILL and the other takes its partitions after the session timeout; the wire members
+show in `broker.group(id)`; an embedded consumer may not join a group with live wire
+members, and a lone consumer gets its first assignment without waiting."""
+
+import multiprocessing
+import os
+import queue
+import signal
+import time
+
+import pytest
+
+import logkit
+
+SESSION_MS = 3000
+CLIENTS = ["kafka-python", "confluent-kafka", "aiokafka"]
+_MODULES = {"kafka-python": "kafka", "confluent-kafka": "confluent_kafka",
+            "aiokafka": "aiokafka"}
+
+
+def _member(client, bootstrap, topic, group, reports, stop):
+    """A consumer process: reports ("assigned", pid, partitions) whenever its assignment
+    changes, committing what it reads, until `stop` is set."""
+    import logging
+    logging.disable(logging.CRITICAL)
+    pid = os.getpid()
+    last = None
+
+    def report(partitions):
+        nonlocal last
+        partitions = sorted(partitions)
+        if partitions != last:
+            last = partitions
+            reports.put(("assigned", pid, partitions))
+
+    if client == "kafka-python":
+        import kafka
+        consumer = kafka.KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+                                       session_timeout_ms=SESSION_MS,
+                                       heartbeat_interval_ms=500,
+                                       auto_offset_reset="earliest")
+        while not stop.is_set():
+            consumer.poll(timeout_ms=100)
+            report(tp.partition for tp in consumer.assignment())
+        consumer.close()
+    elif client == "confluent-kafka":
+        import confluent_kafka
+        consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group,
+            "session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": 500,
+            "auto.offset.reset": "earliest"})
+        consumer.subscribe([topic])
+        while not stop.is_set():
+            consumer.poll(0.1)
+            report(tp.partition for tp in consumer.assignment())
+        consumer.close()
+    else:
+        import asyncio
+
+        import aiokafka
+
+        async def run():
+            consumer = aiokafka.AIOKafkaConsumer(
+                topic, bootstrap_servers=bootstrap, group_id=group,
+                session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500,
+                auto_offset_reset="earliest")
+            await consumer.start()
+            while not stop.is_set():
+                await consumer.getmany(timeout_ms=100)
+                report(tp.partition for tp in consumer.assignment())
+            await consumer.stop()
+        asyncio.run(run())
+
+
+def _latest(reports, state, until, bound_s=60):
+    """Read reports until until(state) holds; state maps pid -> partitions."""
+    end = time.monotonic() + bound_s
+    while not until(state):
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"the group did not settle: {state}")
+        try:
+            _, pid, partitions = reports.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        state[pid] = partitions
+    return state
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_two_processes_split_the_partitions_and_one_takes_over_from_a_killed_one(
+        tmp_path, client):
+    pytest.importorskip(_MODULES[client])
+    ctx = multiprocessing.get_context("spawn")
+    with logkit.Broker(tmp_path / "data") as broker, broker.serve() as server:
+        broker.create_topic("orders", 4)
+        reports, stop = ctx.Queue(), ctx.Event()
+        args = (client, server.bootstrap_servers, "orders", "billing", reports, stop)
+        first = ctx.Process(target=_member, args=args)
+        first.start()
+        state = _latest(reports, {}, lambda s: s.get(first.pid) == [0, 1, 2, 3])
+        second = ctx.Process(target=_member, args=args)
+        second.start()
+        try:
+            state = _latest(reports, state, lambda s: sorted(
+                s.get(first.pid, []) + s.get(second.pid, [])) == [0, 1, 2, 3]
+                and s.get(first.pid) and s.get(second.pid))
+            assert not set(state[first.pid]) & set(state[second.pid])
+            members = broker.group("billing").members()
+            assert len(members) == 2
+            assert sorted(tp.partition for m in members for tp in m.assignment) == \
+                [0, 1, 2, 3]
+            with pytest.raises(logkit.IllegalStateError, match="Kafka protocol listener"):
+                broker.consumer("orders", group_id="billing").poll(timeout_ms=100)
+            os.kill(first.pid, signal.SIGKILL)
+            first.join(10)
+            _latest(reports, state, lambda s: s.get(second.pid) == [0, 1, 2, 3])
+        finally:
+            stop.set()
+            second.join(30)
+            if second.is_alive():
+                second.kill()
+            if first.is_alive():
+                first.kill()
+
+
+def test_a_lone_consumer_is_assigned_at_its_first_join(tmp_path):
+    kafka = pytest.importorskip("kafka")
+    with logkit.Broker(tmp_path / "data") as broker, broker.serve() as server:
+        broker.create_topic("t", 2)
+        consumer = kafka.KafkaConsumer("t", bootstrap_servers=server.bootstrap_servers,
+                                       group_id="solo")
+        polls = 0
+        while not consumer.assignment() and polls < 100:
+            consumer.poll(timeout_ms=100)
+            polls += 1
+        assert {tp.partition for tp in consumer.assignment()} == {0, 1}
+        described = server.handlers.groups.describe("solo")
+        assert described["group_state"] == "Stable" and len(described["members"]) == 1
+        assert len(broker.group("solo").members()) == 1
+        consumer.close()
+        assert broker.group("solo").members() == []
