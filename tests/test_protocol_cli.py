@@ -1,0 +1,40 @@
+"""`logkit serve DIR --port N` in the foreground of its own process: a Kafka client
+produces through it, SIGTERM makes it close the broker and exit 0, and the records are
+then in the directory for the embedded API."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import logkit
+from logkit import cli
+
+
+def _has_serve():
+    return any(c.name == "serve" for c in getattr(cli, "COMMANDS", []))
+
+
+@pytest.mark.skipif(not _has_serve(), reason="this cli.py has no serve command yet")
+def test_logkit_serve_takes_kafka_clients_and_exits_0_on_sigterm(tmp_path):
+    kafka = pytest.importorskip("kafka")
+    directory = tmp_path / "data"
+    process = subprocess.Popen([sys.executable, "-m", "logkit.cli", "serve", str(directory),
+                                "--port", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        address = line.strip().rsplit(" ", 1)[-1]
+        assert address.startswith("127.0.0.1:"), line
+        producer = kafka.KafkaProducer(bootstrap_servers=address)
+        producer.send("served", key=b"k", value=b"through the CLI").get(timeout=20)
+        producer.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    with logkit.Broker(directory) as broker:
+        records = broker.topic("served").partition(0).read(0)
+        assert [(r.key, r.value) for r in records] == [(b"k", b"through the CLI")]
