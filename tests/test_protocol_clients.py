@@ -196,3 +196,17 @@ def test_records_cross_between_the_wire_and_the_embedded_api(broker, server):
 
 
 logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
+def test_the_kafka_clients_example_runs(tmp_path):
+    """examples/kafka_clients.py: both clients' records reach the embedded API and the
+    wire group's commits reach the broker."""
+    pytest.importorskip("confluent_kafka")
+    pytest.importorskip("kafka")
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+    import kafka_clients
+    result = kafka_clients.run(str(tmp_path / "d"))
+    expected = [b"order-0", b"order-1", b"order-2", b"order-9"]
+    assert result == {"embedded": expected, "wire": expected, "committed": 4}
