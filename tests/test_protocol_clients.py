@@ -210,3 +210,55 @@ def test_the_kafka_clients_example_runs(tmp_path):
     result = kafka_clients.run(str(tmp_path / "d"))
     expected = [b"order-0", b"order-1", b"order-2", b"order-9"]
     assert result == {"embedded": expected, "wire": expected, "committed": 4}
+
+
+def _versions(server, prefix):
+    seen = {}
+    for (client_id, api, version), _ in server.versions_seen.items():
+        if client_id.startswith(prefix):
+            seen[api] = max(seen.get(api, -1), version)
+    return seen
+
+
+def test_each_client_negotiates_its_own_newest_versions(broker, server, capsys):
+    """The matrix of client x API x version that ran, printed with -s; each client lands
+    on its own maxima (flexible versions for kafka-python 3 and librdkafka)."""
+    kafka = pytest.importorskip("kafka")
+    ck = pytest.importorskip("confluent_kafka")
+    broker.create_topic("v", 1)
+    kp = kafka.KafkaProducer(bootstrap_servers=server.bootstrap_servers, client_id="kp-v")
+    kp.send("v", b"1").get(timeout=20)
+    kp.close()
+    kc = kafka.KafkaConsumer("v", bootstrap_servers=server.bootstrap_servers,
+                             client_id="kp-v", group_id="gv", auto_offset_reset="earliest",
+                             consumer_timeout_ms=1500)
+    assert [m.value for m in kc] == [b"1"]
+    kc.commit()
+    kc.close()
+    producer = ck.Producer({"bootstrap.servers": server.bootstrap_servers,
+                            "client.id": "ck-v"})
+    producer.produce("v", b"2")
+    assert producer.flush(20) == 0
+    consumer = ck.Consumer({"bootstrap.servers": server.bootstrap_servers,
+                            "client.id": "ck-v", "group.id": "gv2",
+                            "auto.offset.reset": "earliest"})
+    consumer.subscribe(["v"])
+    got = []
+    for _ in range(80):
+        message = consumer.poll(0.25)
+        if message is not None and message.error() is None:
+            got.append(message.value())
+        if len(got) == 2:
+            break
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    assert got == [b"1", b"2"]
+    matrix = {"kafka-python": _versions(server, "kp-v"),
+              "confluent-kafka": _versions(server, "ck-v")}
+    with capsys.disabled():
+        for client, apis in matrix.items():
+            print(f"\n{client}: " + ", ".join(f"{a} v{v}" for a, v in sorted(apis.items())))
+    for client, apis in matrix.items():
+        assert apis["Produce"] >= 9 and apis["Fetch"] >= 12 and apis["Metadata"] >= 9, \
+            (client, apis)
+        assert apis["OffsetCommit"] >= 8 and apis["JoinGroup"] >= 5, (client, apis)

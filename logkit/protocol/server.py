@@ -23,6 +23,7 @@ waits), closes every connection and joins the threads; it is safe twice.
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import socket
@@ -82,6 +83,8 @@ class KafkaServer:
         self._connections: dict[int, socket.socket] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
+        # (client id, API name, version) -> requests answered: which client used what
+        self.versions_seen: collections.Counter[tuple[str, str, int]] = collections.Counter()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -239,6 +242,7 @@ class KafkaServer:
         """(the answer frame or None, authenticated, raw SASL tokens follow)."""
         request = parse_request(frame)         # ProtocolError: the caller closes
         key = request.api.key
+        self.versions_seen[(request.client_id or "", request.api.name, request.version)] += 1
         if not authenticated and key not in _ALWAYS_ALLOWED:
             raise ProtocolError(f"{request.api.name} before SASL authentication")
         raw = False
