@@ -376,16 +376,16 @@ def _open_lmdb(path: str, *, read_only: bool, map_size_bytes: int) -> Any:
 
 def _open_databases(env: Any, path: str, read_only: bool) -> dict[str, Any]:
     if not read_only:
-        return {name: env.open_db(name.encode()) for name in DATABASES}
+        with env.begin(write=True) as txn:     # one commit (one fsync) for all of them
+            return {name: env.open_db(name.encode(), txn=txn) for name in DATABASES}
+    # A store written by an older logkit may lack a sub-database added since; a reader
+    # cannot create it, so it is missing until someone uses it (`MetaStore.db` says so).
     dbs = {}
     for name in DATABASES:
         try:
             dbs[name] = env.open_db(name.encode(), create=False)
         except lmdb.NotFoundError:
-            raise MetadataStoreError(
-                f"metadata store {path} has no {name!r} sub-database (written by an "
-                "older logkit); open it read-write once to add it",
-                operation="open", path=path) from None
+            pass
     return dbs
 
 
@@ -504,7 +504,15 @@ class MetaStore:
             raise ReadOnlyError(f"metadata store {self.path} is open read-only")
 
     def db(self, name: str) -> Any:
-        return self._shared.dbs[name]
+        try:
+            return self._shared.dbs[name]
+        except KeyError:
+            if name not in DATABASES:
+                raise
+            raise MetadataStoreError(
+                f"metadata store {self.path} has no {name!r} sub-database (written by an "
+                "older logkit); open it read-write once to add it",
+                operation="open", path=self.path) from None
 
     # ---- transactions ----------------------------------------------------------------
 

@@ -500,3 +500,25 @@ def test_a_map_grown_by_another_process_is_adopted_by_this_one(tmp_path):
 def test_an_unknown_assignor_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match="nope"):
         assign("nope", {"a": ["t"]}, {"t": 1})
+
+
+def test_a_read_only_open_of_a_store_missing_a_newer_sub_database_reads_what_is_there(
+        tmp_path):
+    """A directory written before a sub-database was added (here: 'schemas' is dropped
+    from the store) still opens read-only — `logkit describe` must work on it; only the
+    missing sub-database's use is refused, by name."""
+    root = tmp_path / "data"
+    make_root(root)
+    # In another process: this one's metadata registry may still hold the env.
+    subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import lmdb, sys
+        env = lmdb.open(sys.argv[1], max_dbs=16, subdir=True)
+        schemas = env.open_db(b"schemas")
+        with env.begin(write=True) as txn:
+            txn.drop(schemas, delete=True)
+        env.close()
+        """), os.path.join(root, "meta")], check=True, timeout=60)
+    with logkit.Broker(root, read_only=True) as broker:
+        assert broker.topics() == ["t"]
+        with pytest.raises(logkit.MetadataStoreError, match="schemas"):
+            broker.meta.db("schemas")

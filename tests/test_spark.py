@@ -386,3 +386,16 @@ def test_retention_during_a_read_is_data_loss(tmp_path, include_headers, caplog)
     assert got == list(range(start, 60_000))
     assert any(f"offsets 0..{start - 1} of t-0 were removed" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_write_option_logkit_does_not_know_is_refused_on_the_driver(tmp_path):
+    """Write options go through the same settings table as reads: a misspelt option is
+    refused by name before any task runs, not silently taken."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark_logkit.options import LogkitSparkError
+    from pyspark_logkit.writer import SinkOptions
+    schema = StructType([StructField("value", BinaryType())])
+    with pytest.raises(LogkitSparkError, match="topc"):
+        SinkOptions({"path": str(tmp_path), "topc": "t"}, schema, streaming=False)
+    options = SinkOptions({"path": str(tmp_path), "topic": "t"}, schema, streaming=False)
+    assert options.topic == "t"

@@ -52,7 +52,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, StringType, S
 import logkit
 
 from .brokers import broker_for
-from .options import LogkitSparkError
+from .options import LogkitSparkError, checked
 
 __all__ = ["LogkitBatchWriter", "LogkitStreamWriter", "SinkOptions"]
 
@@ -68,6 +68,7 @@ class SinkOptions:
 
     def __init__(self, options: Mapping[str, str], schema: StructType, *,
                  streaming: bool) -> None:
+        checked(options, write=True)
         # `options` is Spark's case-insensitive dict: a plain dict copy of it has
         # lower-cased keys, and options.get("sinkId") would then miss.
         self.path = options.get("path")
