@@ -1,7 +1,7 @@
 /* logkit._sendpath: the common case of Producer.send() in C.
  *
  * Owns nothing: a Sender holds references to one producer's topic states and does, in
- * C, exactly what the fast path of logkit/producer.py `Producer._send_py` does in
+ * C, exactly what the fast path of logkit/producer.py `Producer.send` does in
  * Python -- bytes key and value, no headers, no explicit partition or timestamp, a
  * known topic whose open batch has room. Every other case, and any surprise, is handed
  * to the Python method unchanged, so the two paths cannot disagree on anything but
@@ -117,19 +117,21 @@ new_future(PyObject *type, PyObject *batch, PyObject *row, PyObject *acks)
 
 /* ---- Sender ------------------------------------------------------------------------ */
 
-/* Python attributes read by name (interned in PyInit__sendpath). They are defined in
- * logkit/producer.py, each marked there with a comment naming this file: on a topic
- * state, `sticky`, `cache`, `open`; on an open batch, `size`, `inbox` (a deque, whose
- * `append` is called) and `sealed`; `key` and `value` are send()'s keyword names.
- * Renaming one on the Python side without changing it here breaks this path. */
+/* Python attributes read by name (interned in PyInit__sendpath), each marked with a
+ * comment naming this file where it is defined: on a topic state (producer.py's
+ * _TopicState), `sticky` and `cache` (logkit/producer.py) and `open` (its base class,
+ * logkit/accumulator.py's TopicBatches); on an open batch (accumulator.py's Batch),
+ * `size`, `inbox` (a deque, whose `append` is called) and `sealed`; `key` and `value`
+ * are send()'s keyword names. Renaming one on the Python side without changing it here
+ * breaks this path. */
 static PyObject *s_sticky, *s_cache, *s_open, *s_size, *s_inbox, *s_sealed, *s_append,
                 *s_key, *s_value;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *fallback;      /* bound Producer._send_py */
+    PyObject *fallback;      /* bound Producer.send (the Python method) */
     PyObject *rescue;        /* bound Producer._rescue */
-    PyObject *states;        /* dict: topic name -> _TopicState */
+    PyObject *states;        /* dict: topic name -> _TopicState (the accumulator's) */
     PyObject *future_type;   /* FutureRecordMetadata */
     PyObject *acks;          /* int */
     Py_ssize_t batch_size;

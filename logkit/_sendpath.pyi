@@ -1,9 +1,9 @@
 """Type stub of the optional C extension `logkit._sendpath` (logkit/_sendpath.c):
 Producer.send()'s common case in C. Import it through `logkit._native`.
 
-`Sender` reads these Python attributes by name (producer.py marks them where they are
-defined): on a topic state `sticky`, `cache`, `open`; on an open batch `size`, `inbox`
-(a deque: `append`), `sealed`. Renaming one of them silently sends every call to the
+`Sender` reads these Python attributes by name (each marked "_sendpath.c" where it is
+defined, in producer.py and accumulator.py): on a topic state `sticky`, `cache`, `open`;
+on an open batch `size`, `inbox` (a deque: `append`), `sealed`. Renaming one of them silently sends every call to the
 Python fallback or breaks the compiled path.
 """
 

@@ -1,9 +1,12 @@
 """The producer: Kafka's `KafkaProducer` semantics over the embedded log.
 
-Owns: the record accumulator (at most one open batch per partition), partition choice
-(Kafka's murmur2 for keyed records, sticky or round-robin for null keys, or a callable),
-batching by `batch_size` and `linger_ms`, the bounded buffer (`buffer_memory`,
-`max_block_ms`), and the futures that resolve to `RecordMetadata`.
+Owns: the API, serializers and record validation, partition choice (Kafka's murmur2
+for keyed records, sticky or round-robin for null keys, or a callable), the send path
+(the lock-free hot path, encoding and appending sealed batches, the sender thread) and
+the futures that resolve to `RecordMetadata`. The batching bookkeeping — open and sealed
+batches per partition, sizes against `batch_size`, the bounded buffer (`buffer_memory`,
+`max_block_ms`), `linger_ms` deadlines and which batches are due — is the record
+accumulator's (logkit/accumulator.py, Kafka's `RecordAccumulator`).
 
 How batches leave the accumulator (the "sender" side of Kafka's producer, with a local
 append in place of a produce request):
@@ -22,11 +25,9 @@ With `linger_ms=0` a batch is due at once, so it leaves as soon as the sender th
 runs; records sent meanwhile join it — exactly what Kafka does while a request is in
 flight. An idle producer writes one-record batches; a busy one writes full batches.
 
-Buffer accounting is Kafka's: each open batch reserves `min(batch_size,
-buffer_memory)` bytes (more for one record bigger than that) until it is appended; a
-`send()` that needs a new batch and finds no room blocks up to `max_block_ms`, then
-raises `LogkitTimeoutError`. Appends are local, so the buffer fills only when appends
-stall (another process holding the partition lock, a slow disk).
+Buffer accounting is Kafka's (see logkit/accumulator.py): a `send()` that needs a new
+batch and finds no room in `buffer_memory` blocks up to `max_block_ms`, then raises
+`LogkitTimeoutError`.
 
 Timestamps: a record sent without one is stamped with the time its batch is
 appended (about `linger_ms` after `send()` at most), which is what the batch header and
@@ -47,7 +48,9 @@ the producer carries on.
 
 The compiled twin: `logkit/_sendpath.c` (optional, like `_speedups`) does send()'s
 common case — bytes in, default partitioner, known topic, room in the open batch — and
-hands every other call to the Python `send` unchanged; LOGKIT_PURE_PYTHON=1 disables it.
+hands every other call to the Python `send` unchanged; LOGKIT_PURE_PYTHON=1 disables it
+(`logkit._native` makes that choice). It reads some Python attributes by name; each is
+marked "_sendpath.c" where it is defined (here and in logkit/accumulator.py).
 
 Timeouts — every wait is bounded, including the wait for a partition's append lock held
 by another process (which may be stalled: stopped, swapped out, on a hung disk):
@@ -76,9 +79,9 @@ compiled send path to the checking Python path, so the hot path pays nothing); t
 sender thread does not exist there and copied locks may be held. `close()` in the child
 returns at once: the parent's batches are the parent's to append.
 
-Thread-safety: every public method may be called from any thread. One lock guards the
-accumulator's structure (opening and sealing batches, buffer accounting); it is never
-held while encoding or appending. The hot path of `send()` takes no lock: it appends to
+Thread-safety: every public method may be called from any thread. One lock (the
+accumulator's) guards the batching structure (opening and sealing batches, buffer
+accounting); it is never held while encoding or appending. The hot path of `send()` takes no lock: it appends to
 the open batch's deque (an atomic operation) and re-checks that the batch was not
 sealed meanwhile (see `Producer.send`).
 Invariant: each record's future resolves exactly once, with the offset it was stored at
@@ -89,16 +92,15 @@ within a partition.
 
 from __future__ import annotations
 
-import collections
 import logging
-import os
 import random
 import threading
 import time
 import weakref
 from typing import Any, Callable
 
-from . import _fork
+from . import _fork, _native
+from .accumulator import Batch, RecordAccumulator, TopicBatches
 from .compression import codec_id, require
 from .config import PRODUCER, resolve
 from .errors import (ClosedError, ConfigError, IllegalStateError, LogkitError,
@@ -109,105 +111,48 @@ from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, enc
 
 __all__ = ["Producer", "FutureRecordMetadata"]
 
-
-def _load_sendpath() -> Any:
-    """The compiled twin of send()'s fast path (logkit/_sendpath.c), if built and not
-    disabled by LOGKIT_PURE_PYTHON (as for `_speedups`)."""
-    if os.environ.get("LOGKIT_PURE_PYTHON"):
-        return None
-    try:
-        from . import _sendpath  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _sendpath
-
-
-_sendpath = _load_sendpath()
+# The compiled twin of send()'s fast path (logkit/_sendpath.c), chosen once by _native.
+_sendpath = _native.sendpath
 _CSender = None if _sendpath is None else _sendpath.Sender
 
 # Keyword -> default, from the one settings table (logkit/config.py, scope "producer").
 DEFAULTS: dict[str, Any] = resolve(PRODUCER, None)
 IN_SYNC_REPLICAS = 1                # no replication yet: the leader is the whole ISR
 KEY_CACHE_LIMIT = 100_000           # key -> partition entries per topic, then cleared
-SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
 MAX_TIMESTAMP_MS = 2**63 - 1        # the batch header's int64
 
 log = logging.getLogger(__name__)
 
 
-class _Batch:
-    """Records bound for one partition, appended together as one Kafka record batch."""
+class _TopicState(TopicBatches):
+    """The producer's view of one topic: its batches (the accumulator's part) and its
+    partitioner state, on one object so that send() does one lookup.
 
-    __slots__ = ("state", "partition", "inbox", "sealed", "rows", "size", "reserved",
-                 "created", "done",
-                 "base_offset", "timestamp_ms", "error", "callbacks", "_index",
-                 "outcomes")
+    logkit/_sendpath.c reads `sticky` and `cache` (and the base class's `open`) by name:
+    rename one here and the C file must change too (then rebuild it)."""
 
-    def __init__(self, state: "_TopicState", partition: int, reserved: int) -> None:
-        self.state = state
-        self.partition = partition
-        # send() appends rows to `inbox` without the producer lock (deque.append is
-        # atomic); sealing sets `sealed`, then moves the inbox into `rows` (see
-        # Producer.send for why no row is lost or taken twice).
-        self.inbox: collections.deque[tuple] = collections.deque()
-        self.sealed = False
-        self.rows: list[tuple] = []             # the rows encoded, once sealed
-        self.size = RECORDS_OFFSET          # estimated encoded bytes so far
-        self.reserved = reserved            # buffer_memory held until appended
-        self.created = time.monotonic()
-        self.done = threading.Event()
-        self.base_offset = -1
-        self.timestamp_ms = -1              # what records without a timestamp got
-        self.error: BaseException | None = None
-        self.callbacks: list[tuple[tuple, Callable | None, Callable | None]] = []
-        self._index: dict[int, int] | None = None
-        # Set only when the batch had to be split: id(row) -> offset or error.
-        self.outcomes: dict[int, int | BaseException] | None = None
-
-    def outcome(self, row: tuple) -> RecordMetadata | BaseException:
-        """`row`'s RecordMetadata, or the error that kept it out (batch done)."""
-        if self.error is not None:
-            return self.error
-        if self.outcomes is not None:
-            offset = self.outcomes[id(row)]
-            if isinstance(offset, BaseException):
-                return offset
-        else:
-            index = self._index
-            if index is None:
-                index = self._index = {id(r): i for i, r in enumerate(self.rows)}
-            offset = self.base_offset + index[id(row)]
-        ts = row[3]
-        return RecordMetadata(self.state.name, self.partition, offset,
-                              self.timestamp_ms if ts is None else ts)
-
-
-class _TopicState:
-    """The producer's view of one topic: its logs, open batches and partitioner state."""
-
-    __slots__ = ("producer", "name", "topic", "count", "open", "cache", "sticky",
-                 "round_robin", "sealed", "busy")
+    __slots__ = ("producer", "cache", "sticky", "round_robin")
 
     def __init__(self, producer: "Producer", topic: Any) -> None:
+        super().__init__(topic)
         self.producer = producer
-        self.name = topic.name
-        self.topic = topic
-        self.count = topic.num_partitions
-        self.open: list[_Batch | None] = [None] * self.count
-        self.cache: dict[bytes, int] = {}          # key -> partition (murmur2 is pure)
-        self.sticky = random.randrange(self.count)
+        # key -> partition (murmur2 is pure); read by _sendpath.c
+        self.cache: dict[bytes, int] = {}
+        self.sticky = random.randrange(self.count)                  # read by _sendpath.c
         self.round_robin = -1
-        # Sealed batches per partition, in seal order, and whether some thread is
-        # appending that partition now: one appender per partition keeps the order.
-        self.sealed: list[collections.deque[_Batch]] = [collections.deque()
-                                                        for _ in range(self.count)]
-        self.busy = [False] * self.count
 
     def keyed(self, key: bytes) -> int:
         if len(self.cache) >= KEY_CACHE_LIMIT:
             self.cache.clear()
         partition = self.cache[key] = self.topic.partition_for(key)
         return partition
+
+    def batch_sealed(self, partition: int) -> None:
+        """A sticky partitioner moves on to another partition once its batch is sealed
+        (Kafka's behaviour). Accumulator lock held."""
+        if self.sticky == partition and self.count > 1:
+            choice = random.randrange(self.count - 1)
+            self.sticky = choice + (choice >= partition)
 
 
 class _PyFutureBase:
@@ -216,7 +161,7 @@ class _PyFutureBase:
 
     __slots__ = ("_batch", "_row", "_acks")
 
-    def __init__(self, batch: _Batch, row: tuple, acks: int) -> None:
+    def __init__(self, batch: Batch, row: tuple, acks: int) -> None:
         self._batch = batch
         self._row = row
         self._acks = acks
@@ -319,14 +264,14 @@ def _after_fork_in_child() -> None:
 _fork.at_fork_in_child(_after_fork_in_child)
 
 
-def _log_unexpected(exc: BaseException, batch: _Batch) -> None:
+def _log_unexpected(exc: BaseException, batch: Batch) -> None:
     """An append failed with an error that is not logkit's (a bug): it goes to the
     records' futures, which must resolve, and to the log with its traceback."""
     log.error("appending %d record(s) to %s-%d failed unexpectedly", len(batch.rows),
               batch.state.name, batch.partition, exc_info=exc)
 
 
-def _run_callback(batch: _Batch, row: tuple, ok: Callable | None,
+def _run_callback(batch: Batch, row: tuple, ok: Callable | None,
                   err: Callable | None) -> None:
     outcome = batch.outcome(row)
     if isinstance(outcome, BaseException):
@@ -395,8 +340,8 @@ class Producer:
         self._broker = broker
         self._acks = 0 if acks == 0 else 1
         self._acks_all = acks in (-1, "all")           # checks min.insync.replicas
-        self._linger_s = settings["linger_ms"] / 1000
         self._buffer_memory = settings["buffer_memory"]
+        # read by send()'s hot path (and handed to _sendpath.c's Sender)
         self._batch_size = max(1, min(settings["batch_size"], self._buffer_memory))
         self._max_record_bytes = settings["max_request_size"] - RECORDS_OFFSET
         self._max_block_s = settings["max_block_ms"] / 1000
@@ -411,17 +356,12 @@ class Producer:
         self._slow = self._key_serializer is not None or \
             self._value_serializer is not None or partitioner not in (None, "sticky",
                                                                       "murmur2")
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)   # space freed, batch appended
-        self._wake = threading.Condition(self._lock)      # the sender has work
-        self._states: dict[str, _TopicState] = {}
-        self._open_count = 0
-        self._reserved = 0
-        self._in_flight = 0            # sealed batches not yet appended
-        self._exhausted = 0            # senders waiting for buffer space
-        self._sender_idle = False      # the sender thread waits with no open batch
-        self._retry: set[tuple[_TopicState, int]] = set()   # requeued: the sender appends
-        self._closed = False
+        self._accumulator = RecordAccumulator(
+            batch_size=self._batch_size, buffer_memory=self._buffer_memory,
+            linger_ms=settings["linger_ms"], max_block_ms=settings["max_block_ms"])
+        # The accumulator's topic -> _TopicState dict, read by send()'s hot path (and
+        # handed to _sendpath.c's Sender, which looks topics up in it).
+        self._states: dict[str, _TopicState] = self._accumulator.states  # type: ignore
         self._sender = threading.Thread(target=self._run_sender, name="logkit-producer",
                                         daemon=True)
         self._sender.start()
@@ -474,18 +414,12 @@ class Producer:
         batch.size += size
         return FutureRecordMetadata(batch, row, self._acks)
 
-    def _rescue(self, state: _TopicState, p: int, batch: _Batch, row: tuple,
+    def _rescue(self, state: _TopicState, p: int, batch: Batch, row: tuple,
                 size: int) -> FutureRecordMetadata:
         """`row` went into a batch that was being sealed: keep it there if the drain
-        took it, else take it back out and send it again."""
-        with self._lock:                     # sealers drain holding it: the drain is over
-            late = list(batch.inbox)
-            for i, other in enumerate(late):
-                if other is row:
-                    del batch.inbox[i]       # appenders only add on the right
-                    break
-            else:
-                return FutureRecordMetadata(batch, row, self._acks)
+        took it, else take it back out and send it again. (Called by _sendpath.c.)"""
+        if not self._accumulator.take_back(batch, row):
+            return FutureRecordMetadata(batch, row, self._acks)
         return self._enqueue(state, p, row, size)
 
     def _send_general(self, topic: str, value: Any, key: Any, partition: int | None,
@@ -494,7 +428,7 @@ class Producer:
         timestamps, tombstones, first use of a topic."""
         if self._pid != _fork._pid:
             _fork.check_owner(self._pid, "this producer")
-        if self._closed:
+        if self._accumulator.closed:
             raise ClosedError("producer is closed")
         if timestamp_ms is not None:
             _check_timestamp(timestamp_ms)
@@ -518,7 +452,7 @@ class Producer:
         state = self._states.get(name)
         if state is None:
             topic = self._broker.get_or_create_topic(name)   # UnknownTopicError if off
-            with self._lock:
+            with self._accumulator.lock:
                 state = self._states.get(name)
                 if state is None:
                     state = self._states[name] = _TopicState(self, topic)
@@ -553,83 +487,20 @@ class Producer:
             raise RecordTooLargeError(
                 f"record of about {size} bytes exceeds buffer_memory="
                 f"{self._buffer_memory}")
-        deadline = None
+        accumulator = self._accumulator
+        deadline = time.monotonic() + self._max_block_s     # send() blocks no longer
         while True:
-            sealed = False
-            waited = False
-            with self._lock:
-                if self._closed:
-                    raise ClosedError("producer is closed")
-                batch = state.open[p]
-                if batch is not None and batch.size + size > self._batch_size \
-                        and batch.inbox:
-                    self._seal(state, p)
-                    sealed, batch = True, None
-                if batch is None:
-                    reserve = max(self._batch_size, size + RECORDS_OFFSET)
-                    if self._reserved + reserve > self._buffer_memory and self._reserved:
-                        if deadline is None:
-                            deadline = time.monotonic() + self._max_block_s
-                        if not sealed:            # append ours first: they free space
-                            self._wait_for_space(deadline)
-                        waited = True
-                    else:
-                        batch = state.open[p] = _Batch(state, p, reserve)
-                        self._reserved += reserve
-                        self._open_count += 1
-                        if self._sender_idle or not self._linger_s:
-                            self._wake.notify()   # else it wakes for an older batch
-                if not waited:
-                    batch.inbox.append(row)
-                    batch.size += size
-                    if batch.size >= self._batch_size:
-                        self._seal(state, p)
-                        sealed = True
+            batch, sealed = accumulator.add(state, p, row, size, deadline)
             if sealed:                  # send() waits for a lock at most max_block_ms
                 self._drain(state, p, time.monotonic() + self._max_block_s)
-            if not waited:
+            if batch is not None:
                 return FutureRecordMetadata(batch, row, self._acks)
 
-    def _wait_for_space(self, deadline: float) -> None:
-        """Wait (lock held) until buffer space may have been freed; raise at deadline."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise LogkitTimeoutError(
-                f"no room in buffer_memory={self._buffer_memory} within "
-                f"max_block_ms={self.config['max_block_ms']}: appends are not keeping up")
-        self._exhausted += 1                     # the sender ignores linger meanwhile
-        self._wake.notify()
-        try:
-            self._changed.wait(min(remaining, SENDER_IDLE_WAIT_S))
-        finally:
-            self._exhausted -= 1
-
-    def _seal(self, state: _TopicState, p: int) -> _Batch:
-        """Move partition p's open batch to its sealed queue (lock held); a sticky
-        partitioner moves on to another partition (Kafka's behaviour)."""
-        batch = state.open[p]
-        assert batch is not None
-        state.open[p] = None
-        batch.sealed = True
-        inbox, rows = batch.inbox, batch.rows
-        while inbox:                         # late appends land after this: rescued
-            rows.append(inbox.popleft())
-        state.sealed[p].append(batch)
-        self._open_count -= 1
-        self._in_flight += 1
-        if state.sticky == p and state.count > 1:
-            choice = random.randrange(state.count - 1)
-            state.sticky = choice + (choice >= p)
-        return batch
-
-    def _append_if_open(self, batch: _Batch, deadline: float | None = None) -> None:
+    def _append_if_open(self, batch: Batch, deadline: float | None = None) -> None:
         """Seal `batch` if it still waits in the accumulator, and append what is due,
         waiting for the append lock until `deadline` at most (see `_drain`)."""
-        state, p = batch.state, batch.partition
-        with self._lock:
-            if state.open[p] is batch:
-                self._seal(state, p)
-        self._drain(state, p, deadline)
+        self._accumulator.seal_if_open(batch)
+        self._drain(batch.state, batch.partition, deadline)
 
     def _drain(self, state: _TopicState, p: int, deadline: float | None = None) -> None:
         """Append partition p's sealed batches in order, in this thread — unless another
@@ -640,30 +511,20 @@ class Producer:
         each batch is also bounded by its delivery timeout. When the caller's bound runs
         out first, the batch goes back to the head of the queue for the sender thread
         and the drain stops."""
+        accumulator = self._accumulator
         while True:
-            with self._lock:
-                if state.busy[p] or not state.sealed[p]:
-                    return
-                state.busy[p] = True
-                batch = state.sealed[p].popleft()
+            batch = accumulator.claim(state, p)
+            if batch is None:
+                return
             done = True                 # unless _append says so: never append twice
             try:
                 done = self._append(batch, deadline)
             finally:
-                with self._lock:
-                    state.busy[p] = False
-                    if done:
-                        self._reserved -= batch.reserved
-                        self._in_flight -= 1
-                    else:                         # not stored: first in line again
-                        state.sealed[p].appendleft(batch)
-                        self._retry.add((state, p))
-                        self._wake.notify()
-                    self._changed.notify_all()
+                accumulator.release(state, p, batch, done)
             if not done:
                 return
 
-    def _append(self, batch: _Batch, deadline: float | None = None) -> bool:
+    def _append(self, batch: Batch, deadline: float | None = None) -> bool:
         """Append one sealed batch and resolve its futures (lock not held; the caller
         holds the partition's busy flag). False, with nothing stored and nothing
         resolved, when the append lock was not free by `deadline` and the batch's own
@@ -710,7 +571,7 @@ class Producer:
         self._resolve(batch)
         return True
 
-    def _check_in_sync_replicas(self, batch: _Batch, partition: Any) -> None:
+    def _check_in_sync_replicas(self, batch: Batch, partition: Any) -> None:
         """acks='all': refuse the batch before appending when the topic asks for more
         in-sync replicas than exist (Kafka's NOT_ENOUGH_REPLICAS; nothing is written)."""
         wanted = partition.config["min.insync.replicas"]
@@ -721,7 +582,7 @@ class Producer:
                 f"{IN_SYNC_REPLICAS} (no replication): lower the topic's "
                 "min.insync.replicas or send with acks=1")
 
-    def _expired(self, batch: _Batch, exc: LogkitTimeoutError) -> LogkitTimeoutError:
+    def _expired(self, batch: Batch, exc: LogkitTimeoutError) -> LogkitTimeoutError:
         error = LogkitTimeoutError(
             f"{len(batch.rows)} record(s) for {batch.state.name}-{batch.partition} not "
             f"stored within delivery_timeout_ms={self.config['delivery_timeout_ms']} of "
@@ -729,7 +590,7 @@ class Producer:
         error.__cause__ = exc
         return error
 
-    def _resolve(self, batch: _Batch) -> None:
+    def _resolve(self, batch: Batch) -> None:
         """Mark the batch done and run its callbacks (in this thread)."""
         with _callback_lock:
             batch.done.set()
@@ -792,39 +653,15 @@ class Producer:
 
     # ---- the sender thread -----------------------------------------------------------
 
-    def _due(self, now: float) -> list[tuple[_TopicState, int]]:
-        """Seal the batches that are linger_ms old (all of them when the buffer is
-        exhausted or the producer is closing); the partitions to drain. Lock held."""
-        due = []
-        for state in self._states.values():
-            for p, batch in enumerate(state.open):
-                if batch is not None and (now - batch.created >= self._linger_s
-                                          or self._exhausted or self._closed):
-                    self._seal(state, p)
-                    due.append((state, p))
-        return due
-
     def _run_sender(self) -> None:
+        """Append what the accumulator says is due (linger_ms old, requeued, or every
+        batch when the buffer is exhausted or the producer closes) until closed."""
+        accumulator = self._accumulator
         while True:
-            with self._lock:
-                if self._closed and not self._open_count and not self._retry:
-                    return
-                retry = list(self._retry)          # requeued by a caller's timeout
-                self._retry.clear()
-                if not self._open_count and not retry:
-                    self._sender_idle = True
-                    self._wake.wait(SENDER_IDLE_WAIT_S)
-                    self._sender_idle = False
-                    continue
-                now = time.monotonic()
-                due = self._due(now) if self._open_count else []
-                if not due and not retry:
-                    oldest = min(b.created for s in self._states.values()
-                                 for b in s.open if b is not None)
-                    self._wake.wait(min(SENDER_IDLE_WAIT_S,
-                                        max(0.0, oldest + self._linger_s - now)))
-                    continue
-            for state, p in retry + due:
+            ready = accumulator.next_ready()
+            if ready is None:
+                return
+            for state, p in ready:
                 try:
                     self._drain(state, p)
                 except Exception:     # never let one partition stop the sender thread
@@ -840,36 +677,21 @@ class Producer:
             raise IllegalStateError("flush() from a send callback would wait for the "
                                     "batch that is running the callback")
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            for state in self._states.values():
-                for p, batch in enumerate(state.open):
-                    if batch is not None:
-                        self._seal(state, p)
-            states = list(self._states.values())
-        for state in states:
+        for state in self._accumulator.seal_all():
             for p in range(state.count):
                 self._drain(state, p, deadline)
-        with self._lock:
-            while self._in_flight:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise LogkitTimeoutError(f"flush did not finish within {timeout} s")
-                self._changed.wait(SENDER_IDLE_WAIT_S if remaining is None
-                                   else min(remaining, SENDER_IDLE_WAIT_S))
+        self._accumulator.wait_appended(deadline, timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, refuse further sends, stop the sender thread. Safe to call twice. In a
         process forked from the producer's it returns at once and touches nothing."""
         if self._pid != _fork._pid:
             return
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._slow = True               # send() checks _closed on the general path
-            if _CSender is not None and isinstance(self.send, _CSender):
-                self.send.slow = 1
-            self._wake.notify_all()
+        if not self._accumulator.close():
+            return
+        self._slow = True               # send() checks for a close on the general path
+        if _CSender is not None and isinstance(self.send, _CSender):
+            self.send.slow = 1
         self.flush(timeout)
         if self._sender is not threading.current_thread():
             self._sender.join(timeout=10)
@@ -888,6 +710,4 @@ class Producer:
         """A few accumulator gauges (Kafka's producer exposes many more)."""
         if self._pid != _fork._pid:
             _fork.check_owner(self._pid, "this producer")
-        with self._lock:
-            return {"open_batches": self._open_count, "in_flight_batches": self._in_flight,
-                    "buffer_reserved_bytes": self._reserved}
+        return self._accumulator.metrics()

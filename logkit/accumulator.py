@@ -1,0 +1,326 @@
+"""The producer's record accumulator: batches waiting to be appended (Kafka's
+`RecordAccumulator`).
+
+Owns: the batches of one producer between `send()` and their append — at most one open
+batch per partition, the queue of sealed batches per partition in seal order, each
+batch's estimated size against `batch_size`, the buffer accounting (`buffer_memory`,
+blocking up to `max_block_ms` for room), the linger deadlines and the ready decision
+(which open batches are due, when the sender thread should look again), and the claim
+that lets one thread at a time append a partition's sealed batches.
+
+Does not: encode, append or resolve futures (the sender side, `Producer._append`), choose
+partitions (`Producer._choose`), validate records (`Producer._send_general`).
+
+Buffer accounting is Kafka's: each open batch reserves `min(batch_size, buffer_memory)`
+bytes (more for one record bigger than that) until it is appended; a record that needs
+a new batch and finds no room waits up to `max_block_ms`, then `LogkitTimeoutError`.
+Appends are local, so the buffer fills only when appends stall (another process holding
+the partition lock, a slow disk); while a sender waits for room, every open batch is
+due at once (linger is ignored), as it is when the producer closes.
+
+Invariant: a sealed batch is in exactly one place — its partition's queue, or claimed
+by the one thread appending that partition (`claim` / `release`); a batch given back by
+`release(done=False)` goes to the head of its queue, so batches of one partition are
+appended in the order they were sealed. `reserved` is the sum of the reservations of
+the batches not yet released as done; `in_flight` counts sealed batches not yet done.
+
+Thread-safety: `lock` guards every structure here (opening and sealing batches, the
+queues, the counters); it is never held while encoding or appending. The producer's
+lock-free hot path reads `TopicBatches.open` and appends to `Batch.inbox` without it
+(see `Producer.send` for why no row is lost or taken twice); sealing sets
+`Batch.sealed` before draining the inbox, under the lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from .errors import ClosedError, LogkitTimeoutError
+from .records import RECORDS_OFFSET, RecordMetadata
+
+__all__ = ["Batch", "TopicBatches", "RecordAccumulator"]
+
+SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
+
+log = logging.getLogger(__name__)
+
+
+class Batch:
+    """Records bound for one partition, appended together as one Kafka record batch.
+
+    logkit/_sendpath.c reads `size`, `inbox` (calling its `append`) and `sealed` by name:
+    rename one here and the C file must change too (then rebuild it)."""
+
+    __slots__ = ("state", "partition", "inbox", "sealed", "rows", "size", "reserved",
+                 "created", "done",
+                 "base_offset", "timestamp_ms", "error", "callbacks", "_index",
+                 "outcomes")
+
+    def __init__(self, state: "TopicBatches", partition: int, reserved: int) -> None:
+        self.state = state
+        self.partition = partition
+        # send() appends rows to `inbox` without the lock (deque.append is atomic);
+        # sealing sets `sealed`, then moves the inbox into `rows` (see Producer.send
+        # for why no row is lost or taken twice).
+        self.inbox: collections.deque[tuple] = collections.deque()  # read by _sendpath.c
+        self.sealed = False                                          # read by _sendpath.c
+        self.rows: list[tuple] = []             # the rows encoded, once sealed
+        self.size = RECORDS_OFFSET   # estimated encoded bytes so far; read by _sendpath.c
+        self.reserved = reserved            # buffer_memory held until appended
+        self.created = time.monotonic()
+        self.done = threading.Event()
+        self.base_offset = -1
+        self.timestamp_ms = -1              # what records without a timestamp got
+        self.error: BaseException | None = None
+        self.callbacks: list[tuple[tuple, Callable | None, Callable | None]] = []
+        self._index: dict[int, int] | None = None
+        # Set only when the batch had to be split: id(row) -> offset or error.
+        self.outcomes: dict[int, int | BaseException] | None = None
+
+    def outcome(self, row: tuple) -> RecordMetadata | BaseException:
+        """`row`'s RecordMetadata, or the error that kept it out (batch done)."""
+        if self.error is not None:
+            return self.error
+        if self.outcomes is not None:
+            offset = self.outcomes[id(row)]
+            if isinstance(offset, BaseException):
+                return offset
+        else:
+            index = self._index
+            if index is None:
+                index = self._index = {id(r): i for i, r in enumerate(self.rows)}
+            offset = self.base_offset + index[id(row)]
+        ts = row[3]
+        return RecordMetadata(self.state.name, self.partition, offset,
+                              self.timestamp_ms if ts is None else ts)
+
+
+class TopicBatches:
+    """One topic's batches: the open one per partition, the sealed queues, and whether a
+    thread is appending each partition now (one appender per partition keeps the order).
+
+    The producer subclasses it to keep its partitioner state on the same object (one
+    lookup on the hot path). logkit/_sendpath.c reads `open` by name."""
+
+    __slots__ = ("name", "topic", "count", "open", "sealed", "busy")
+
+    def __init__(self, topic: Any) -> None:
+        self.name = topic.name
+        self.topic = topic
+        self.count = topic.num_partitions
+        self.open: list[Batch | None] = [None] * self.count          # read by _sendpath.c
+        self.sealed: list[collections.deque[Batch]] = [collections.deque()
+                                                       for _ in range(self.count)]
+        self.busy = [False] * self.count
+
+    def batch_sealed(self, partition: int) -> None:
+        """Called (lock held) when `partition`'s open batch is sealed."""
+
+
+class RecordAccumulator:
+    """The batching bookkeeping of one producer (see the module docstring)."""
+
+    def __init__(self, *, batch_size: int, buffer_memory: int, linger_ms: float,
+                 max_block_ms: float) -> None:
+        self.batch_size = batch_size
+        self.buffer_memory = buffer_memory
+        self.linger_s = linger_ms / 1000
+        self.max_block_ms = max_block_ms
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)   # space freed, batch appended
+        self.wake = threading.Condition(self.lock)      # the sender thread has work
+        self.states: dict[str, TopicBatches] = {}       # topic name -> its batches
+        self.open_count = 0
+        self.reserved = 0
+        self.in_flight = 0             # sealed batches not yet appended
+        self.exhausted = 0             # senders waiting for buffer space
+        self.sender_idle = False       # the sender thread waits with no open batch
+        self.retry: set[tuple[TopicBatches, int]] = set()   # requeued: the sender appends
+        self.closed = False
+
+    # ---- adding records (send) -------------------------------------------------------
+
+    def add(self, state: TopicBatches, p: int, row: tuple, size: int, deadline: float
+            ) -> tuple[Batch | None, bool]:
+        """Add `row` (about `size` bytes) to partition p's open batch: seal a batch it
+        does not fit, open a new one, seal one it fills. Returns the batch that took
+        the row (None: no room yet) and whether a batch of p was sealed — the caller
+        then drains p, which frees buffer space, and calls again if the row is not in.
+        Waits for room until `deadline` (monotonic) only when it sealed nothing."""
+        with self.lock:
+            if self.closed:
+                raise ClosedError("producer is closed")
+            sealed = False
+            batch = state.open[p]
+            if batch is not None and batch.size + size > self.batch_size and batch.inbox:
+                self.seal(state, p)
+                sealed, batch = True, None
+            if batch is None:
+                reserve = max(self.batch_size, size + RECORDS_OFFSET)
+                if self.reserved + reserve > self.buffer_memory and self.reserved:
+                    if not sealed:            # appending ours first frees space
+                        self._wait_for_space(deadline)
+                    return None, sealed
+                batch = state.open[p] = Batch(state, p, reserve)
+                self.reserved += reserve
+                self.open_count += 1
+                if self.sender_idle or not self.linger_s:
+                    self.wake.notify()        # else it wakes for an older batch
+            batch.inbox.append(row)
+            batch.size += size
+            if batch.size >= self.batch_size:
+                self.seal(state, p)
+                sealed = True
+            return batch, sealed
+
+    def take_back(self, batch: Batch, row: tuple) -> bool:
+        """`row` was appended to `batch` while it was being sealed: True when it was
+        still in the inbox and is taken back out (the caller adds it again), False when
+        the seal moved it into the batch's rows (it is sent with the batch)."""
+        with self.lock:                      # sealers drain holding it: the drain is over
+            for i, other in enumerate(list(batch.inbox)):
+                if other is row:
+                    del batch.inbox[i]       # appenders only add on the right
+                    return True
+            return False
+
+    def _wait_for_space(self, deadline: float) -> None:
+        """Wait (lock held) until buffer space may have been freed; raise at deadline."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise LogkitTimeoutError(
+                f"no room in buffer_memory={self.buffer_memory} within "
+                f"max_block_ms={self.max_block_ms}: appends are not keeping up")
+        self.exhausted += 1                      # the sender ignores linger meanwhile
+        self.wake.notify()
+        try:
+            self.changed.wait(min(remaining, SENDER_IDLE_WAIT_S))
+        finally:
+            self.exhausted -= 1
+
+    # ---- sealing ---------------------------------------------------------------------
+
+    def seal(self, state: TopicBatches, p: int) -> Batch:
+        """Move partition p's open batch to its sealed queue (lock held)."""
+        batch = state.open[p]
+        assert batch is not None
+        state.open[p] = None
+        batch.sealed = True
+        inbox, rows = batch.inbox, batch.rows
+        while inbox:                         # late appends land after this: rescued
+            rows.append(inbox.popleft())
+        state.sealed[p].append(batch)
+        self.open_count -= 1
+        self.in_flight += 1
+        state.batch_sealed(p)
+        return batch
+
+    def seal_if_open(self, batch: Batch) -> None:
+        """Seal `batch` if it still waits open in the accumulator."""
+        state, p = batch.state, batch.partition
+        with self.lock:
+            if state.open[p] is batch:
+                self.seal(state, p)
+
+    def seal_all(self) -> list[TopicBatches]:
+        """Seal every open batch (flush); every topic's batches, to drain."""
+        with self.lock:
+            for state in self.states.values():
+                for p, batch in enumerate(state.open):
+                    if batch is not None:
+                        self.seal(state, p)
+            return list(self.states.values())
+
+    # ---- appending (the drain) -------------------------------------------------------
+
+    def claim(self, state: TopicBatches, p: int) -> Batch | None:
+        """The next sealed batch of p for this thread to append, or None when p's
+        queue is empty or another thread is appending p (that thread loops until the
+        queue is empty, so no batch waits for a thread that left)."""
+        with self.lock:
+            if state.busy[p] or not state.sealed[p]:
+                return None
+            state.busy[p] = True
+            return state.sealed[p].popleft()
+
+    def release(self, state: TopicBatches, p: int, batch: Batch, done: bool) -> None:
+        """End a claim: `done` (stored or failed for good) frees its buffer space; not
+        done (the caller's lock wait ran out, nothing stored) puts it first in line
+        again, for the sender thread."""
+        with self.lock:
+            state.busy[p] = False
+            if done:
+                self.reserved -= batch.reserved
+                self.in_flight -= 1
+            else:
+                state.sealed[p].appendleft(batch)
+                self.retry.add((state, p))
+                self.wake.notify()
+            self.changed.notify_all()
+
+    def wait_appended(self, deadline: float | None, timeout: float | None) -> None:
+        """Block until no sealed batch waits to be appended (flush)."""
+        with self.lock:
+            while self.in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise LogkitTimeoutError(f"flush did not finish within {timeout} s")
+                self.changed.wait(SENDER_IDLE_WAIT_S if remaining is None
+                                  else min(remaining, SENDER_IDLE_WAIT_S))
+
+    # ---- the ready decision (the sender thread) --------------------------------------
+
+    def _due(self, now: float) -> list[tuple[TopicBatches, int]]:
+        """Seal the batches that are linger_ms old (all of them when the buffer is
+        exhausted or the producer is closing); the partitions to drain. Lock held."""
+        due = []
+        for state in self.states.values():
+            for p, batch in enumerate(state.open):
+                if batch is not None and (now - batch.created >= self.linger_s
+                                          or self.exhausted or self.closed):
+                    self.seal(state, p)
+                    due.append((state, p))
+        return due
+
+    def next_ready(self) -> list[tuple[TopicBatches, int]] | None:
+        """For the sender thread: the partitions to drain now (requeued ones first),
+        after waiting — never longer than SENDER_IDLE_WAIT_S — until some open batch
+        is due; None once the producer is closed and nothing is left to append."""
+        with self.lock:
+            if self.closed and not self.open_count and not self.retry:
+                return None
+            retry = list(self.retry)             # requeued by a caller's timeout
+            self.retry.clear()
+            if not self.open_count and not retry:
+                self.sender_idle = True
+                self.wake.wait(SENDER_IDLE_WAIT_S)
+                self.sender_idle = False
+                return []
+            now = time.monotonic()
+            due = self._due(now) if self.open_count else []
+            if not due and not retry:
+                oldest = min(b.created for s in self.states.values()
+                             for b in s.open if b is not None)
+                self.wake.wait(min(SENDER_IDLE_WAIT_S,
+                                   max(0.0, oldest + self.linger_s - now)))
+            return retry + due
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def close(self) -> bool:
+        """Refuse new records; every open batch is due now. False if already closed."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.closed = True
+            self.wake.notify_all()
+            return True
+
+    def metrics(self) -> dict[str, int]:
+        with self.lock:
+            return {"open_batches": self.open_count, "in_flight_batches": self.in_flight,
+                    "buffer_reserved_bytes": self.reserved}
