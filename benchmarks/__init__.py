@@ -22,11 +22,13 @@ logkit's headline row is than the peer (>1: logkit faster, or lower latency). Sh
 pieces: `_common` (config, rows, timing, workload), `_peers` (SQLite, persist-queue,
 kafka-python), `_report` (ratios, tables, JSON).
 
-Four benchmarks have their own command line and output, and are not part of `all`:
+Other benchmarks have their own command line and output, and are not part of `all`:
 `python -m benchmarks.wakeup_latency` (blocking-poll wake-up latency, writes
 benchmarks/wakeup_latency.json), `python -m benchmarks.spark_read` and
 `python -m benchmarks.spark_write` (the Spark data source beside Parquet; need Java),
-`python -m benchmarks.schemas` (serdes beside confluent-kafka's, docs/schemas.md).
+`python -m benchmarks.schemas` (serdes beside confluent-kafka's, docs/schemas.md),
+`python -m benchmarks.listener` (the Kafka protocol listener beside librdkafka's mock
+cluster and Tansu); `standalone()` finds them all.
 
 Speed is never asserted anywhere: tests run each benchmark small and check only that
 the figures are sane.
@@ -37,13 +39,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import pkgutil
 import sys
 from typing import Sequence
 
 from ._common import MAX_RECORDS, BenchConfig, Result
 from ._report import add_ratios, document, format_table
 
-__all__ = ["BENCHMARKS", "MODULES", "STANDALONE", "BenchConfig", "Result", "run", "format_table",
+__all__ = ["BENCHMARKS", "MODULES", "standalone", "BenchConfig", "Result", "run", "format_table",
            "build_parser", "run_from_args", "main"]
 
 # name -> what it measures; each is the module benchmarks.<name> (MODULES says where
@@ -63,8 +66,14 @@ BENCHMARKS: dict[str, str] = {
 # builtin from the code below.
 MODULES = {name: name for name in BENCHMARKS} | {"open": "broker_open"}
 
-# Benchmarks with their own command line: python -m benchmarks.<name> --help
-STANDALONE = ("wakeup_latency", "spark_read", "spark_write", "schemas")
+
+
+def standalone() -> list[str]:
+    """The benchmarks with their own command line (`python -m benchmarks.<name> --help`):
+    every public module of this package that `all` does not run."""
+    suite = set(MODULES.values())
+    return sorted(m.name for m in pkgutil.iter_modules(__path__)
+                  if not m.name.startswith("_") and m.name not in suite)
 
 
 def run(names: Sequence[str], config: BenchConfig) -> list[Result]:
@@ -94,8 +103,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.epilog = (parser.epilog or "") + "\n\nbenchmarks:\n" + "".join(
         f"  {name:<9} {what}\n" for name, what in BENCHMARKS.items()) + (
-        "with their own command line (not in all): " +
-        ", ".join(f"python -m benchmarks.{n}" for n in STANDALONE) + "\n")
+        "with their own command line (not in all):\n" +
+        "".join(f"  python -m benchmarks.{n} --help\n" for n in standalone()))
     defaults = BenchConfig()
     parser.add_argument("benchmarks", nargs="*", default=["all"],
                         help=f"which to run: all, {', '.join(BENCHMARKS)}")
@@ -131,7 +140,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     names = list(BENCHMARKS) if "all" in args.benchmarks else args.benchmarks
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
-        hint = [n for n in unknown if n.replace("-", "_") in STANDALONE]
+        hint = [n for n in unknown if n.replace("-", "_") in standalone()]
         sys.stderr.write(f"unknown benchmark(s) {unknown}; choose from all, "
                          f"{', '.join(BENCHMARKS)}"
                          + (f" (run python -m benchmarks.{hint[0].replace('-', '_')})"

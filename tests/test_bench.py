@@ -50,6 +50,19 @@ def test_every_benchmark_is_a_module_of_the_package(results):
         assert os.path.isfile(os.path.join(CHECKOUT, "benchmarks", module + ".py")), name
 
 
+def test_help_names_every_benchmark_module():
+    """`python -m benchmarks --help` names the benchmarks of `all` and, found in the
+    package, those with their own command line."""
+    text = benchmarks.build_parser().format_help()
+    for name in benchmarks.BENCHMARKS:
+        assert f"  {name} " in text, name
+    found = set(benchmarks.standalone())
+    assert {"wakeup_latency", "spark_read", "spark_write"} <= found
+    assert not found & set(benchmarks.MODULES.values()) and "_common" not in found
+    for name in benchmarks.standalone():
+        assert f"python -m benchmarks.{name} --help" in text, name
+
+
 @pytest.mark.parametrize("name", ["codec-encode", "codec-decode", "produce", "consume",
                                   "durable"])
 def test_throughput_rows_are_sane(results, name):
