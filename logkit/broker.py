@@ -100,7 +100,11 @@ def _unlink_quietly(path: str) -> None:
 def _sweep_format_temps(root: str) -> None:
     """Remove `logkit.json.<pid>.tmp` files a crashed or failed opener left."""
     now = time.time()
-    for name in os.listdir(root):
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return                   # best effort: the open that follows reports the fault
+    for name in names:
         if name.startswith(FORMAT_FILE + ".") and name.endswith(".tmp"):
             path = os.path.join(root, name)
             try:
@@ -121,8 +125,12 @@ def read_topic_id(directory: str) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise storage_error(exc, "open", path) from exc
     try:
         text = os.read(fd, 4096).decode("utf-8", "replace")
+    except OSError as exc:
+        raise storage_error(exc, "read", path) from exc
     finally:
         os.close(fd)
     for line in text.splitlines():
@@ -136,12 +144,15 @@ def write_topic_id(directory: str, topic_id: str) -> None:
     """Write Kafka's `partition.metadata` (version 0, topic id), durably."""
     path = os.path.join(directory, PARTITION_METADATA)
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
-        f.write(f"version: 0\ntopic_id: {topic_id}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(f"version: 0\ntopic_id: {topic_id}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise storage_error(exc, "write partition metadata", path) from exc
 
 
 def remove_tree(path: str) -> None:
@@ -413,7 +424,11 @@ class Broker:
 
     def _tombstones(self, topic_id: str | None = None) -> list[str]:
         prefix = f".{topic_id}-" if topic_id else "."
-        return [os.path.join(self.path, entry) for entry in os.listdir(self.path)
+        try:
+            entries = os.listdir(self.path)
+        except OSError as exc:
+            raise storage_error(exc, "list", self.path) from exc
+        return [os.path.join(self.path, entry) for entry in entries
                 if entry.startswith(prefix) and entry.endswith(TOMBSTONE_SUFFIX)]
 
     def _finish_interrupted_deletes(self) -> None:
