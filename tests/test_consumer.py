@@ -180,7 +180,7 @@ def test_iteration_ends_after_consumer_timeout_ms(broker):
 def test_a_refused_auto_commit_is_logged_and_polling_goes_on(broker, caplog):
     """Auto-commit is best effort, as Kafka's: a manually assigned consumer whose group
     has an active member cannot commit (CommitFailedError); poll() still returns its
-    records, and the refusal is logged on logkit.consumer instead of raised or lost."""
+    records, and the refusal is logged on logkit.coordinator instead of raised or lost."""
     broker.create_topic("t", 1)
     producer = broker.producer()
     for i in range(3):
@@ -191,10 +191,10 @@ def test_a_refused_auto_commit_is_logged_and_polling_goes_on(broker, caplog):
                              auto_commit_interval_ms=1)
     manual.assign([TopicPartition("t", 0)])
     time.sleep(0.01)                                       # the interval has passed
-    with caplog.at_level(logging.DEBUG, logger="logkit.consumer"):
+    with caplog.at_level(logging.DEBUG, logger="logkit.coordinator"):
         assert [r.value for r in manual.poll(timeout_ms=1000)] == [b"0", b"1", b"2"]
     assert any("refused" in r.getMessage() and "active members" in r.getMessage()
-               for r in caplog.records if r.name == "logkit.consumer")
+               for r in caplog.records if r.name == "logkit.coordinator")
     assert manual.committed(TopicPartition("t", 0)) is None
     manual.close(autocommit=False)
     member.close()

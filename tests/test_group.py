@@ -104,7 +104,7 @@ def test_commit_from_an_evicted_member_is_rejected(tmp_path):
                                  enable_auto_commit=False, session_timeout_ms=400,
                                  heartbeat_interval_ms=100)
         assert zombie.poll(timeout_ms=500)
-        zombie._heartbeat_stop.set()                     # the process "hangs"
+        zombie._coordinator.heartbeat_stop.set()         # the process "hangs"
         live = broker.consumer("t", group_id="z", auto_offset_reset="earliest",
                                enable_auto_commit=False, session_timeout_ms=400,
                                heartbeat_interval_ms=100)
