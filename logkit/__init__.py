@@ -18,19 +18,21 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      OffsetOutOfRangeError, RecordTooLargeError, TopicExistsError,
                      UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
                      ForkedProcessError, ReadOnlyError, SerializationError)
+from .mirroring import mirror
 from .murmur2 import murmur2
 from .log import RecoveryReport
 from .records import BatchHeader, Record, RecordMetadata
 from .topic import Partition, Topic, TopicPartition
+from .replication import DirectorySource, Follower, ReplicaSource
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
     "Producer", "FutureRecordMetadata", "Consumer", "OffsetAndTimestamp", "ConsumerGroup",
-    "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config",
+    "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config", "mirror",
     "Columns", "BatchHeader", "RecoveryReport", "BatchBuilder", "stamp_producer",
-    "SegmentBatch", "iter_segment_batches",
+    "SegmentBatch", "iter_segment_batches", "Follower", "ReplicaSource", "DirectorySource",
     "LogkitError", "ConfigError", "InvalidTopicError", "TopicExistsError",
     "UnknownTopicError", "OffsetOutOfRangeError", "CorruptRecordError",
     "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",

@@ -38,3 +38,20 @@ def test_logkit_serve_takes_kafka_clients_and_exits_0_on_sigterm(tmp_path):
     with logkit.Broker(directory) as broker:
         records = broker.topic("served").partition(0).read(0)
         assert [(r.key, r.value) for r in records] == [(b"k", b"through the CLI")]
+
+
+@pytest.mark.skipif(not any(c.name == "mirror" for c in getattr(cli, "COMMANDS", [])),
+                    reason="this cli.py has no mirror command yet")
+def test_logkit_mirror_copies_to_a_listener_and_resumes(tmp_path, capsys):
+    pytest.importorskip("confluent_kafka")
+    with logkit.Broker(tmp_path / "src") as source:
+        source.create_topic("orders", 2)
+        source.topic("orders").partition(1).append([(b"k", b"v", None, None)] * 3)
+    with logkit.Broker(tmp_path / "dst") as target, target.serve() as server:
+        argv = ["mirror", str(tmp_path / "src"), "--to", server.bootstrap_servers]
+        assert cli.main(argv) == 0
+        assert "orders: 3 record(s) copied" in capsys.readouterr().out
+        assert cli.main(argv) == 0
+        assert "orders: 0 record(s) copied" in capsys.readouterr().out
+        assert target.topic("orders").partition(1).high_watermark == 3
+        assert cli.main(argv + ["--client-config", "nonsense"]) == 2

@@ -109,8 +109,8 @@ def parse_request(frame: bytes) -> Request:
     if flexible:
         _skip_tagged_fields(reader)
     body = api.request.read(reader, version, flexible)
-    if reader.left():
-        raise ProtocolError(f"{api.name} v{version}: {reader.left()} byte(s) after the body")
+    # Bytes after the body are ignored, as Kafka's own parser does: librdkafka 2.x sends
+    # Metadata v12 with a field that ended at v10, and Kafka brokers accept it.
     return Request(api, version, correlation_id, header["client_id"], body)
 
 
