@@ -338,3 +338,19 @@ def test_an_unknown_api_key_closes_the_connection_and_others_go_on(server):
     assert good.call(18, 0, {})["error_code"] == 0
     bad.close()
     good.close()
+
+
+def test_a_topic_deleted_and_recreated_elsewhere_is_seen_by_produce_and_fetch(raw, broker,
+                                                                             tmp_path):
+    broker.create_topic("t", 1)
+    assert _produce(raw, "t", 0, _batch([b"old"]))["base_offset"] == 0
+    with logkit.Broker(broker.path, background=False) as other:   # "another process"
+        other.delete_topic("t")
+        other.create_topic("t", 2)
+    first = _produce(raw, "t", 0, _batch([b"new"]))
+    assert first["error_code"] in (0, E.UNKNOWN_TOPIC_OR_PARTITION)
+    if first["error_code"]:                                  # the client's retry
+        first = _produce(raw, "t", 0, _batch([b"new"]))
+    assert (first["error_code"], first["base_offset"]) == (0, 0)
+    assert _produce(raw, "t", 1, _batch([b"p1"]))["error_code"] == 0
+    assert [r.value for r in broker.topic("t").partition(0).read(0)] == [b"new"]

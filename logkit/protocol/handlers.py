@@ -114,6 +114,12 @@ class Handlers:
                                    initial_rebalance_delay_ms=initial_rebalance_delay_ms,
                                    closing=self.closing)
         self._topic_ids: dict[bytes, str] = {}
+        # Produce and Fetch resolve topics here instead of Broker.topic(), which reads the
+        # metadata store on every call. An entry goes as soon as using it raises
+        # UnknownTopicError or ClosedError (the topic was deleted, or re-created, by any
+        # process: its partitions are flagged deleted), and the client's retry resolves
+        # the name afresh.
+        self._hot: dict[str, Any] = {}
         self.sasl = False                  # the server answers SaslHandshake/Authenticate
         self._table: dict[int, Callable[[Request, Session], Any]] = {
             0: self.produce, 1: self.fetch, 2: self.list_offsets, 3: self.metadata,
@@ -144,7 +150,16 @@ class Handlers:
         return {"node_id": NODE_ID, "host": self.host, "port": self.port, "rack": None}
 
     def _topic(self, name: str) -> Any:
-        return self.broker.topic(name)
+        topic = self.broker.topic(name)
+        self._hot[name] = topic
+        return topic
+
+    def _hot_topic(self, name: str) -> Any:
+        topic = self._hot.get(name)
+        return topic if topic is not None else self._topic(name)
+
+    def _forget(self, name: str) -> None:
+        self._hot.pop(name, None)
 
     def _topic_by_id(self, topic_id: bytes) -> Any:
         name = self._topic_ids.get(topic_id)
@@ -221,7 +236,7 @@ class Handlers:
             results = []
             try:
                 topic = self._topic_by_id(topic_data["topic_id"]) \
-                    if request.version >= 13 else self._topic(name)
+                    if request.version >= 13 else self._hot_topic(name)
                 topic_error = E.NONE
             except (UnknownTopicError, InvalidTopicError) as exc:
                 topic, topic_error = None, _code_for(exc)
@@ -249,6 +264,7 @@ class Handlers:
         try:
             partition = topic.partition(index)
         except UnknownTopicError as exc:
+            self._forget(topic.name)
             return _produce_result(index, _code_for(exc))
         problem = _check_batch(records)
         if problem:
@@ -261,6 +277,8 @@ class Handlers:
             code, base = self.producers.append(partition, batch, partition.append_batch)
             log_start = partition.log_start_offset
         except LogkitError as exc:
+            if isinstance(exc, (UnknownTopicError, ClosedError)):
+                self._forget(topic.name)
             log.debug("produce to %s-%d refused: %s", topic.name, index, exc)
             return _produce_result(index, _code_for(exc), str(exc)[:500])
         if code:
@@ -310,7 +328,7 @@ class Handlers:
         for fetch_topic in body["topics"]:
             try:
                 topic = self._topic_by_id(fetch_topic["topic_id"]) if by_id \
-                    else self._topic(fetch_topic["topic"])
+                    else self._hot_topic(fetch_topic["topic"])
                 topic_error = E.NONE
             except (UnknownTopicError, InvalidTopicError) as exc:
                 topic = None
@@ -347,6 +365,8 @@ class Handlers:
             else:
                 records = partition.batches_since(offset, max_bytes=max(limit, 1))
         except LogkitError as exc:
+            if isinstance(exc, (UnknownTopicError, ClosedError)):
+                self._forget(topic.name)
             return _fetch_error(index, _code_for(exc))
         return {"partition_index": index, "error_code": E.NONE,
                 "high_watermark": high_watermark, "last_stable_offset": high_watermark,
@@ -463,6 +483,7 @@ class Handlers:
             try:
                 if name is None:
                     name = self._topic_by_id(topic_id).name
+                self._forget(name)
                 self.broker.delete_topic(name)
                 self.producers.forget_topic(name)
                 responses.append({"name": name, "topic_id": topic_id,
