@@ -43,16 +43,17 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Container, Iterator, Mapping, TypeVar
 
 from . import _fork, loader
 from .compression import TOPIC_COMPRESSION_TYPE
-from .errors import (ClosedError, CorruptRecordError, LogkitTimeoutError, OffsetOutOfRangeError,
-                     ReadOnlyError, RecordTooLargeError, StorageError, UnknownTopicError,
-                     storage_error)
+from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitTimeoutError,
+                     OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
+                     UnknownTopicError, storage_error)
 from .loader import RecoveryReport, leftovers, live_bases
 from .records import (ATTR_CONTROL, BatchHeader, Record, check_batch, decode_batch,
-                      encode_batch, read_header, stamp_base_offset, stamp_log_append_time)
+                      encode_batch, iter_batches, read_header, stamp_base_offset,
+                      stamp_log_append_time)
 from .segment import (DELETED_SUFFIX, LogSegment, parse_segment_name, retire_segment,
                       segment_file_name, unlink_segment)
 from .tail import (BOOT_ID, TAIL_FILE, Tail, TailFile, check_directory, open_file)
@@ -458,14 +459,17 @@ class PartitionLog:
         return base_offset
 
     def _append_locked(self, batch: bytearray, header: BatchHeader, size: int, count: int,
-                       tail: Tail) -> int:
+                       tail: Tail, shipped_roll: bool | None = None) -> int:
         config = self.config
         # Another process may have added index entries since this one last
         # appended: take the published counts, or we would overwrite theirs.
         self._segment(tail.active_base_offset).set_index_entries(
             tail.index_entries, tail.timeindex_entries)
         now = _now_ms()
-        if self._must_roll(tail, size, count, now):
+        if shipped_roll is None:
+            if self._must_roll(tail, size, count, now):
+                tail = self._roll(tail)
+        elif shipped_roll and tail.active_size:     # a replica rolls where its leader did
             tail = self._roll(tail)
         segment = self._segment(tail.active_base_offset)
         if not self._dirty:               # this process's first append: a dead writer
@@ -580,6 +584,140 @@ class PartitionLog:
                     self._roll(tail)
                 except OSError as exc:
                     raise storage_error(exc, "roll", self.directory) from exc
+
+    # ---- a follower's log (logkit/replication) --------------------------------------
+
+    def segment_bases(self) -> list[int]:
+        """Base offsets of the live segments, oldest first."""
+        return self._with_tail(self._segment_bases)
+
+    def _segment_bases(self, tail: Tail) -> list[int]:
+        self._refresh(tail)
+        return list(self._bases)
+
+    @property
+    def leader_epoch(self) -> int:
+        """The partitionLeaderEpoch this log stamps on the batches it appends."""
+        return self.tail().leader_epoch
+
+    def set_leader_epoch(self, epoch: int) -> None:
+        """Stamp later appends with `epoch` (a promotion); it may only grow."""
+        with self._locked_tail("set the leader epoch") as tail:
+            if epoch < tail.leader_epoch:
+                raise IllegalStateError(f"{self.name}: leader epoch {epoch} is below the "
+                                        f"current {tail.leader_epoch}")
+            if epoch != tail.leader_epoch:
+                self._tail_file.publish(tail._replace(leader_epoch=epoch))
+                self._tail_file.sync()
+
+    def append_replicated(self, data: Any, *, segment_bases: Container[int] = (),
+                          lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> int:
+        """Append whole batches as a leader stored them (a follower's append): base
+        offsets and partitionLeaderEpoch kept, nothing rewritten, and a new segment
+        started before each batch whose base offset is in `segment_bases` (where the
+        leader started one), so the segment files come out byte-identical to the
+        leader's. Every batch is checked before any is written — whole, CRC-valid, the
+        first starting at the log end, the rest contiguous — else CorruptRecordError
+        and nothing is written. The tail's leader epoch follows the batches. Returns
+        the new log end offset."""
+        size = len(data)
+        with self._locked_tail("replicate", lock_timeout_s) as tail:
+            batches = list(iter_batches(data, 0, size, f"batches shipped to {self.name}",
+                                        first_offset=tail.log_end_offset, verify=True))
+            try:
+                for pos, header in batches:
+                    self._append_locked(bytearray(data[pos:pos + header.size]), header,
+                                        header.size, header.last_offset_delta + 1,
+                                        tail._replace(leader_epoch=header.leader_epoch),
+                                        shipped_roll=header.base_offset in segment_bases)
+                    tail = self._tail_under_lock()
+            except OSError as exc:
+                raise storage_error(exc, "replicate", self.directory) from exc
+        if batches and self._doorbell is not None:
+            self._doorbell.ring()
+        return tail.log_end_offset
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log back to end at `offset` (Kafka's truncateTo, for a follower whose
+        tail diverged from its leader's): the batch holding `offset` and all after it
+        go, so the log ends at `offset` when it is a batch boundary, else at the base of
+        the batch holding it. Returns the new log end; a no-op at or past the log end;
+        OffsetOutOfRangeError below the log start. Logs a WARNING.
+
+        Nothing is cut in place, so readers in other processes keep their mapped files:
+        the segments from the cut on are renamed `.deleted`, the kept prefix of the cut
+        one is copied back under its name, and recovery rebuilds its indexes and
+        publishes the tail. A kill at any step leaves a prefix of the old log that the
+        next open recovers."""
+        with self._locked_tail("truncate") as tail:
+            end = tail.log_end_offset
+            if offset >= end:
+                return end
+            self._check_in_range(offset, tail, end)
+            bases = list(self._bases)
+            i = self._first_segment(offset, end)
+            segment, size = self._sized(bases[i], tail)
+            cut = segment.find(offset, size)
+            try:
+                self._tail_file.publish(tail._replace(
+                    recovery_point=min(tail.recovery_point, bases[i]), clean=0))
+                self._tail_file.sync()
+                self._close_segments()
+                for base in reversed(bases[i:]):
+                    retire_segment(self.directory, base)
+                _copy_prefix(os.path.join(self.directory, segment_file_name(
+                    bases[i], ".log")), cut)
+                self._recover(full=False)
+                new_end = self._tail_under_lock().log_end_offset
+            except OSError as exc:
+                raise storage_error(exc, "truncate", self.directory) from exc
+        log.warning("%s: truncated the log from end offset %d to %d (%d segment(s) "
+                    "rewritten or removed)", self.name, end, new_end, len(bases) - i)
+        return new_end
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and start an empty log at `offset` (Kafka's
+        truncateFullyAndStartAt: a follower whose log ends below its leader's log start,
+        or is empty while the leader's first batch starts below it). Files are renamed
+        `.deleted` first, as retention does; logs a WARNING."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"{self.name}: cannot start the log at {offset}")
+        with self._locked_tail("truncate") as tail:
+            try:
+                self._tail_file.publish(tail._replace(
+                    log_start_offset=offset, log_end_offset=offset, high_watermark=offset,
+                    active_base_offset=offset, active_size=0, index_entries=0,
+                    timeindex_entries=0, segments_version=tail.segments_version + 1,
+                    max_timestamp=-1, max_timestamp_offset=-1, recovery_point=offset,
+                    roll_time_ms=-1, clean=0, unflushed_messages=0, first_unflushed_ms=-1))
+                self._tail_file.sync()
+                self._close_segments()
+                for name in os.listdir(self.directory):
+                    base = parse_segment_name(name)
+                    if base is not None:
+                        retire_segment(self.directory, base)
+                self._recover(full=True)
+            except OSError as exc:
+                raise storage_error(exc, "truncate", self.directory) from exc
+        log.warning("%s: dropped the whole log (end offset was %d); it starts again at "
+                    "offset %d", self.name, tail.log_end_offset, offset)
+
+    def increase_log_start_offset(self, offset: int) -> int:
+        """Move the log start up to `offset` (at most the log end), retiring the
+        segments wholly below it (Kafka's maybeIncrementLogStartOffset: a follower
+        applying its leader's retention). Returns the segments retired."""
+        with self._locked_tail("retention") as tail:
+            offset = min(offset, tail.log_end_offset)
+            if offset <= tail.log_start_offset:
+                return 0
+            bases = self._bases
+            ends = bases[1:] + [tail.log_end_offset if tail.active_size else offset + 1]
+            doomed = sum(1 for end in ends if end <= offset)
+            try:
+                self._delete_front(tail, doomed, offset)
+            except OSError as exc:
+                raise storage_error(exc, "retention", self.directory) from exc
+            return doomed
 
     def _recompress(self, batch: bytearray, header: BatchHeader) -> bytearray:
         """Re-encode with the topic's compression.type (Kafka's broker-side override)."""
@@ -873,26 +1011,35 @@ class PartitionLog:
                 break
             excess -= sizes[i]
             doomed += 1
+        if doomed:
+            self._delete_front(tail, doomed, None)
+        self._unlink_deleted()
+        return doomed
+
+    def _delete_front(self, tail: Tail, doomed: int, log_start: int | None) -> Tail:
+        """Publish a new log start (`log_start`, or the base of the first segment kept)
+        and retire the first `doomed` segments after it (rolling first when they are all
+        of them). Caller holds the lock; retention and a follower's log start use it."""
+        bases = self._bases
         if doomed == len(bases):                  # the active segment too: roll first
             tail = self._roll(tail)
             bases = self._bases
+        tail = tail._replace(log_start_offset=bases[doomed] if log_start is None
+                             else log_start, segments_version=tail.segments_version + 1)
+        self._tail_file.publish(tail)
+        self._tail_file.sync()
+        for base in bases[:doomed]:
+            segment = self._segments.pop(base, None)
+            if segment is not None:
+                segment.close()
+            self._sealed_sizes.pop(base, None)
+            retire_segment(self.directory, base)
+            log.debug("%s: retention retired segment %d", self.name, base)
         if doomed:
-            tail = tail._replace(log_start_offset=bases[doomed],
-                                 segments_version=tail.segments_version + 1)
-            self._tail_file.publish(tail)
-            self._tail_file.sync()
-            for base in bases[:doomed]:
-                segment = self._segments.pop(base, None)
-                if segment is not None:
-                    segment.close()
-                self._sealed_sizes.pop(base, None)
-                retire_segment(self.directory, base)
-                log.debug("%s: retention retired segment %d", self.name, base)
             log.info("%s: retention deleted %d segment(s) below offset %d (the new log "
-                     "start)", self.name, doomed, bases[doomed])
-            self._refresh(tail)
-        self._unlink_deleted()
-        return doomed
+                     "start)", self.name, doomed, tail.log_start_offset)
+        self._refresh(tail)
+        return tail
 
     def _sealed_size(self, base: int) -> int:
         """A sealed segment's size, without keeping its file open."""
@@ -997,6 +1144,25 @@ class PartitionLog:
                 "the log does not end at the log end offset", path=segment.path
                 if segment is not None else self.directory, position=size,
                 expected=tail.log_end_offset, actual=expected)
+
+
+def _copy_prefix(path: str, size: int) -> None:
+    """Write the first `size` bytes of `path + DELETED_SUFFIX` to a new file at `path`
+    (a temporary name, fsync, rename), so a reader mapping the old file keeps it."""
+    tmp = path + ".truncating"
+    with open(path + DELETED_SUFFIX, "rb") as src:
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            copied = 0
+            while copied < size:
+                done = os.copy_file_range(src.fileno(), fd, size - copied, copied, copied)
+                if done <= 0:
+                    raise OSError(f"{path}: short copy ({copied} of {size} bytes)")
+                copied += done
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(tmp, path)
 
 
 def _whole_batch_header(batch: Any) -> BatchHeader:

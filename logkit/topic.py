@@ -236,6 +236,57 @@ class Partition:
         raises on the first fault."""
         self._log.check()
 
+    # ---- replication: what a follower and a promotion need (logkit/replication) ------
+
+    @property
+    def leader_epoch(self) -> int:
+        """The partitionLeaderEpoch stamped on the batches this partition appends (0
+        until a promotion raises it; a follower's follows the batches it copies)."""
+        return self._log.leader_epoch
+
+    def set_leader_epoch(self, epoch: int) -> None:
+        """Stamp later appends with `epoch` (a promotion: `Follower.promote()`); it may
+        only grow (IllegalStateError)."""
+        self._log.set_leader_epoch(epoch)
+
+    def segment_base_offsets(self) -> list[int]:
+        """The base offsets of the live segments, oldest first (the names of the
+        `.log` files from the log start on)."""
+        return self._log.segment_bases()
+
+    def append_replicated(self, data: bytes | bytearray | memoryview, *,
+                          segment_base_offsets: Iterable[int] = ()) -> int:
+        """Append whole batches exactly as the leader stored them (a follower's append;
+        `data` as `batches_since` returned it): base offsets and partitionLeaderEpoch
+        are kept and nothing is rewritten, and a new segment starts before each batch
+        whose base offset is one of the leader's `segment_base_offsets`, so the segment
+        files come out byte-identical to the leader's. Every batch is checked before
+        any is written: whole, CRC-32C valid, the first starting at `log_end_offset`
+        and the rest contiguous; otherwise CorruptRecordError and nothing is written.
+        Returns the new log end offset."""
+        return self._log.append_replicated(data, segment_bases=frozenset(segment_base_offsets))
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove the records from `offset` on (Kafka's truncateTo: a follower's tail
+        that diverged from its leader's). A batch is removed whole, so the log ends at
+        `offset` when a batch starts there, else at the base of the batch holding it.
+        Returns the new log end; a no-op at or past the end; OffsetOutOfRangeError
+        below the log start. Readers in other processes keep the files they have open
+        (nothing is cut in place)."""
+        return self._log.truncate_to(offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every record and start an empty log at `offset` (Kafka's
+        truncateFullyAndStartAt: a follower whose log ends below its leader's log
+        start)."""
+        self._log.truncate_fully_and_start_at(offset)
+
+    def increase_log_start_offset(self, offset: int) -> int:
+        """Move the log start up to `offset` (at most the log end) and retire the
+        segments wholly below it, as retention does (a follower applying its leader's
+        log start); returns how many segments went. Lower offsets change nothing."""
+        return self._log.increase_log_start_offset(offset)
+
 
 class Topic:
     """A topic: its partitions and resolved config."""
