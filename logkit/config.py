@@ -224,6 +224,14 @@ _ROWS: tuple[Setting, ...] = (
             why="every join rebalances at once; members learn the result on their next "
                 "poll, so a group formed by several members may go through a few quick "
                 "generations"),
+    _broker("replica.fetch.max.bytes", "int", 1048576, "bytes of whole batches a "
+            "logkit.Follower copies per partition per request (at least one batch)",
+            minimum=1, maximum=INT_MAX, unit="bytes"),
+    _broker("replica.fetch.wait.max.ms", "int", 500, "how long a caught-up "
+            "logkit.Follower waits for new data before asking its source again",
+            minimum=0, unit="ms"),
+    _broker("replica.fetch.backoff.ms", "int", 1000, "how long a logkit.Follower waits "
+            "after its source failed before trying again", minimum=0, unit="ms"),
 
     # ---- topic: Kafka's topic names
     _topic("cleanup.policy", "what happens to old segments: deleted by retention",

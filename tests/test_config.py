@@ -120,7 +120,7 @@ def _readers(scope: str) -> list[pathlib.Path]:
         return [ROOT / "logkit" / f"{scope}.py"]
     if scope in ("spark read", "spark write"):
         return list((ROOT / "spark" / "pyspark_logkit").glob("*.py"))
-    return [f for f in (ROOT / "logkit").glob("*.py") if f.name != "config.py"]
+    return [f for f in (ROOT / "logkit").rglob("*.py") if f.name != "config.py"]
 
 
 def test_every_row_is_documented_typed_and_its_default_passes_its_own_bounds():

@@ -1,0 +1,227 @@
+"""`DirectorySource`: a leader read straight from its directory (the same machine, a
+second disk, a shared filesystem).
+
+Owns: a read-only `Broker` over the leader's root (`Broker(path, read_only=True)`, opened
+on first use), the leader epochs of its partitions (the `leader-epoch-checkpoint` file,
+or, for a leader that never had one, the epochs its batch headers carry), the follower
+progress files under `<leader>/replicas/`, and waiting on the leader's doorbell.
+
+What a read-only broker allows while the leader's process writes: topic and group
+metadata read from LMDB under its reader lock; partition reads through the tail's
+seqlock, never past the committed size, so a half-written batch is never seen; rolls
+and retention show up through the segment-list version (a segment renamed away under a
+read makes the read start over). What it cannot do is repair: a tail left torn by a
+leader killed mid-update, or a partition that needs recovery, raises until the leader
+is opened read-write again; the follower retries after `replica.fetch.backoff.ms`.
+
+Invariant: nothing here writes to the leader's data; the only file written under the
+leader's root is `replicas/<follower id>.json` (atomically: temporary name, rename),
+and only when `report_progress=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from typing import Any, Mapping
+
+from ..broker import Broker
+from ..config import resolve_config
+from ..errors import ConfigError, StorageError, UnknownTopicError
+from ..notify import DOORBELL_FILE, Doorbell
+from ..topic import Partition, TopicPartition
+from .epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
+from .source import PartitionInfo, ReplicaSource, TopicInfo
+
+__all__ = ["DirectorySource", "REPLICAS_DIR"]
+
+log = logging.getLogger(__name__)
+
+REPLICAS_DIR = "replicas"            # <leader root>/replicas/<follower id>.json
+_FOLLOWER_ID = re.compile(r"[a-zA-Z0-9._-]{1,64}")
+_DEFAULTS = resolve_config("topic", None)
+
+
+class _Epochs:
+    """The leader epochs of one leader partition, re-read only when they can have
+    changed: the checkpoint file when it exists (re-parsed when its identity or size
+    changes), else the epochs of the batch headers, scanned only past the last scan."""
+
+    def __init__(self) -> None:
+        self.file_key: tuple[int, int, int] | None = None
+        self.entries: tuple[EpochEntry, ...] = ()
+        self.scanned_to = -1               # batch headers scanned below this offset
+
+    def get(self, partition: Partition, log_start: int, log_end: int
+            ) -> tuple[EpochEntry, ...]:
+        path = os.path.join(partition.directory, CHECKPOINT_FILE)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return self._from_headers(partition, log_start, log_end)
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self.file_key:
+            self.entries = tuple(read_checkpoint(partition.directory) or ())
+            self.file_key = key
+            self.scanned_to = -1
+        return self.entries
+
+    def _from_headers(self, partition: Partition, log_start: int, log_end: int
+                      ) -> tuple[EpochEntry, ...]:
+        if self.file_key is not None or not log_start <= self.scanned_to <= log_end:
+            self.file_key, self.entries, self.scanned_to = None, (), log_start
+        if self.scanned_to < log_end:
+            headers = partition.batch_headers(self.scanned_to)
+            found = epochs_from_headers(headers)
+            entries = list(self.entries)
+            for entry in found:
+                if not entries or entry.epoch > entries[-1].epoch:
+                    entries.append(entry)
+            self.entries = tuple(entries)
+            if headers:
+                self.scanned_to = max(self.scanned_to, headers[-1].last_offset + 1)
+        return self.entries
+
+
+class DirectorySource(ReplicaSource):
+    """`logkit.DirectorySource(path)`: copy from the leader whose root is `path`.
+
+    `report_progress=False` never writes under the leader's root (a read-only mount);
+    the leader then cannot count this follower in its ISR."""
+
+    def __init__(self, path: str | os.PathLike[str], *, report_progress: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.reports = report_progress
+        self._broker: Broker | None = None
+        self._epochs: dict[TopicPartition, _Epochs] = {}
+        self._doorbell: Doorbell | None = None
+        self._doorbell_tried = False
+        self._report_warned = False
+
+    def describe(self) -> str:
+        return f"DirectorySource({self.path!r})"
+
+    def _open(self) -> Broker:
+        broker = self._broker
+        if broker is None or broker.closed:
+            broker = self._broker = Broker(self.path, read_only=True)
+        return broker
+
+    # ---- ReplicaSource ------------------------------------------------------------------
+
+    def topics(self) -> dict[str, TopicInfo]:
+        broker = self._open()
+        out = {}
+        for name in broker.topics():
+            try:
+                topic = broker.topic(name)
+            except (UnknownTopicError, StorageError) as exc:   # deleted, or half-made
+                log.debug("%s: topic %s not readable now: %s", self.describe(), name, exc)
+                continue
+            overrides = {k: v for k, v in topic.config.items() if _DEFAULTS.get(k) != v}
+            out[name] = TopicInfo(name, topic.num_partitions, overrides, topic.topic_id)
+        return out
+
+    def _partition(self, topic: str, partition: int) -> Partition:
+        return self._open().topic(topic).partition(partition)
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo:
+        p = self._partition(topic, partition)
+        start, end = p.log_start_offset, p.log_end_offset
+        bases = tuple(p.segment_base_offsets())
+        cache = self._epochs.setdefault(TopicPartition(topic, partition), _Epochs())
+        return PartitionInfo(start, end, cache.get(p, start, end), bases)
+
+    def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int) -> bytes:
+        p = self._partition(topic, partition)
+        return p.batches_since(offset, upto=p.log_end_offset, max_bytes=max_bytes)
+
+    def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        broker = self._open()
+        return {group: broker.group(group).committed() for group in broker.groups()}
+
+    def report_progress(self, follower_id: str,
+                        log_end_offsets: Mapping[TopicPartition, int]) -> None:
+        """Write `<leader>/replicas/<follower_id>.json`: the follower's log end offset
+        per partition and the time (the leader's ISR reads them). A leader root that
+        cannot be written is reported once at WARNING and then left alone."""
+        if not self.reports:
+            return
+        if not _FOLLOWER_ID.fullmatch(follower_id):
+            raise ConfigError(f"follower id {follower_id!r} must be 1-64 characters "
+                              "from [a-zA-Z0-9._-]")
+        directory = os.path.join(self.path, REPLICAS_DIR)
+        path = os.path.join(directory, f"{follower_id}.json")
+        body = {"follower_id": follower_id, "time_ms": int(time.time() * 1000),
+                "log_end_offsets": {f"{tp.topic}-{tp.partition}": end
+                                    for tp, end in sorted(log_end_offsets.items())}}
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+            with open(fd, "w", encoding="utf-8") as f:
+                json.dump(body, f)
+            os.replace(tmp, path)
+        except OSError as exc:
+            if not self._report_warned:
+                self._report_warned = True
+                log.warning("%s: cannot report progress to the leader (%s); it will not "
+                            "count this follower as in sync", self.describe(), exc)
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep on the leader's doorbell (rung after every append) until it rings or
+        `timeout_s` passes; plain sleeps where the doorbell cannot be opened."""
+        doorbell = self._open_doorbell()
+        if doorbell is None:
+            super().wait(min(timeout_s, 0.05))
+            return
+        deadline = time.monotonic() + timeout_s
+        seen = doorbell.value()
+        while doorbell.value() == seen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            doorbell.wait(seen, left)
+
+    def _open_doorbell(self) -> Doorbell | None:
+        if self._doorbell is None and not self._doorbell_tried:
+            self._doorbell_tried = True
+            if os.access(os.path.join(self.path, DOORBELL_FILE), os.W_OK):
+                try:
+                    self._doorbell = Doorbell(self.path)
+                except (StorageError, OSError) as exc:
+                    log.debug("%s: no doorbell (%s); polling", self.describe(), exc)
+        return self._doorbell
+
+    def close(self) -> None:
+        broker, self._broker = self._broker, None
+        doorbell, self._doorbell = self._doorbell, None
+        self._doorbell_tried = False
+        self._epochs.clear()
+        if doorbell is not None:
+            doorbell.close()
+        if broker is not None:
+            broker.close()
+
+    # the leader's own view, for tests and `logkit replicas`
+
+    def progress(self) -> dict[str, dict[str, Any]]:
+        """The progress files followers wrote under this leader: {follower id: body}."""
+        directory = os.path.join(self.path, REPLICAS_DIR)
+        out = {}
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return {}
+        for name in names:
+            if name.endswith(".json"):
+                try:
+                    with open(os.path.join(directory, name), encoding="utf-8") as f:
+                        out[name[:-5]] = json.load(f)
+                except (OSError, ValueError):
+                    continue                       # being replaced: read it next time
+        return out

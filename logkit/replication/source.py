@@ -1,0 +1,107 @@
+"""The pluggable side of replication: what a follower asks of its leader.
+
+Owns: `ReplicaSource`, the small abstract class every transport implements (the
+directory source here; TCP and object-store sources later), and the plain records its
+methods return (`TopicInfo`, `PartitionInfo`). A source answers for one leader:
+
+| method | answers |
+|---|---|
+| `topics()` | every topic: partitions, config overrides, topic id |
+| `partition(topic, n)` | log start and end, leader epochs, segment base offsets |
+| `fetch(topic, n, offset, max_bytes=)` | stored bytes of whole batches from `offset` on |
+| `committed_offsets()` | every consumer group's committed offsets |
+| `report_progress(follower_id, ends)` | the follower's log end offsets, for the ISR |
+| `wait(timeout_s)` | returns when the leader may have new data, or after the timeout |
+
+Invariant for implementers: `fetch` returns bytes exactly as the leader stores them
+(batches whole, never a partial one), so a follower's files can be byte-identical to
+the leader's; a source never changes the leader's data. Errors: a topic or partition
+the leader does not have raises UnknownTopicError; an offset outside the leader's log
+raises OffsetOutOfRangeError; a leader that cannot be read just now (it is down, or
+mid-recovery) raises a LogkitError or OSError, which the follower retries after
+`replica.fetch.backoff.ms`. Sources are used from one follower thread at a time.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from typing import Any, Mapping, NamedTuple
+
+from ..topic import TopicPartition
+from .epochs import EpochEntry
+
+__all__ = ["ReplicaSource", "TopicInfo", "PartitionInfo"]
+
+log = logging.getLogger(__name__)
+
+
+class TopicInfo(NamedTuple):
+    """One topic on the leader. `config` holds the settings that differ from Kafka's
+    topic defaults (Kafka names), the way `create_topic(config=)` takes them."""
+
+    name: str
+    partitions: int
+    config: dict[str, Any]
+    topic_id: str
+
+
+class PartitionInfo(NamedTuple):
+    """One partition on the leader, as of the call: offsets, the leader epochs (its
+    `leader-epoch-checkpoint`, oldest first) and the base offsets of its live segments
+    (where a follower starts a new segment to keep the files identical)."""
+
+    log_start_offset: int
+    log_end_offset: int
+    epochs: tuple[EpochEntry, ...]
+    segment_base_offsets: tuple[int, ...]
+
+
+class ReplicaSource(abc.ABC):
+    """Where a `logkit.Follower` copies from (see the module docstring for the
+    contract). A context manager; `close()` is safe twice."""
+
+    @abc.abstractmethod
+    def topics(self) -> dict[str, TopicInfo]:
+        """Every topic the leader has, by name."""
+
+    @abc.abstractmethod
+    def partition(self, topic: str, partition: int) -> PartitionInfo:
+        """The leader's state of one partition."""
+
+    @abc.abstractmethod
+    def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int) -> bytes:
+        """Whole batches as stored, from the batch holding `offset` up to the leader's
+        log end, about `max_bytes` (at least one batch); b"" at the log end."""
+
+    @abc.abstractmethod
+    def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        """{group id: {TopicPartition: committed offset}} for every group."""
+
+    def report_progress(self, follower_id: str,
+                        log_end_offsets: Mapping[TopicPartition, int]) -> None:
+        """Tell the leader how far this follower has copied (its ISR is built from
+        these). A source that cannot tell the leader anything does nothing."""
+
+    def wait(self, timeout_s: float) -> None:
+        """Return when the leader may have appended, or after `timeout_s`. The default
+        sleeps; a source that can be woken does better."""
+        if timeout_s > 0:
+            time.sleep(timeout_s)
+
+    def describe(self) -> str:
+        """A short name of the leader for messages and `follower.json`."""
+        return type(self).__name__
+
+    def close(self) -> None:
+        """Release what the source holds; safe twice."""
+
+    def __enter__(self) -> "ReplicaSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
