@@ -39,6 +39,7 @@ logkit/coordinator.py for what is logged at which level).
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -47,8 +48,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 from . import _fork
 from .config import CONSUMER, resolve
 from .coordinator import ConsumerCoordinator
-from .errors import (ClosedError, ConfigError, IllegalStateError, LogkitError,
-                     NoOffsetForPartitionError, OffsetOutOfRangeError, storage_error)
+from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
+                     LogkitError, NoOffsetForPartitionError, OffsetOutOfRangeError,
+                     storage_error)
 from .group import OffsetAndMetadata
 from .records import Record
 from .subscription import SubscriptionState, as_topic_partition, check_offset
@@ -60,6 +62,24 @@ __all__ = ["Consumer", "OffsetAndTimestamp"]
 DEFAULTS: dict[str, Any] = resolve(CONSUMER, None)
 
 log = logging.getLogger(__name__)
+
+
+def _check_poll_arguments(timeout_ms: Any, max_records: Any) -> float:
+    """poll()'s timeout in ms (a negative one counts as 0), or a named error: an
+    ArgumentTypeError (a ConfigError and a TypeError) for a wrong type, a ConfigError
+    for a value out of range."""
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
+        raise ArgumentTypeError(f"timeout_ms must be an int (or float) of milliseconds, "
+                                f"got {timeout_ms!r} ({type(timeout_ms).__name__})")
+    if not math.isfinite(timeout_ms):
+        raise ConfigError(f"timeout_ms must be a finite number of milliseconds, got "
+                          f"{timeout_ms!r}")
+    if isinstance(max_records, bool) or not isinstance(max_records, int):
+        raise ArgumentTypeError(f"max_records must be a positive int, got {max_records!r} "
+                                f"({type(max_records).__name__})")
+    if max_records <= 0:
+        raise ConfigError(f"max_records must be a positive integer, got {max_records!r}")
+    return max(timeout_ms, 0)
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -92,9 +112,15 @@ class Consumer:
             if not isinstance(self._group_id, str) or not self._group_id \
                     or "\0" in self._group_id:
                 raise ConfigError(f"invalid group_id {self._group_id!r}")
-            self._coordinator = ConsumerCoordinator(broker, self._group_id,
-                                                    self._subscriptions,
-                                                    settings=settings, strategy=strategy)
+            self._coordinator = ConsumerCoordinator(
+                broker, self._group_id, self._subscriptions, strategy=strategy,
+                session_timeout_ms=settings["session_timeout_ms"],
+                max_poll_interval_ms=settings["max_poll_interval_ms"],
+                heartbeat_interval_ms=settings["heartbeat_interval_ms"],
+                client_id=settings["client_id"],
+                enable_auto_commit=settings["enable_auto_commit"],
+                auto_commit_interval_ms=settings["auto_commit_interval_ms"],
+                on_assign=settings["on_assign"], on_revoke=settings["on_revoke"])
         if topics:
             self.subscribe(list(topics))
 
@@ -299,6 +325,9 @@ class Consumer:
             raise IllegalStateError("commit() needs a group_id")
         if offsets is None:
             offsets = self._subscriptions.committable()
+        elif not isinstance(offsets, Mapping):
+            raise ArgumentTypeError(f"commit() takes a dict {{TopicPartition: offset}} (or "
+                                    f"nothing: the current positions), got {offsets!r}")
         clean: dict[TopicPartition, OffsetAndMetadata] = {}
         for tp, value in offsets.items():
             tp = as_topic_partition(tp)
@@ -320,10 +349,7 @@ class Consumer:
             raise IllegalStateError("poll() needs subscribe() or assign() first")
         if max_records is None:
             max_records = self.config["max_poll_records"]
-        if isinstance(max_records, bool) or not isinstance(max_records, int) \
-                or max_records <= 0:
-            raise ConfigError(f"max_records must be a positive integer, got {max_records!r}")
-        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        deadline = time.monotonic() + _check_poll_arguments(timeout_ms, max_records) / 1000
         doorbell = self._broker.doorbell
         coordinator = self._coordinator
         while True:

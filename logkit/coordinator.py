@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from .errors import ClosedError, CommitFailedError, LogkitError
 from .group import GroupCoordinator, OffsetAndMetadata, committed_offset
@@ -49,20 +49,21 @@ class ConsumerCoordinator:
     """The group side of one `Consumer` with a `group_id`."""
 
     def __init__(self, broker: Any, group_id: str, subscriptions: SubscriptionState, *,
-                 settings: Mapping[str, Any], strategy: str) -> None:
+                 strategy: str, session_timeout_ms: int, max_poll_interval_ms: int,
+                 heartbeat_interval_ms: int, client_id: str,
+                 enable_auto_commit: bool, auto_commit_interval_ms: int,
+                 on_assign: Callable | None, on_revoke: Callable | None) -> None:
         self.broker = broker
         self.group_id = group_id
         self.subscriptions = subscriptions
         self.group = GroupCoordinator(
-            broker, group_id, strategy=strategy,
-            session_timeout_ms=settings["session_timeout_ms"],
-            max_poll_interval_ms=settings["max_poll_interval_ms"],
-            client_id=settings["client_id"])
-        self.heartbeat_interval_ms = settings["heartbeat_interval_ms"]
-        self.auto_commit = settings["enable_auto_commit"]
-        self.auto_commit_interval_s = settings["auto_commit_interval_ms"] / 1000
-        self.on_assign: Callable | None = settings["on_assign"]
-        self.on_revoke: Callable | None = settings["on_revoke"]
+            broker, group_id, strategy=strategy, session_timeout_ms=session_timeout_ms,
+            max_poll_interval_ms=max_poll_interval_ms, client_id=client_id)
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.auto_commit = enable_auto_commit
+        self.auto_commit_interval_s = auto_commit_interval_ms / 1000
+        self.on_assign = on_assign
+        self.on_revoke = on_revoke
         self.generation = -1
         self.fenced = False              # evicted (seen by the heartbeat): re-join on poll
         self.closed = False

@@ -13,7 +13,7 @@ __all__ = [
     "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
-    "ReadOnlyError", "SerializationError", "storage_error",
+    "ReadOnlyError", "SerializationError", "storage_error", "ArgumentTypeError",
 ]
 
 import errno as _errno
@@ -25,6 +25,11 @@ class LogkitError(Exception):
 
 class ConfigError(LogkitError, ValueError):
     """An unknown config key, or a value of the wrong type or out of range."""
+
+
+class ArgumentTypeError(ConfigError, TypeError):
+    """A client call's argument of the wrong type (`poll(timeout_ms="100")`): a
+    `ConfigError` that is also the `TypeError` Python raises for one."""
 
 
 class InvalidTopicError(LogkitError, ValueError):

@@ -96,14 +96,15 @@ import logging
 import random
 import threading
 import time
+import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from . import _fork, _native
 from .accumulator import Batch, RecordAccumulator, TopicBatches
 from .compression import codec_id, require
 from .config import PRODUCER, resolve
-from .errors import (ClosedError, ConfigError, IllegalStateError, LogkitError,
+from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError, LogkitError,
                      LogkitTimeoutError, NotEnoughReplicasError, RecordTooLargeError,
                      UnknownTopicError, storage_error)
 from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
@@ -120,6 +121,7 @@ DEFAULTS: dict[str, Any] = resolve(PRODUCER, None)
 IN_SYNC_REPLICAS = 1                # no replication yet: the leader is the whole ISR
 KEY_CACHE_LIMIT = 100_000           # key -> partition entries per topic, then cleared
 MAX_TIMESTAMP_MS = 2**63 - 1        # the batch header's int64
+SECONDS_LOOKALIKE_MS = 10**11       # below it a timestamp looks like seconds (DESIGN §6)
 
 log = logging.getLogger(__name__)
 
@@ -288,41 +290,58 @@ def _as_bytes(data: Any) -> bytes | None:
         return bytes(data)
     if isinstance(data, bytes):                      # a bytes subclass
         return bytes(data)
-    raise TypeError(f"keys and values must be bytes (or set key_serializer / "
-                    f"value_serializer), got {type(data).__name__}")
+    raise ArgumentTypeError(f"keys and values must be bytes (or set key_serializer / "
+                            f"value_serializer), got {type(data).__name__}")
 
 
 def _check_timestamp(timestamp_ms: Any) -> None:
-    if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or \
-            not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
+    """An int of milliseconds in the batch header's range, or a named error; one that
+    looks like seconds (DESIGN §6: below 10^11 ms, before 1973) warns."""
+    if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int):
+        raise ArgumentTypeError(f"timestamp must be None or an int of milliseconds, got "
+                                f"{timestamp_ms!r} ({type(timestamp_ms).__name__})")
+    if not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
         raise ConfigError(f"timestamp must be None or an int of milliseconds in "
                           f"[0, 2**63 - 1], got {timestamp_ms!r}")
+    if timestamp_ms < SECONDS_LOOKALIKE_MS:
+        # stacklevel: _check_timestamp, _send_general, Producer.send, the caller
+        warnings.warn(f"timestamp {timestamp_ms} looks like seconds, not milliseconds "
+                      f"since the epoch (it is before 1973 in ms): Kafka timestamps are "
+                      f"milliseconds, e.g. int(time.time() * 1000)", UserWarning,
+                      stacklevel=4)
 
 
 def _check_headers(headers: Any) -> list[tuple[str, bytes | None]]:
-    """Headers as (str key, bytes-or-None value) pairs, or ConfigError naming the bad
-    one (kafka-python's rule: keys str, values bytes; Kafka allows null values)."""
+    """Headers as (str key, bytes-or-None value) pairs, from a list of pairs
+    (kafka-python's form) or a dict (confluent-kafka also takes one), or a named error
+    for the bad one (keys str, values bytes-like or None: Kafka allows null values)."""
+    if isinstance(headers, Mapping):
+        pairs = list(headers.items())
+    elif isinstance(headers, (str, bytes, bytearray, memoryview)):
+        raise ArgumentTypeError(f"headers must be a dict {{str: bytes}} or a list of "
+                                f"(str, bytes) pairs, got {headers!r}")
+    else:
+        try:
+            pairs = list(headers)
+        except TypeError:
+            raise ArgumentTypeError(f"headers must be a dict {{str: bytes}} or a list of "
+                                    f"(str, bytes) pairs, got {headers!r}") from None
     out = []
-    try:
-        pairs = list(headers)
-    except TypeError:
-        raise ConfigError(f"headers must be a list of (str, bytes) pairs, got "
-                          f"{headers!r}") from None
     for pair in pairs:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise ConfigError(f"each header must be a (str, bytes) pair, got {pair!r}")
         hkey, hvalue = pair
         if not isinstance(hkey, str):
-            raise ConfigError(f"header key {hkey!r} must be a str (decode bytes keys "
-                              "yourself)")
+            raise ArgumentTypeError(f"header key {hkey!r} must be a str (decode bytes "
+                                    "keys yourself)")
         try:
             hkey.encode("utf-8")
         except UnicodeEncodeError:
             raise ConfigError(f"header key {hkey!r} is not encodable as UTF-8") from None
         if hvalue is not None and type(hvalue) is not bytes:
             if not isinstance(hvalue, (bytes, bytearray, memoryview)):
-                raise ConfigError(f"header value {hvalue!r} of header {hkey!r} must be "
-                                  "bytes or None")
+                raise ArgumentTypeError(f"header value {hvalue!r} of header {hkey!r} "
+                                        "must be bytes or None")
             hvalue = bytes(hvalue)
         out.append((hkey, hvalue))
     return out
@@ -430,9 +449,12 @@ class Producer:
             _fork.check_owner(self._pid, "this producer")
         if self._accumulator.closed:
             raise ClosedError("producer is closed")
+        if not isinstance(topic, str):
+            raise ArgumentTypeError(f"topic must be a str, got {topic!r}")
         if timestamp_ms is not None:
             _check_timestamp(timestamp_ms)
-        headers = _check_headers(headers) if headers else None
+        if headers is not None:
+            headers = _check_headers(headers) or None
         if self._key_serializer is not None and key is not None:
             key = self._key_serializer(key)
         if self._value_serializer is not None and value is not None:
@@ -442,8 +464,9 @@ class Producer:
         state = self._state(topic)
         if partition is None:
             partition = self._choose(state, key)
-        elif isinstance(partition, bool) or not isinstance(partition, int) \
-                or not 0 <= partition < state.count:
+        elif isinstance(partition, bool) or not isinstance(partition, int):
+            raise ArgumentTypeError(f"partition must be None or an int, got {partition!r}")
+        elif not 0 <= partition < state.count:
             raise UnknownTopicError(f"topic {topic!r} has no partition {partition!r} "
                                     f"(it has {state.count})")
         return self._enqueue(state, partition, (key, value, headers, timestamp_ms), size)

@@ -26,7 +26,7 @@ import logging
 import re
 from typing import Any
 
-from .errors import IllegalStateError, OffsetOutOfRangeError
+from .errors import ArgumentTypeError, IllegalStateError, OffsetOutOfRangeError
 from .topic import TopicPartition
 
 __all__ = ["SubscriptionState", "as_topic_partition", "check_offset"]
@@ -35,17 +35,22 @@ log = logging.getLogger(__name__)
 
 
 def as_topic_partition(tp: Any) -> TopicPartition:
-    """A TopicPartition from itself or a (topic, partition) pair; TypeError otherwise."""
+    """A TopicPartition from itself or a (topic, partition) pair; ArgumentTypeError
+    (a TypeError) otherwise."""
     if isinstance(tp, TopicPartition):
         return tp
     if isinstance(tp, tuple) and len(tp) == 2:
         return TopicPartition(tp[0], tp[1])
-    raise TypeError(f"expected a TopicPartition, got {tp!r}")
+    raise ArgumentTypeError(f"expected a TopicPartition(topic, partition), got {tp!r}")
 
 
 def check_offset(offset: Any) -> int:
-    """`offset` if it is a non-negative int, else OffsetOutOfRangeError naming it."""
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+    """`offset` if it is a non-negative int; ArgumentTypeError for another type,
+    OffsetOutOfRangeError for a negative one."""
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise ArgumentTypeError(f"offset must be a non-negative int, got {offset!r} "
+                                f"({type(offset).__name__})")
+    if offset < 0:
         raise OffsetOutOfRangeError(f"offset must be a non-negative integer, got {offset!r}")
     return offset
 

@@ -1,7 +1,7 @@
 """The clients under stress from outside their happy path: closed from another thread,
-a listener that raises, a stalled appender in another process, bad timestamps and
-headers, fork, a planted doorbell link. Real brokers, threads and processes; the only
-time bounds are generous "did not hang" limits."""
+a listener that raises, a stalled appender in another process, bad timestamps, headers
+and argument types, fork, a planted doorbell link. Real brokers, threads and processes;
+the only time bounds are generous "did not hang" limits."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from contextlib import contextmanager
 
 import pytest
@@ -22,6 +23,7 @@ import logkit
 from tests.helpers.clients import SEND_PATHS, use_path
 from logkit import (ClosedError, ConfigError, ForkedProcessError, LogkitError,
                     LogkitTimeoutError)
+from logkit.errors import ArgumentTypeError
 from logkit.notify import Doorbell
 from tests.helpers.procs import wait_until
 
@@ -278,7 +280,8 @@ def test_a_timestamp_outside_int64_is_refused_at_send_and_its_batch_mates_are_st
         with pytest.raises(ConfigError, match=re.escape(repr(bad))):
             producer.send("t", b"bad", key=b"k", timestamp=bad)
     edge = producer.send("t", b"edge", timestamp_ms=2**63 - 1)
-    zero = producer.send("t", b"zero", timestamp_ms=0)
+    with pytest.warns(UserWarning, match="looks like seconds"):
+        zero = producer.send("t", b"zero", timestamp_ms=0)
     last = producer.send("t", b"innocent-2")
     producer.flush()
     records = topic.partition(0).read(0)
@@ -306,6 +309,111 @@ def test_header_keys_must_be_str_and_values_bytes_or_none(broker, path):
     records = topic.partition(0).read(0)
     assert [r.value for r in records] == [b"innocent", b"good"]
     assert list(records[1].headers) == [("k", None), ("k2", b"x"), ("k3", b"")]
+
+
+@pytest.mark.parametrize("path", SEND_PATHS)
+def test_headers_given_as_a_dict_are_stored_as_pairs_and_other_shapes_are_named(
+        broker, path):
+    """`headers={"h": b"v"}` (confluent-kafka's form) is taken like the list of pairs
+    kafka-python takes; a str, bytes or number is refused with an ArgumentTypeError
+    (a ConfigError and a TypeError) saying which forms are expected."""
+    topic = broker.create_topic("t", 1)
+    producer = use_path(broker.producer(), path)
+    producer.send("t", b"dict", headers={"h": b"v", "n": None}).result(timeout=10)
+    producer.send("t", b"pairs", headers=[("h", b"v"), ("n", None)]).result(timeout=10)
+    producer.send("t", b"none", headers={}).result(timeout=10)
+    records = topic.partition(0).read(0)
+    assert [list(r.headers) for r in records] == [[("h", b"v"), ("n", None)]] * 2 + [[]]
+    for bad in ("h=v", b"hv", 5):
+        with pytest.raises(ArgumentTypeError, match="a dict .* or a list of"):
+            producer.send("t", b"bad", headers=bad)
+    with pytest.raises(TypeError, match="must be bytes or None"):
+        producer.send("t", b"bad", headers={"h": "text"})
+    assert topic.partition(0).log_end_offset == 3
+    producer.close()
+
+
+@pytest.mark.parametrize("path", SEND_PATHS)
+def test_a_timestamp_that_looks_like_seconds_warns_at_the_callers_line(broker, path):
+    """DESIGN §6: send() with a timestamp below 10^11 ms (before 1973) warns with a
+    UserWarning pointing at the caller's send() and stores the record as given; a
+    timestamp in milliseconds does not warn."""
+    topic = broker.create_topic("t", 1)
+    producer = use_path(broker.producer(), path)
+    seconds = int(time.time())
+    with pytest.warns(UserWarning, match="looks like seconds") as warned:
+        producer.send("t", b"s", timestamp_ms=seconds).result(timeout=10)
+    assert warned[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        producer.send("t", b"ms", timestamp_ms=seconds * 1000).result(timeout=10)
+        producer.send("t", b"now").result(timeout=10)
+    assert [r.timestamp for r in topic.partition(0).read(0)][:2] == [seconds, seconds * 1000]
+    producer.close()
+
+
+@pytest.mark.parametrize("path", SEND_PATHS)
+def test_arguments_of_the_wrong_type_to_send_are_named(broker, path):
+    """Each wrong type given to send() is an ArgumentTypeError (a LogkitError, a
+    ConfigError and a TypeError) naming the argument and what it takes; nothing is
+    stored."""
+    topic = broker.create_topic("t", 2)
+    producer = use_path(broker.producer(), path)
+    for kwargs, message in ((dict(topic=5), "topic must be a str"),
+                            (dict(value="text"), "must be bytes"),
+                            (dict(key=7), "must be bytes"),
+                            (dict(partition="0"), "partition must be None or an int"),
+                            (dict(timestamp_ms="1700000000000"), "timestamp must be"),
+                            (dict(timestamp_ms=1.7e12), "timestamp must be")):
+        call = {"topic": "t", "value": b"v", **kwargs}
+        with pytest.raises(ArgumentTypeError, match=message) as raised:
+            producer.send(call.pop("topic"), **call)
+        assert isinstance(raised.value, (LogkitError, ConfigError, TypeError))
+        assert isinstance(raised.value, TypeError) and isinstance(raised.value, ConfigError)
+    with pytest.raises(logkit.UnknownTopicError):
+        producer.send("t", b"v", partition=2)                 # an int out of range
+    producer.flush()
+    assert [p.log_end_offset for p in topic.partitions] == [0, 0]
+    producer.close()
+
+
+def test_arguments_of_the_wrong_type_to_poll_seek_and_commit_are_named(broker):
+    """poll(timeout_ms="100") and the like raise an ArgumentTypeError (a ConfigError
+    and a TypeError) naming the argument and the type expected, not a TypeError from
+    inside; values out of range stay ConfigError / OffsetOutOfRangeError."""
+    broker.create_topic("t", 1)
+    tp = logkit.TopicPartition("t", 0)
+    consumer = broker.consumer(group_id="g", auto_offset_reset="earliest")
+    consumer.assign([tp])
+    for kwargs, message in ((dict(timeout_ms="100"), "timeout_ms must be an int"),
+                            (dict(timeout_ms=None), "timeout_ms must be an int"),
+                            (dict(timeout_ms=True), "timeout_ms must be an int"),
+                            (dict(max_records="5"), "max_records must be a positive int")):
+        with pytest.raises(ArgumentTypeError, match=message) as raised:
+            consumer.poll(**kwargs)
+        assert isinstance(raised.value, TypeError) and isinstance(raised.value, ConfigError)
+    for kwargs, message in ((dict(timeout_ms=float("nan")), "finite"),
+                            (dict(max_records=0), "positive integer")):
+        with pytest.raises(ConfigError, match=message) as raised:
+            consumer.poll(**kwargs)
+        assert not isinstance(raised.value, TypeError)
+    assert consumer.poll(timeout_ms=10.5) == [] and consumer.poll(timeout_ms=-5) == []
+    with pytest.raises(ArgumentTypeError, match="offset must be a non-negative int"):
+        consumer.seek(tp, "5")
+    with pytest.raises(logkit.OffsetOutOfRangeError):
+        consumer.seek(tp, -1)
+    with pytest.raises(ArgumentTypeError, match="expected a TopicPartition"):
+        consumer.seek("t", 0)
+    with pytest.raises(ArgumentTypeError, match="expected a TopicPartition"):
+        consumer.position(0)
+    with pytest.raises(ArgumentTypeError, match=r"commit\(\) takes a dict"):
+        consumer.commit([(tp, 1)])
+    with pytest.raises(ArgumentTypeError, match="offset must be a non-negative int"):
+        consumer.commit({tp: "1"})
+    assert consumer.committed(tp) is None                  # nothing was committed
+    consumer.commit({tp: 0})
+    assert consumer.committed(tp) == 0
+    consumer.close()
 
 
 # ---- 6. fork ---------------------------------------------------------------------------

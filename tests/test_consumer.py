@@ -17,6 +17,7 @@ from logkit import (ClosedError, ConfigError, NoOffsetForPartitionError,
 from tests.helpers.clients import drain
 from tests.helpers.procs import ROOT_DIR
 
+T0 = 1_700_000_000_000             # record timestamps in milliseconds (2023-11-14)
 
 
 def test_blocking_poll_wakes_on_another_process(tmp_path):
@@ -44,7 +45,7 @@ def test_positions_seek_pause_and_offsets_for_times(broker):
     broker.create_topic("t", 1)
     producer = broker.producer()
     for i in range(10):
-        producer.send("t", b"%d" % i, timestamp_ms=1000 + i)
+        producer.send("t", b"%d" % i, timestamp_ms=T0 + i)
     producer.flush()
     tp = TopicPartition("t", 0)
     consumer = broker.consumer(group_id="g", auto_offset_reset="earliest")
@@ -59,9 +60,9 @@ def test_positions_seek_pause_and_offsets_for_times(broker):
     assert len(consumer.poll(timeout_ms=100)) == 10
     consumer.seek_to_end(tp)
     assert consumer.position(tp) == 10
-    found = consumer.offsets_for_times({tp: 1004})
-    assert found[tp] == (4, 1004)
-    assert consumer.offsets_for_times({tp: 99999})[tp] is None
+    found = consumer.offsets_for_times({tp: T0 + 4})
+    assert found[tp] == (4, T0 + 4)
+    assert consumer.offsets_for_times({tp: T0 + 99999})[tp] is None
     consumer.commit({tp: 5})                        # manual assignment, empty group
     assert consumer.committed(tp) == 5
 
@@ -72,7 +73,7 @@ def test_auto_offset_reset_and_retention(broker):
                                                 "file.delete.delay.ms": 0})
     producer = broker.producer()
     for i in range(50):
-        producer.send("t", b"x" * 100, timestamp_ms=1000)
+        producer.send("t", b"x" * 100, timestamp_ms=T0)     # long past retention.ms
     producer.flush()
     assert broker.consumer("t", auto_offset_reset="latest").poll(timeout_ms=100) == []
     with pytest.raises(NoOffsetForPartitionError):

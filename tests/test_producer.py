@@ -95,12 +95,12 @@ def test_serializers_headers_timestamps_compression(broker):
     broker.create_topic("t", 1)
     producer = broker.producer(key_serializer=str.encode, value_serializer=str.encode,
                                compression_type="gzip")
-    producer.send("t", "hello", key="k", headers=[("h", b"1")], timestamp_ms=12345).result()
+    producer.send("t", "hello", key="k", headers=[("h", b"1")], timestamp_ms=1_700_000_012_345).result()
     consumer = broker.consumer("t", auto_offset_reset="earliest",
                                key_deserializer=bytes.decode, value_deserializer=bytes.decode)
     [record] = consumer.poll(timeout_ms=1000)
     assert (record.key, record.value, list(record.headers), record.timestamp) == \
-        ("k", "hello", [("h", b"1")], 12345)
+        ("k", "hello", [("h", b"1")], 1_700_000_012_345)
 
 
 def test_threads_send_concurrently(broker):
