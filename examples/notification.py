@@ -54,10 +54,11 @@ def run(root: str) -> dict[str, Any]:
     with sqlite3.connect(a_db) as db:
         db.execute("CREATE TABLE accounts(id TEXT PRIMARY KEY, balance INTEGER)")
     updates = [(f"acct-{i % 5}", 100 * i) for i in range(25)]
-    with logkit.Broker(root) as broker:
+    log_dir = os.path.join(root, "log")      # the broker's own directory, beside A's files
+    with logkit.Broker(log_dir) as broker:
         broker.create_topic("account-updated", partitions=2)
         b = multiprocessing.get_context("spawn").Process(
-            target=service_b, args=(root, a_db, b_copy, len(updates)))
+            target=service_b, args=(log_dir, a_db, b_copy, len(updates)))
         b.start()
         producer = broker.producer()
         for account, balance in updates:

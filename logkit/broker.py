@@ -30,14 +30,15 @@ import uuid
 from typing import TYPE_CHECKING, Any, Mapping
 
 from . import _fork
-from .config import LONG_MAX, overrides_only, resolve_broker_config, resolve_topic_config
+from .config import (LONG_MAX, TOPIC, lookup, overrides_only, resolve_broker_config,
+                     resolve_topic_config)
 from .consumer import Consumer
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
                      ReadOnlyError, StorageError, TopicExistsError, UnknownTopicError,
                      storage_error)
-from .group import ConsumerGroup
+from .group import ConsumerGroup, list_groups
 from .log import PartitionLog, check_directory
-from .meta import MetaStore
+from .meta import MetaStore, decode
 from .notify import Doorbell
 from .producer import Producer
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
@@ -114,6 +115,34 @@ def _sweep_format_temps(root: str) -> None:
                 pass
 
 
+def _check_root(root: str, *, adopt: bool) -> None:
+    """Refuse a path that is a file, or a non-empty directory that is not a logkit root
+    (unless `adopt`), before anything is written there (DESIGN §6)."""
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise ConfigError(f"{root} is not a directory; logkit.Broker(path) takes the "
+                          "broker's root directory (missing, empty or a logkit root)")
+    if adopt:
+        return
+    try:
+        entries = os.listdir(root)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise storage_error(exc, "open root", root) from exc
+    if FORMAT_FILE in entries or os.path.isfile(os.path.join(root, "meta", "data.mdb")):
+        return                  # a logkit root (one whose format file is yet to be made)
+    # an opener that died (or is running) before its format file landed leaves only
+    # its temp file: still a logkit root in the making
+    others = sorted(e for e in entries if not (e.startswith(FORMAT_FILE + ".")
+                                               and e.endswith(".tmp")))
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more"
+                                         if len(others) > 3 else "")
+        raise ConfigError(f"{root} is not empty and is not a logkit directory (no "
+                          f"{FORMAT_FILE}; it holds {shown}); give a new or empty "
+                          "directory, or pass adopt=True to make a logkit root of it")
+
+
 def partition_dir(root: str, topic: str, partition: int) -> str:
     return os.path.join(root, f"{topic}-{partition}")
 
@@ -168,14 +197,21 @@ class Broker:
 
     def __init__(self, path: str | os.PathLike[str], *,
                  config: Mapping[str, Any] | None = None,
-                 background: bool = True, read_only: bool = False) -> None:
+                 background: bool = True, read_only: bool = False,
+                 adopt: bool = False) -> None:
         """`read_only=True` opens an existing root for inspection (`logkit describe`,
         `logkit dump`): nothing is created, recovered or written; writes raise
-        ReadOnlyError; no background chores run."""
+        ReadOnlyError; no background chores run.
+
+        `path` must be a missing or empty directory, or a logkit root (it has
+        `logkit.json`); any other directory raises ConfigError naming it, and nothing
+        is written there. `adopt=True` makes a logkit root of a non-empty directory
+        anyway (its other files are left alone)."""
         self.path = os.fspath(path)
         self.config = resolve_broker_config(config)
         self._pid = _fork.owner_pid()
         self.read_only = read_only
+        _check_root(self.path, adopt=adopt or read_only)
         if read_only:
             self._open_read_only()
             return
@@ -254,10 +290,16 @@ class Broker:
     # ---- topics ----------------------------------------------------------------------
 
     def create_topic(self, name: str, partitions: int | None = None, *,
-                     config: Mapping[str, Any] | None = None) -> Topic:
-        """Create a topic with `partitions` (default num.partitions) and config overrides."""
+                     config: Mapping[str, Any] | None = None,
+                     exist_ok: bool = False) -> Topic:
+        """Create a topic with `partitions` (default num.partitions) and config overrides.
+
+        `exist_ok=True` returns the topic when it already exists with the partition
+        count and config overrides asked for (a script may run twice); a topic of that
+        name with other settings still raises TopicExistsError, saying which differ."""
         self._check_writable("create_topic")
         validate_topic_name(name)
+        asked = partitions
         if partitions is None:
             partitions = self.config["num.partitions"]
         if isinstance(partitions, bool) or not isinstance(partitions, int) \
@@ -266,6 +308,10 @@ class Broker:
                               f"got {partitions!r}")
         overrides = overrides_only(config)
         resolve_topic_config(overrides, self.config)            # validates the whole set
+        if exist_ok:
+            existing = self._existing_topic(name, asked, overrides)
+            if existing is not None:
+                return existing
         record = {"name": name, "partitions": partitions, "config": overrides,
                   "topic_id": uuid.uuid4().hex, "created_ms": int(time.time() * 1000)}
 
@@ -294,10 +340,41 @@ class Broker:
                 raise
 
         with self._lock:
-            self.meta.create_topic(name, record, before_commit=make_partitions)
+            try:
+                self.meta.create_topic(name, record, before_commit=make_partitions)
+            except TopicExistsError:
+                if not exist_ok:
+                    raise TopicExistsError(
+                        f"topic {name!r} already exists in {self.path} (create_topic(..., "
+                        "exist_ok=True) returns an existing topic instead)") from None
+                existing = self._existing_topic(name, asked, overrides)   # a racing
+                if existing is None:                                      # creator won
+                    raise
+                return existing
         log.debug("created topic %s: %d partition(s), topic id %s, overrides %s", name,
                   partitions, record["topic_id"], overrides)
         return self.topic(name)
+
+    def _existing_topic(self, name: str, partitions: int | None,
+                        overrides: Mapping[str, Any]) -> Topic | None:
+        """create_topic(exist_ok=True): the topic `name` if it exists with `partitions`
+        (when given) and exactly these config overrides; None if it does not exist."""
+        record = self.meta.get_topic(name)
+        if record is None:
+            return None
+        differences = []
+        if partitions is not None and partitions != record["partitions"]:
+            differences.append(f"{record['partitions']} partition(s), not {partitions}")
+        if dict(overrides) != dict(record["config"]):
+            differences.append(f"config overrides {record['config']}, not {dict(overrides)}")
+        if differences:
+            raise TopicExistsError(f"topic {name!r} already exists with "
+                                   f"{' and '.join(differences)} (exist_ok=True accepts "
+                                   "only a topic with the settings asked for)")
+        try:
+            return self.topic(name)
+        except UnknownTopicError:          # deleted meanwhile, or an interrupted delete
+            return None
 
     def _move_away(self, directory: str, why: str) -> None:
         """Rename a partition directory that is not the live topic's to a tombstone and
@@ -381,6 +458,45 @@ class Broker:
     def topics(self) -> list[str]:
         self._check_open()
         return sorted(self.meta.topic_names())
+
+    def alter_topic_config(self, name: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Change topic `name`'s config overrides (Kafka's incremental alter-configs):
+        each key of `config` is set, or with the value None goes back to its default.
+        Checked as create_topic checks (ConfigError, nothing stored). Returns the
+        topic's overrides after the change.
+
+        Brokers that have the topic open (this one included) keep its settings until
+        they next open it; a new Broker, in any process, reads the new ones."""
+        self._check_writable("alter_topic_config")
+        validate_topic_name(name)
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"alter_topic_config takes a dict of changes, got "
+                              f"{type(config).__name__}")
+        setting = overrides_only({k: v for k, v in config.items() if v is not None})
+        removing = [lookup(TOPIC, k).key for k, v in config.items() if v is None]
+        key = name.encode()
+
+        def alter(txn: Any) -> dict[str, Any]:
+            raw = txn.get(key, db=self.meta.db("topics"))
+            if raw is None:
+                raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
+            record = decode(raw)
+            overrides = {k: v for k, v in record["config"].items() if k not in removing}
+            overrides.update(setting)
+            resolve_topic_config(overrides, self.config)     # the whole set still holds
+            record["config"] = overrides
+            self.meta.put(txn, "topics", key, record)
+            return overrides
+
+        overrides = self.meta.write(alter, operation=f"alter the config of topic {name!r}")
+        log.info("topic %s: config overrides now %s", name, overrides)
+        return overrides
+
+    def groups(self) -> list[str]:
+        """The consumer group ids this broker knows, sorted: every group with members,
+        a generation or committed offsets (like `topics()`; `group(id)` admits any id)."""
+        self._check_open()
+        return list_groups(self.meta)
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic: flag its partitions deleted, rename them to tombstones,

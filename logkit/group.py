@@ -15,8 +15,10 @@ owner left or was evicted is free at once. So a partition has at most one owner 
 time, and members fetch only partitions they own.
 
 Fencing: a commit is accepted only from a live member that owns the partition it
-commits, or — for consumers with manual assignment — while the group has no members.
-Anything else raises `CommitFailedError`.
+commits, or — for consumers with manual assignment and offset resets — while the group
+has no live members (a member past its session timeout or max.poll.interval.ms counts
+as gone even before another member evicts it). Anything else raises
+`CommitFailedError`, naming the members it found.
 
 Limits, checked before LMDB sees a key or value: a group id is 1..`MAX_GROUP_ID_BYTES`
 UTF-8 bytes (so every offset key fits LMDB's 511-byte key limit), a client id (and so a
@@ -48,7 +50,8 @@ if TYPE_CHECKING:
     from .consumer import Consumer
 
 __all__ = ["GroupCoordinator", "ConsumerGroup", "MemberInfo", "OffsetAndMetadata",
-           "OffsetMetadataTooLargeError", "validate_group_id", "MAX_GROUP_ID_BYTES"]
+           "OffsetMetadataTooLargeError", "validate_group_id", "MAX_GROUP_ID_BYTES",
+           "list_groups", "live_members"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,30 @@ class MemberInfo(NamedTuple):
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _expired(info: Mapping[str, Any], now: int) -> bool:
+    """A member past `session.timeout.ms` without a heartbeat or `max.poll.interval.ms`
+    without a poll: gone, whether or not a live member has evicted it yet."""
+    return now - info["heartbeat_ms"] > info["session_timeout_ms"] \
+        or now - info["poll_ms"] > info["max_poll_interval_ms"]
+
+
+def live_members(state: Mapping[str, Any], now: int | None = None) -> dict[str, Any]:
+    """The members of a group state that are not past their timeouts."""
+    now = _now_ms() if now is None else now
+    return {m: info for m, info in state["members"].items() if not _expired(info, now)}
+
+
+def describe_members(members: Mapping[str, Any], now: int | None = None) -> str:
+    """'id (pid 12 on host, last heartbeat 250 ms ago), ...' for error messages."""
+    now = _now_ms() if now is None else now
+    shown = [f"{m} (pid {info['pid']} on {info['host']}, last heartbeat "
+             f"{now - info['heartbeat_ms']} ms ago, session.timeout.ms "
+             f"{info['session_timeout_ms']})" for m, info in sorted(members.items())[:3]]
+    if len(members) > 3:
+        shown.append(f"and {len(members) - 3} more")
+    return ", ".join(shown)
 
 
 def _live_wire(txn: Any, meta: Any, group_id: str) -> dict[str, Any]:
@@ -203,9 +230,7 @@ class GroupCoordinator:
                   state["generation"], len(members), state["protocol"])
 
     def _evict_expired(self, state: dict[str, Any], now: int) -> bool:
-        doomed = [m for m, info in state["members"].items()
-                  if now - info["heartbeat_ms"] > info["session_timeout_ms"]
-                  or now - info["poll_ms"] > info["max_poll_interval_ms"]]
+        doomed = [m for m, info in state["members"].items() if _expired(info, now)]
         for member in doomed:
             info = state["members"][member]
             log.warning("group %s: evicting member %s (last heartbeat %d ms ago, "
@@ -382,10 +407,15 @@ class GroupCoordinator:
                offsets: Mapping[TopicPartition, OffsetAndMetadata],
                member_id: str | None) -> None:
         if member_id is None:
-            if state["members"]:
+            # members past their timeouts (a SIGKILLed process) do not count: they are
+            # gone, even before a live member evicts them
+            live = live_members(state)
+            if live:
                 raise CommitFailedError(
-                    f"group {self.group_id!r} has active members; a consumer with "
-                    "manual assignment may commit only to an empty group")
+                    f"group {self.group_id!r} has active members ({len(live)} live: "
+                    f"{describe_members(live)}); a commit from outside the group (a "
+                    "consumer without a subscription, or an offset reset) needs a group "
+                    "with no live members")
             return
         if member_id not in state["members"]:
             raise CommitFailedError(
@@ -408,6 +438,26 @@ def committed_offsets(meta: Any, group_id: str) -> dict[TopicPartition, OffsetAn
         out[TopicPartition(topic, int(partition))] = OffsetAndMetadata(value["offset"],
                                                                        value["metadata"])
     return out
+
+
+def list_groups(meta: Any) -> list[str]:
+    """Every group id with a group record (members, a generation) or committed offsets,
+    sorted. Keys only: no value is decoded."""
+    def scan(txn: Any) -> set[str]:
+        ids = set()
+        for key in txn.cursor(db=meta.db("groups")).iternext(keys=True, values=False):
+            if b"\0" not in key:                       # b"gen\0<id>" keys hold the generation
+                ids.add(key.decode())
+        cursor = txn.cursor(db=meta.db("offsets"))
+        if cursor.first():                             # one seek per group, not per offset
+            while True:
+                group = cursor.key().split(b"\0", 1)[0]
+                ids.add(group.decode())
+                if not cursor.set_range(group + b"\1"):
+                    break
+        return ids
+
+    return sorted(meta.read(scan, operation="list groups"))
 
 
 def committed_offset(meta: Any, group_id: str, tp: TopicPartition) -> int | None:
@@ -435,31 +485,54 @@ class ConsumerGroup:
     def generation(self) -> int:
         return self._coordinator.generation()
 
+    @property
+    def state(self) -> str:
+        """Kafka's group states, as kafka-consumer-groups shows them: "Stable" (live
+        members), "Empty" (none live, but a generation or committed offsets), "Dead"
+        (the broker knows nothing of this id: never used, deleted, or misspelt)."""
+        if live_members(self._coordinator.state()):
+            return "Stable"
+        return "Empty" if self.group_id in list_groups(self._broker.meta) else "Dead"
+
     def members(self) -> list[MemberInfo]:
         """Embedded members, then those connected through the Kafka listener."""
         return self._embedded_members() + wire_members(self._broker.meta, self.group_id)
 
     def _embedded_members(self) -> list[MemberInfo]:
+        """The live members; one past its session timeout or max.poll.interval.ms (a
+        killed process) is left out even before a live member evicts it."""
         state = self._coordinator.state()
         return [MemberInfo(m, info["client_id"], info["topics"],
                            sorted(TopicPartition(t, p)
                                   for t, p in state["assignment"].get(m, [])),
                            info["heartbeat_ms"], info["pid"], info["host"])
-                for m, info in sorted(state["members"].items())]
+                for m, info in sorted(live_members(state).items())]
 
     def committed(self) -> dict[TopicPartition, int]:
         return {tp: om.offset for tp, om in
                 committed_offsets(self._broker.meta, self.group_id).items()}
 
     def lag(self) -> dict[TopicPartition, int]:
-        """Records between each committed offset and its partition's high watermark."""
+        """Records each partition has beyond the group's committed offset: every
+        partition of the topics the group's live members subscribe to or it has
+        committed on. A partition with no commit counts from its log start offset (a
+        group that never committed is behind by everything still in the log, not
+        caught up); `committed()` leaves such partitions out. Topics deleted since a
+        commit are skipped."""
+        committed = self.committed()
+        subscribed = {t for info in live_members(self._coordinator.state()).values()
+                      for t in info["topics"]}
         out = {}
-        for tp, offset in self.committed().items():
+        for name in sorted(subscribed | {tp.topic for tp in committed}):
             try:
-                hw = self._broker.topic(tp.topic).partition(tp.partition).high_watermark
-            except UnknownTopicError:
+                partitions = self._broker.topic(name).partitions
+            except (UnknownTopicError, InvalidTopicError):
                 continue
-            out[tp] = max(0, hw - offset)
+            for p in partitions:
+                tp = p.topic_partition
+                hw = p.high_watermark
+                offset = committed.get(tp)
+                out[tp] = max(0, hw - (p.log_start_offset if offset is None else offset))
         return out
 
     def _require_empty(self, action: str) -> None:
@@ -472,11 +545,15 @@ class ConsumerGroup:
         self._require_no_embedded_member(action)
 
     def _require_no_embedded_member(self, action: str) -> None:
-        live = [m for m, info in self._coordinator.state()["members"].items()
-                if _now_ms() - info["heartbeat_ms"] <= info["session_timeout_ms"]]
+        state = self._coordinator.state()
+        live = live_members(state)
         if live:
-            raise IllegalStateError(f"cannot {action} group {self.group_id!r} while it has "
-                                    f"{len(live)} active member(s); stop them first")
+            gone = len(state["members"]) - len(live)
+            raise IllegalStateError(
+                f"cannot {action} group {self.group_id!r}: it has {len(live)} live "
+                f"member(s): {describe_members(live)}"
+                + (f" ({gone} more past their session timeout are ignored)" if gone else "")
+                + "; stop them first (Kafka's tools also need an inactive group)")
 
     def reset_offsets(self, to: Any, *, topics: Iterable[str] | None = None) -> dict:
         """Set committed offsets to "earliest", "latest", or {TopicPartition: offset}.

@@ -119,3 +119,46 @@ def test_two_brokers_in_one_process_share_the_directory(tmp_path):
         assert b.topic("t").partition(0).read(0)[0].value == b"from-a"
         b.topic("t").partition(0).append([(None, b"from-b", None, None)])
         assert [r.value for r in a.topic("t").partition(0).read(0)] == [b"from-a", b"from-b"]
+
+
+def test_create_topic_exist_ok_returns_the_same_topic(broker):
+    """exist_ok=True makes a create idempotent (a script run twice); other settings for
+    an existing name still raise TopicExistsError naming the difference."""
+    first = broker.create_topic("orders", 3, config={"retention.ms": 1000})
+    again = broker.create_topic("orders", 3, config={"retention.ms": 1000}, exist_ok=True)
+    assert again.topic_id == first.topic_id
+    assert broker.create_topic("orders", exist_ok=True, config={"retention.ms": 1000}) \
+        .num_partitions == 3
+    with pytest.raises(TopicExistsError, match="exist_ok=True"):
+        broker.create_topic("orders", 3, config={"retention.ms": 1000})
+    with pytest.raises(TopicExistsError, match="3 partition"):
+        broker.create_topic("orders", 2, config={"retention.ms": 1000}, exist_ok=True)
+    with pytest.raises(TopicExistsError, match="config overrides"):
+        broker.create_topic("orders", 3, exist_ok=True)
+    assert broker.create_topic("new", 2, exist_ok=True).num_partitions == 2
+
+
+def test_broker_refuses_a_file_and_a_foreign_directory(tmp_path):
+    """Broker(<a file>) and Broker(<a non-empty folder that is not logkit's>) raise
+    ConfigError naming the path and write nothing; adopt=True takes the folder."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("hello")
+    with pytest.raises(ConfigError, match=f"{a_file} is not a directory"):
+        logkit.Broker(a_file)
+    with pytest.raises(ConfigError, match="is not a directory"):
+        logkit.Broker(a_file, read_only=True)
+    assert a_file.read_text() == "hello"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "setup.py").write_text("")
+    with pytest.raises(ConfigError, match=rf"{project} is not empty .*setup\.py.*adopt=True"):
+        logkit.Broker(project)
+    assert os.listdir(project) == ["setup.py"]
+    with logkit.Broker(project, adopt=True) as broker:
+        broker.create_topic("t", 1)
+    with logkit.Broker(project) as broker:                 # a logkit root from now on
+        assert broker.topics() == ["t"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with logkit.Broker(empty) as broker:
+        assert broker.topics() == []

@@ -278,3 +278,66 @@ def test_a_member_that_stops_polling_is_evicted(tmp_path):
         assert len(broker.group("stall").members()) == 2
         stalled.close()
         live.close()
+
+
+def test_reset_offsets_after_a_member_was_sigkilled(tmp_path):
+    """A SIGKILLed member blocks reset_offsets() only until its session timeout: the
+    refusal names the member it found (pid, last heartbeat), and once the timeout has
+    passed the reset goes through although no live member ever evicted the dead one."""
+    produce(tmp_path, 30, partitions=2)
+    worker = Worker(tmp_path, "crashy", "t", "owned")          # session.timeout.ms=1500
+    try:
+        wait_until(lambda: worker.owned(), 30, "the member to own its partitions")
+        with logkit.Broker(tmp_path) as broker:
+            group = broker.group("crashy")
+            with pytest.raises(logkit.IllegalStateError,
+                               match=rf"1 live member\(s\): .*pid {worker.proc.pid}"):
+                group.reset_offsets("earliest", topics=["t"])
+            assert group.state == "Stable"
+            worker.kill()
+            wait_until(lambda: group.members() == [], 30, "the session timeout to pass")
+            assert group.state == "Empty"
+            assert group.reset_offsets("latest", topics=["t"]) == {
+                TopicPartition("t", 0): broker.topic("t").partition(0).high_watermark,
+                TopicPartition("t", 1): broker.topic("t").partition(1).high_watermark}
+            assert set(group.lag().values()) == {0}
+    finally:
+        worker.stop()
+
+
+def test_lag_covers_partitions_without_a_commit(tmp_path):
+    """lag() counts every partition of a subscribed or committed topic: a partition
+    with no commit is behind by everything from its log start; committed() omits it."""
+    produce(tmp_path, 40, partitions=2)
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("other", 1).partition(0).append([(None, b"x", None, None)] * 3)
+        consumer = broker.consumer("t", group_id="late", enable_auto_commit=False)
+        consumer.poll(timeout_ms=50)
+        group = broker.group("late")
+        ends = {p.topic_partition: p.high_watermark for p in broker.topic("t").partitions}
+        assert group.committed() == {} and group.lag() == ends       # subscribed only
+        consumer.close()
+        assert group.lag() == {}                     # no live member, nothing committed
+        group.reset_offsets({TopicPartition("other", 0): 1})
+        assert group.lag() == {TopicPartition("other", 0): 2}
+        assert group.committed() == {TopicPartition("other", 0): 1}
+
+
+def test_groups_are_listed_and_an_unknown_id_is_dead(tmp_path):
+    """broker.groups() lists every group with members or commits, sorted; a misspelt
+    id is "Dead", a group whose members left is "Empty"."""
+    produce(tmp_path, 10, partitions=1)
+    with logkit.Broker(tmp_path) as broker:
+        assert broker.groups() == []
+        member = broker.consumer("t", group_id="b-members", enable_auto_commit=False)
+        member.poll(timeout_ms=50)
+        broker.group("a-commits").reset_offsets({TopicPartition("t", 0): 4})
+        broker.group("a-commits\x01x").reset_offsets({TopicPartition("t", 0): 1})
+        assert broker.groups() == ["a-commits", "a-commits\x01x", "b-members"]
+        assert broker.group("b-members").state == "Stable"
+        assert broker.group("a-commits").state == "Empty"
+        assert broker.group("a-comits").state == "Dead"
+        member.close()
+        assert broker.group("b-members").state == "Empty"
+        broker.group("a-commits").delete()
+        assert broker.groups() == ["a-commits\x01x", "b-members"]

@@ -259,7 +259,10 @@ def stage(path: str, writer_id: str, default_topic: str | None,
                     if not 0 <= number < num_partitions:
                         raise LogkitSparkError(f"logkit: partition {number} does not exist "
                                                f"in topic {name!r} ({num_partitions} "
-                                               "partitions)")
+                                               "partitions); as with Spark's Kafka sink, "
+                                               "a 'partition' column picks the partition: "
+                                               "to let keys choose, select the columns to "
+                                               "write, e.g. df.select('key', 'value')")
                 elif key is not None:
                     number = topic.partition_for(key)
                 else:
