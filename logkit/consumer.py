@@ -10,9 +10,11 @@ manual assignment, owned partitions, positions, paused partitions — is its
 `on_revoke` / `on_assign`, commits and auto-commit — is its `ConsumerCoordinator`
 (logkit/coordinator.py, Kafka's `ConsumerCoordinator`) over group.py's group record.
 
-Invariant: `position(tp)` is the offset of the next record `poll()` returns for `tp`;
-records come back in offset order per partition; a group member fetches only partitions
-it owns in the group record, so no two members of a group read one partition at once.
+Invariant: `position(tp)` is the offset of the next record `poll()` returns for `tp`
+— a record the deserializers cannot decode included: poll() raises `SerializationError`
+for it, the position staying on it until `seek()` (DESIGN §12); records come back in
+offset order per partition; a group member fetches only partitions it owns in the group
+record, so no two members of a group read one partition at once.
 
 Thread-safety: like Kafka's consumer, one thread uses a consumer (the heartbeat thread
 is internal). Use one consumer per thread. The one exception is `close()`, which any
@@ -50,7 +52,7 @@ from .config import CONSUMER, resolve
 from .coordinator import ConsumerCoordinator
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
                      LogkitError, NoOffsetForPartitionError, OffsetOutOfRangeError,
-                     storage_error)
+                     SerializationError, storage_error)
 from .group import OffsetAndMetadata
 from .records import Record
 from .subscription import SubscriptionState, as_topic_partition, check_offset
@@ -82,6 +84,23 @@ def _check_poll_arguments(timeout_ms: Any, max_records: Any) -> float:
     return max(timeout_ms, 0)
 
 
+def _undecodable(exc: Exception, which: str, tp: TopicPartition, offset: int
+                 ) -> LogkitError:
+    """The error poll() raises for the record at `offset` whose key or value (`which`)
+    the deserializer could not decode."""
+    if isinstance(exc, SerializationError):
+        error = exc.at(tp.topic, tp.partition, offset)
+    elif isinstance(exc, LogkitError):
+        return exc                    # not about the bytes: the store, a closed broker...
+    else:
+        error = SerializationError(
+            f"the {which} deserializer raised {type(exc).__name__}: {exc}; the position "
+            f"stays on this record until seek() moves past it",
+            topic=tp.topic, partition=tp.partition, offset=offset)
+    error.__cause__ = exc
+    return error
+
+
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
@@ -102,6 +121,9 @@ class Consumer:
         self._subscriptions = SubscriptionState(settings["auto_offset_reset"])
         self._rotation = 0
         self._buffer: list[Record] = []       # fetched, not yet handed out by __next__
+        # A partition whose position is a record that did not deserialize: fetched
+        # first until it decodes or is seeked past (see _fetch).
+        self._stuck: TopicPartition | None = None
         self._closed = False
         # Held by poll() for each step (sync, fetch) but not while it waits, and by
         # close(): a close from another thread never interleaves with a step.
@@ -380,6 +402,12 @@ class Consumer:
                 doorbell.wait(seen, remaining)
 
     def _fetch(self, max_records: int) -> list[Record]:
+        """Up to max_records from the fetchable partitions, each in turn from its
+        position, which moves past what is returned. A record a deserializer cannot
+        decode stops the fetch there (DESIGN §12): the records before it are returned
+        and the position stays on it; a fetch that would start with it raises (see
+        `_decoded`), and that partition is read first until it decodes or is seeked
+        past, so every poll raises until then."""
         if self._buffer:
             out, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
             return out
@@ -388,6 +416,15 @@ class Consumer:
             return []
         self._rotation = (self._rotation + 1) % len(fetchable)
         order = fetchable[self._rotation:] + fetchable[:self._rotation]
+        stuck = self._stuck
+        if stuck is not None:
+            if stuck in order:                       # its error comes before anything
+                order.remove(stuck)
+                order.insert(0, stuck)
+            else:                                    # paused, revoked, unassigned
+                self._stuck = None
+        decoding = self._key_deserializer is not None or \
+            self._value_deserializer is not None
         out: list[Record] = []
         budget = self.config["fetch_max_bytes"]
         per_partition = self.config["max_partition_fetch_bytes"]
@@ -406,22 +443,48 @@ class Consumer:
                     raise
                 raise storage_error(exc, "fetch", partition.directory) from exc
             if records:
+                budget -= sum(len(r.value or b"") for r in records)   # the stored bytes
+                if decoding:
+                    records, error = self._decoded(tp, records)
+                    if error is not None:
+                        if records:
+                            positions[tp] = records[-1].offset + 1
+                            out.extend(records)
+                        self._stuck = tp                  # position: the bad record
+                        if not out:
+                            raise error
+                        return out
+                    if tp == stuck:
+                        self._stuck = None
                 positions[tp] = records[-1].offset + 1
                 out.extend(records)
-                budget -= sum(len(r.value or b"") for r in records)
                 if len(out) >= max_records or budget <= 0:
                     break
-        if self._key_deserializer is not None or self._value_deserializer is not None:
-            out = [self._deserialize(r) for r in out]
         return out
 
-    def _deserialize(self, record: Record) -> Record:
-        key, value = record.key, record.value
-        if self._key_deserializer is not None and key is not None:
-            key = self._key_deserializer(key)
-        if self._value_deserializer is not None and value is not None:
-            value = self._value_deserializer(value)
-        return record._replace(key=key, value=value)
+    def _decoded(self, tp: TopicPartition, records: list[Record]
+                 ) -> tuple[list[Record], LogkitError | None]:
+        """`records` through the deserializers, up to the first that does not decode,
+        and the error for that one: a `SerializationError` naming topic, partition and
+        offset (the deserializer's own error as its cause), or the `LogkitError` a
+        deserializer raised about something else (its registry's store, a closed
+        broker), as it is. None when every record decodes."""
+        key_deserializer = self._key_deserializer
+        value_deserializer = self._value_deserializer
+        out = []
+        for record in records:
+            key, value = record.key, record.value
+            which = "key"
+            try:
+                if key_deserializer is not None and key is not None:
+                    key = key_deserializer(key)
+                which = "value"
+                if value_deserializer is not None and value is not None:
+                    value = value_deserializer(value)
+            except Exception as exc:       # a user's deserializer: any failure is this
+                return out, _undecodable(exc, which, tp, record.offset)
+            out.append(record._replace(key=key, value=value))
+        return out, None
 
     def __iter__(self) -> Iterator[Record]:
         return self

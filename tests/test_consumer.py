@@ -13,7 +13,8 @@ import pytest
 
 import logkit
 from logkit import (ClosedError, ConfigError, NoOffsetForPartitionError,
-                    OffsetOutOfRangeError, TopicPartition, UnknownTopicError)
+                    OffsetOutOfRangeError, SerializationError, TopicPartition,
+                    UnknownTopicError)
 from tests.helpers.clients import drain
 from tests.helpers.procs import ROOT_DIR
 
@@ -216,3 +217,74 @@ def test_consumer_options_come_from_the_settings_table(broker):
         broker.consumer("t", **{"group.id": "g"})
     with pytest.raises(ConfigError, match="partition_assignment_strategy"):
         broker.consumer("t", partition_assignment_strategy=["range", "fastest"])
+
+
+def _strict_decode(data: bytes) -> str:
+    """A deserializer that refuses b"bad" (as a schema'd one refuses foreign bytes)."""
+    if data == b"bad":
+        raise ValueError("not a record of ours")
+    return data.decode()
+
+
+def test_an_undecodable_record_stops_poll_there_until_seek_moves_past_it(broker):
+    """DESIGN §12 across partitions: poll() returns the records before an undecodable
+    one, then every poll raises SerializationError (topic, partition, offset, the
+    deserializer's error as its cause) with the position left on it — commit() stores
+    that position, pausing the partition lets the others flow — until seek() moves past;
+    then every other record arrives exactly once."""
+    broker.create_topic("t", 2)
+    producer = broker.producer()
+    for partition, values in ((0, [b"a0", b"a1", b"bad", b"a3"]), (1, [b"b0", b"b1"])):
+        for value in values:
+            producer.send("t", value, partition=partition)
+    producer.flush()
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    consumer = broker.consumer("t", group_id="g", auto_offset_reset="earliest",
+                               enable_auto_commit=False, value_deserializer=_strict_decode)
+    seen = consumer.poll(timeout_ms=1000)
+    assert [r.value for r in seen if r.partition == 0] == ["a0", "a1"]
+    for _ in range(2):                                  # raised again, not once
+        with pytest.raises(SerializationError, match="value deserializer") as raised:
+            consumer.poll(timeout_ms=100)
+        error = raised.value
+        assert (error.topic, error.partition, error.offset) == ("t", 0, 2)
+        assert isinstance(error.__cause__, ValueError)
+        assert consumer.position(tp0) == 2
+    consumer.commit()
+    assert consumer.committed(tp0) == 2                 # at-least-once: not past it
+    producer.send("t", b"b2", partition=1).result(timeout=10)
+    with pytest.raises(SerializationError):             # partition 0 first, always
+        consumer.poll(timeout_ms=100)
+    consumer.pause(tp0)
+    flowed = drain(consumer, idle_ms=100)
+    assert (1, 2, "b2") in [(r.partition, r.offset, r.value) for r in flowed]
+    seen += flowed
+    consumer.resume(tp0)
+    with pytest.raises(SerializationError):
+        consumer.poll(timeout_ms=100)
+    consumer.seek(tp0, 3)
+    seen += drain(consumer, idle_ms=100)
+    assert sorted((r.partition, r.offset, r.value) for r in seen) == [
+        (0, 0, "a0"), (0, 1, "a1"), (0, 3, "a3"), (1, 0, "b0"), (1, 1, "b1"),
+        (1, 2, "b2")]
+    assert consumer.position(tp0) == 4 and consumer.position(tp1) == 3
+    consumer.close()
+
+
+def test_an_undecodable_key_raises_while_iterating_after_the_records_before_it(broker):
+    """The key deserializer's failure takes the same path, and iteration yields the
+    records before the undecodable one, then raises."""
+    broker.create_topic("t", 1)
+    producer = broker.producer()
+    for key in (b"k0", b"k1", b"bad"):
+        producer.send("t", b"v", key=key)
+    producer.flush()
+    consumer = broker.consumer("t", auto_offset_reset="earliest", consumer_timeout_ms=2000,
+                               key_deserializer=_strict_decode)
+    keys = []
+    with pytest.raises(SerializationError, match="key deserializer") as raised:
+        for record in consumer:
+            keys.append(record.key)
+    assert keys == ["k0", "k1"] and raised.value.offset == 2
+    assert consumer.position(TopicPartition("t", 0)) == 2
+    consumer.close()

@@ -298,8 +298,6 @@ def test_schema_evolution_old_and_new_consumers_read_every_record(broker):
     assert broker.topic("orders").partition(0).log_end_offset == 3
 
 
-@pytest.mark.xfail(strict=True, reason="DESIGN §12 deserializer error path: needs the "
-                   "consumer.py change in engineer H5's report (consumer owned by H3)")
 def test_poll_returns_records_before_an_undecodable_one_then_raises(broker):
     serde = AvroSerde(broker, "orders", ORDER_V1)
     producer = broker.producer()
