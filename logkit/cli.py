@@ -1,74 +1,648 @@
-"""The `logkit` command: a thin layer over the library.
+"""The `logkit` command: Kafka's command-line tools over a broker directory.
 
-Owns: argument parsing and turning library errors into a message and an exit code. Each
-command opens one library object and makes one or two calls on it; it uses only the
-public names of `logkit` (tests/test_seams.py holds it to that), so it knows nothing of
-the file formats beyond what they expose. Every command's help carries an
-example (tests/test_cli.py checks that).
+Owns: argument parsing, the output formats (tables, JSON, record formats) and turning
+library errors into a message and an exit code. Each command opens one Broker, makes a
+few public library calls and prints what they return; it uses only the public names of
+`logkit` (tests/test_seams.py holds it to that), so it knows nothing of the file formats
+beyond what they expose. Every command's help carries an example (tests/test_cli.py
+checks that); docs/cli.md is generated from the same help (tools/cli_docs.py).
 
-    logkit topics DIR                    list topics and their partition counts
-    logkit describe DIR TOPIC            offsets and sizes of each partition
-    logkit dump SEGMENT.log              the batches (and records) of one segment file
-    logkit bench [BENCHMARK ...]         the benchmark suite (benchmarks/ of a checkout)
+    logkit topics list|create|delete|describe|alter-config DIR ...   kafka-topics, kafka-configs
+    logkit produce DIR TOPIC                       kafka-console-producer: lines from stdin
+    logkit consume DIR TOPIC                       kafka-console-consumer (--follow: tail -f)
+    logkit groups list|describe|reset-offsets|delete DIR ...         kafka-consumer-groups
+    logkit describe DIR TOPIC                      the partitions of one topic
+    logkit dump SEGMENT.log                        the batches (and records) of a segment file
+    logkit bench [BENCHMARK ...]                   the benchmark suite (benchmarks/ of a checkout)
+    logkit completion bash                         a bash completion script
 
-Exit codes: 0 success, 1 a logkit or OS error (message on stderr), 2 bad usage.
+Output: tables are whitespace-aligned columns when stdout is not a terminal (for `awk`,
+`cut`, `sort`), drawn with rich when it is and rich is installed (the `cli` extra); `-`
+stands for "none". `--json` gives JSON instead.
+
+Exit codes: 0 success; 1 an operating error (a logkit or OS error), one line on stderr;
+2 bad usage (argparse's message). `consume --follow` exits 0 on SIGINT/SIGTERM after
+closing the broker.
+
+Adding a command: write `cmd_x(args) -> int` and `add_x(parser)`, then add a `Command`
+row to COMMANDS (or to a group's table, like TOPICS and GROUPS).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import difflib
 import json
 import logging
 import os
+import re
+import signal
 import sys
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Callable, Iterator, NamedTuple, Sequence, TextIO
 
-from . import Broker, LogkitError, iter_segment_batches
+from . import (Broker, ConfigError, LogkitError, Record, TopicPartition,
+               iter_segment_batches, mirror)
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "COMMANDS", "FORMATS", "format_record"]
 
 log = logging.getLogger(__name__)
 
+FORMAT_FILE = "logkit.json"
+POLL_MS = 100                     # one consume step; also the bound on reacting to SIGTERM
+DEFAULT_IDLE_MS = 2000            # consume without --follow stops after this long idle
 
-def _broker(directory: str) -> Broker:
-    if not os.path.isfile(os.path.join(directory, "logkit.json")):
+
+class UsageError(Exception):
+    """A combination of arguments argparse cannot check by itself: exit status 2."""
+
+
+class Command(NamedTuple):
+    name: str
+    help: str
+    example: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int] | None   # None: has subcommands
+    subcommands: Sequence["Command"] = ()
+
+
+# ---- opening a directory -----------------------------------------------------------------
+
+def _broker(directory: str, *, write: bool = False, create: bool = False) -> Broker:
+    """Open `directory`: read-only unless `write`; it must already be a logkit root
+    unless `create` (commands that make topics may start a new one)."""
+    if not create and not os.path.isfile(os.path.join(directory, FORMAT_FILE)):
         # inspection must never turn an arbitrary directory into a broker root
-        raise LogkitError(f"{directory} is not a logkit directory (no logkit.json)")
+        if not os.path.isdir(directory):
+            raise LogkitError(f"{directory} does not exist (no logkit directory there)")
+        raise LogkitError(f"{directory} is not a logkit directory (no {FORMAT_FILE})")
+    if write or create:
+        return Broker(directory, background=False)
     # Inspection writes nothing: no recovery, no format file, no clean marks.
     return Broker(directory, background=False, read_only=True)
 
 
-def cmd_topics(args: argparse.Namespace) -> int:
+# ---- output ------------------------------------------------------------------------------
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _rich_console(stream: TextIO) -> Any:
+    """A rich Console on `stream` when it is a terminal and rich is installed."""
+    if not stream.isatty() or os.environ.get("TERM") == "dumb":
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console(file=stream)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
+                title: str | None = None) -> None:
+    """A table on stdout: rich on a terminal, else columns separated by two or more
+    spaces (none of our cells holds a space), `-` for none."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    console = _rich_console(sys.stdout)
+    if console is not None:
+        from rich.table import Table
+        table = Table(*headers, title=title, box=None, header_style="bold")
+        for row in cells:
+            table.add_row(*row)
+        console.print(table)
+        return
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    for row in [list(headers)] + cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2))
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int | None = None, *, shown: bool = True
+             ) -> Iterator[Callable[[int], None]]:
+    """A progress counter on stderr when `shown` and stderr is a terminal (rich), else
+    nothing; yields `advance(n)`."""
+    console = _rich_console(sys.stderr) if shown else None
+    if console is None:
+        yield lambda n: None
+        return
+    from rich.progress import Progress
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def note(command: str, message: str) -> None:
+    """A line for the person at the terminal, on stderr (stdout stays data)."""
+    print(f"logkit {command}: {message}", file=sys.stderr)
+
+
+# ---- record formats (consume) ------------------------------------------------------------
+
+def _text(data: bytes | None) -> str:
+    return "null" if data is None else data.decode("utf-8", "backslashreplace")
+
+
+def _json_bytes(data: bytes | None) -> Any:
+    """bytes as JSON: text when they are UTF-8, else {"base64": ...}; None as null.
+    `produce --json` reads the same shapes."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def _format_value(record: Record, args: argparse.Namespace) -> str:
+    return _text(record.value)
+
+
+def _format_kv(record: Record, args: argparse.Namespace) -> str:
+    return f"{_text(record.key)}{args.key_separator}{_text(record.value)}"
+
+
+def _format_json(record: Record, args: argparse.Namespace) -> str:
+    return json.dumps({"topic": record.topic, "partition": record.partition,
+                       "offset": record.offset, "timestamp": record.timestamp,
+                       "key": _json_bytes(record.key), "value": _json_bytes(record.value),
+                       "headers": [[k, _json_bytes(v)] for k, v in record.headers or ()]},
+                      separators=(",", ":"))
+
+
+# The --format choices of `consume`: name -> (record, args) -> one output line. Other
+# formats (a schema'd one) register here.
+FORMATS: dict[str, Callable[[Record, argparse.Namespace], str]] = {
+    "value": _format_value, "kv": _format_kv, "json": _format_json}
+
+
+def format_record(record: Record, args: argparse.Namespace) -> str:
+    """One consumed record as one line of output, in `args.format`."""
+    return FORMATS[args.format](record, args)
+
+
+# ---- topics ------------------------------------------------------------------------------
+
+def cmd_topics_list(args: argparse.Namespace) -> int:
     with _broker(args.directory) as broker:
         rows = [{"topic": name, "partitions": broker.topic(name).num_partitions}
                 for name in broker.topics()]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
     else:
         for row in rows:
-            print(f"{row['topic']}\t{row['partitions']}")
+            print(row["topic"])
     return 0
 
+
+def _config_pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items or ():
+        for part in item.split(","):
+            key, sep, value = part.partition("=")
+            if not sep or not key:
+                raise UsageError(f"{flag} takes KEY=VALUE[,KEY=VALUE...], got {part!r}")
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    config = _config_pairs(args.config, "--config")
+    with _broker(args.directory, create=True) as broker:
+        existed = args.topic in broker.topics()
+        if existed and args.if_not_exists:
+            note("topics create", f"topic {args.topic!r} already exists; left as it is")
+            return 0
+        topic = broker.create_topic(args.topic, args.partitions, config=config or None)
+        print(f"Created topic {topic.name} ({topic.num_partitions} partition(s)).")
+    return 0
+
+
+def cmd_topics_delete(args: argparse.Namespace) -> int:
+    with _broker(args.directory, write=True) as broker:
+        if args.if_exists and args.topic not in broker.topics():
+            return 0
+        broker.delete_topic(args.topic)
+    print(f"Deleted topic {args.topic}.")
+    return 0
+
+
+def _partition_rows(broker: Broker, name: str) -> list[dict[str, Any]]:
+    return [{"topic": name, "partition": p.topic_partition.partition,
+             "log_start_offset": p.log_start_offset, "log_end_offset": p.log_end_offset,
+             "high_watermark": p.high_watermark, "size_bytes": p.size_bytes()}
+            for p in broker.topic(name).partitions]
+
+
+def cmd_topics_describe(args: argparse.Namespace) -> int:
+    with _broker(args.directory) as broker:
+        names = [args.topic] if args.topic else broker.topics()
+        described = [{"topic": name, "partitions": _partition_rows(broker, name),
+                      "config": broker.topic(name).config} for name in names]
+    if args.json:
+        print_json(described if args.topic is None else described[0])
+        return 0
+    if args.configs:
+        rows = [(t["topic"], key, value) for t in described
+                for key, value in sorted(t["config"].items())]
+        print_table(["TOPIC", "CONFIG", "VALUE"], rows)
+        return 0
+    rows = [(r["topic"], r["partition"], r["log_start_offset"], r["log_end_offset"],
+             r["high_watermark"], r["size_bytes"])
+            for t in described for r in t["partitions"]]
+    print_table(["TOPIC", "PARTITION", "LOG-START-OFFSET", "LOG-END-OFFSET",
+                 "HIGH-WATERMARK", "SIZE-BYTES"], rows)
+    return 0
+
+
+def cmd_topics_alter_config(args: argparse.Namespace) -> int:
+    changes: dict[str, Any] = dict(_config_pairs(args.add_config, "--add-config"))
+    for item in args.delete_config or ():
+        for key in item.split(","):
+            changes[key.strip()] = None
+    if not changes:
+        raise UsageError("give --add-config KEY=VALUE and/or --delete-config KEY")
+    with _broker(args.directory, write=True) as broker:
+        overrides = broker.alter_topic_config(args.topic, changes)
+    print(f"Completed updating config for topic {args.topic}; overrides now: "
+          + (", ".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "none"))
+    return 0
+
+
+# ---- produce -----------------------------------------------------------------------------
+
+def _json_field(value: Any, field: str, number: int) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, dict) and set(value) == {"base64"}:
+        return base64.b64decode(value["base64"], validate=True)
+    if isinstance(value, (dict, list, int, float, bool)):
+        return json.dumps(value, separators=(",", ":")).encode()   # JSON as JSON text
+    raise ConfigError(f"line {number}: {field} must be text, JSON or {{\"base64\": ...}}")
+
+
+def _parse_json_line(line: str, number: int) -> dict[str, Any]:
+    try:
+        item = json.loads(line)
+    except ValueError as exc:
+        raise ConfigError(f"line {number} is not JSON: {exc}") from None
+    if not isinstance(item, dict):
+        raise ConfigError(f"line {number}: a JSON line is an object such as "
+                          '{"key": "k", "value": "v"}, got ' + type(item).__name__)
+    sent: dict[str, Any] = {"key": _json_field(item.get("key"), "key", number),
+                            "value": _json_field(item.get("value"), "value", number)}
+    headers = item.get("headers") or []
+    if isinstance(headers, dict):
+        headers = list(headers.items())
+    sent["headers"] = [(str(k), _json_field(v, "a header value", number))
+                       for k, v in headers] or None
+    for field, keyword in (("partition", "partition"), ("timestamp", "timestamp_ms")):
+        if item.get(field) is not None:
+            sent[keyword] = item[field]
+    return sent
+
+
+def _parse_text_line(line: str, number: int, args: argparse.Namespace) -> dict[str, Any]:
+    headers = None
+    if args.headers:
+        head, sep, line = line.partition("\t")
+        if not sep:
+            raise ConfigError(f"line {number}: --headers wants the headers, then a tab, "
+                              "then the record (h1:v1,h2:v2<TAB>value)")
+        headers = []
+        for pair in filter(None, head.split(",")):
+            key, _, value = pair.partition(":")
+            headers.append((key, value.encode()))
+    key = None
+    if args.key_separator is not None:
+        key_text, sep, line = line.partition(args.key_separator)
+        if not sep:
+            raise ConfigError(f"line {number} has no key separator "
+                              f"{args.key_separator!r} (KEY{args.key_separator}VALUE)")
+        key = key_text.encode()
+    return {"key": key, "value": line.encode(), "headers": headers or None}
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    if args.json and (args.key_separator is not None or args.headers):
+        raise UsageError("--json lines carry their own key and headers; drop "
+                         "--key-separator / --headers")
+    count = 0
+    with _broker(args.directory, create=True) as broker:
+        producer = broker.producer(acks=args.acks, linger_ms=5)
+        with progress(f"producing to {args.topic}", shown=not sys.stdin.isatty()) as advance:
+            for number, raw in enumerate(sys.stdin, 1):
+                line = raw[:-1] if raw.endswith("\n") else raw
+                if args.json:
+                    if not line.strip():
+                        continue
+                    fields = _parse_json_line(line, number)
+                else:
+                    fields = _parse_text_line(line, number, args)
+                producer.send(args.topic, **fields)
+                count += 1
+                advance(1)
+        producer.flush()
+        producer.close()
+    note("produce", f"{count} record(s) to {args.topic}")
+    return 0
+
+
+# ---- serve (the Kafka protocol listener: Broker.serve) ------------------------------------
+
+def add_serve(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("directory", help="the broker directory (created when missing)")
+    cmd.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default 127.0.0.1: this machine only)")
+    cmd.add_argument("--port", type=int, default=9092, help="TCP port (default 9092; 0: "
+                     "any free port, printed)")
+    cmd.add_argument("--advertised-host", default=None,
+                     help="host name clients are told to connect to (default: --host)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    with Broker(args.directory) as broker, _stop_on_signals() as stop:
+        server = broker.serve(host=args.host, port=args.port,
+                              advertised_host=args.advertised_host)
+        print(f"serving {args.directory} to Kafka clients at {server.bootstrap_servers}",
+              flush=True)
+        while not stop.requested:
+            time.sleep(POLL_MS / 1000)
+        server.close()
+    note("serve", "stopped by a signal; the broker is closed")
+    return 0
+
+
+# ---- mirror (logkit.mirror: the way out to a Kafka cluster) -------------------------------
+
+def add_mirror(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("directory", help="the broker directory to copy from")
+    cmd.add_argument("--to", required=True, metavar="BOOTSTRAP",
+                     help="bootstrap servers of the target Kafka cluster (host:port,...)")
+    cmd.add_argument("--topics", default=None,
+                     help="comma-separated topics to copy (default: every topic)")
+    cmd.add_argument("--groups", action="store_true",
+                     help="also copy every consumer group's committed offsets, translated "
+                     "to the target's offsets")
+    cmd.add_argument("--client-config", action="append", default=[], metavar="KEY=VALUE",
+                     help="a confluent-kafka setting for the target (security.protocol, "
+                     "sasl.username, ...); repeatable")
+
+
+def cmd_mirror(args: argparse.Namespace) -> int:
+    settings = {}
+    for item in args.client_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--client-config takes KEY=VALUE, got {item!r}")
+        settings[key] = value
+    topics = [t for t in args.topics.split(",") if t] if args.topics else None
+    with Broker(args.directory) as broker:
+        report = mirror(broker, args.to, topics=topics, groups=args.groups,
+                        client_config=settings)
+    for topic, partitions in sorted(report["records"].items()):
+        print(f"{topic}: {sum(partitions.values())} record(s) copied")
+    for group, count in sorted(report["offsets"].items()):
+        print(f"group {group}: {count} committed offset(s) copied")
+    return 0
+
+
+# ---- consume -----------------------------------------------------------------------------
+
+class _Stop:
+    """Set by SIGINT/SIGTERM while consuming: the loop ends at its next step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[_Stop]:
+    stop = _Stop()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start_offset(text: str | None) -> str | int | None:
+    if text is None or text in ("earliest", "latest"):
+        return text
+    try:
+        offset = int(text)
+    except ValueError:
+        offset = -1
+    if offset < 0:
+        raise UsageError(f"--offset takes an offset >= 0, 'earliest' or 'latest', "
+                         f"got {text!r}")
+    return offset
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    offset = _start_offset(args.offset)
+    if offset is not None and args.partition is None:
+        raise UsageError("--offset needs --partition (an offset belongs to one partition)")
+    if args.max_messages is not None and args.max_messages < 1:
+        raise UsageError("--max-messages must be >= 1")
+    reset = "earliest" if args.from_beginning else "latest"
+    printed = 0
+    with _broker(args.directory, write=args.group is not None) as broker, \
+            _stop_on_signals() as stop:
+        topic = broker.topic(args.topic)              # UnknownTopicError: exit 1
+        manual = args.group is None or args.partition is not None
+        consumer = broker.consumer(group_id=args.group, auto_offset_reset=reset,
+                                   enable_auto_commit=False)
+        if manual:
+            numbers = [args.partition] if args.partition is not None \
+                else range(topic.num_partitions)
+            tps = [topic.partition(n).topic_partition for n in numbers]
+            consumer.assign(tps)
+            if offset == "earliest" or (offset is None and args.from_beginning
+                                        and args.group is None):
+                consumer.seek_to_beginning(*tps)
+            elif offset == "latest" or (offset is None and args.group is None):
+                consumer.seek_to_end(*tps)
+            elif isinstance(offset, int):
+                consumer.seek(tps[0], offset)
+        else:
+            consumer.subscribe([args.topic])
+        ends: dict[TopicPartition, int] = {}
+        idle_since = time.monotonic()
+        out = sys.stdout
+        while not stop.requested:
+            records = consumer.poll(timeout_ms=POLL_MS)
+            if args.max_messages is not None:
+                records = records[:args.max_messages - printed]
+            for record in records:
+                out.write(format_record(record, args) + "\n")
+            if records:
+                out.flush()
+                printed += len(records)
+                idle_since = time.monotonic()
+                if args.group is not None:
+                    consumer.commit(_next_offsets(records))
+            if args.max_messages is not None and printed >= args.max_messages:
+                break
+            if args.follow:
+                continue
+            for tp in consumer.assignment():
+                ends.setdefault(tp, topic.partition(tp.partition).high_watermark)
+            if ends and all(consumer.position(tp) >= end for tp, end in ends.items()
+                            if tp in consumer.assignment()):
+                break
+            if (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+                break
+        consumer.close(autocommit=False)
+    if stop.requested:
+        note("consume", f"stopped by a signal after {printed} record(s)")
+    return 0
+
+
+def _next_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
+    out: dict[TopicPartition, int] = {}
+    for record in records:
+        out[TopicPartition(record.topic, record.partition)] = record.offset + 1
+    return out
+
+
+# ---- groups ------------------------------------------------------------------------------
+
+def _require_group(broker: Broker, group_id: str) -> Any:
+    """The group, or LogkitError when the broker knows nothing of it (Kafka's "Dead"
+    state: never used, deleted or misspelt), with the closest known ids."""
+    group = broker.group(group_id)
+    if group.state != "Dead":
+        return group
+    known = broker.groups()
+    close = difflib.get_close_matches(group_id, known, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else \
+        f"; known groups: {', '.join(known) if known else 'none'}"
+    raise LogkitError(f"consumer group {group_id!r} does not exist (state Dead: no "
+                      f"members, no committed offsets){hint}")
+
+
+def cmd_groups_list(args: argparse.Namespace) -> int:
+    with _broker(args.directory) as broker:
+        rows = []
+        for group_id in broker.groups():
+            group = broker.group(group_id)
+            rows.append({"group": group_id, "state": group.state,
+                         "members": len(group.members())})
+    if args.json:
+        print_json(rows)
+    elif args.state:
+        print_table(["GROUP", "STATE", "MEMBERS"],
+                    [(r["group"], r["state"], r["members"]) for r in rows])
+    else:
+        for row in rows:
+            print(row["group"])
+    return 0
+
+
+def cmd_groups_describe(args: argparse.Namespace) -> int:
+    with _broker(args.directory) as broker:
+        group = _require_group(broker, args.group)
+        state, generation = group.state, group.generation
+        members = group.members()
+        owner = {tp: m for m in members for tp in m.assignment}
+        committed = group.committed()
+        rows = []
+        for tp, lag in sorted(group.lag().items()):
+            end = broker.topic(tp.topic).partition(tp.partition).high_watermark
+            member = owner.get(tp)
+            rows.append({"group": args.group, "topic": tp.topic, "partition": tp.partition,
+                         "current_offset": committed.get(tp), "log_end_offset": end,
+                         "lag": lag, "consumer_id": member and member.member_id,
+                         "host": member and member.host,
+                         "client_id": member and member.client_id})
+    if args.json:
+        print_json({"group": args.group, "state": state, "generation": generation,
+                    "members": [m.member_id for m in members], "partitions": rows})
+        return 0
+    if not members:
+        note("groups describe", f"consumer group {args.group!r} has no active members "
+             f"(state {state})")
+    print_table(["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG",
+                 "CONSUMER-ID", "HOST", "CLIENT-ID"],
+                [tuple(r.values()) for r in rows])
+    return 0
+
+
+def _reset_targets(broker: Broker, group: Any, args: argparse.Namespace
+                   ) -> dict[TopicPartition, int]:
+    if args.all_topics:
+        names = sorted({tp.topic for tp in group.lag()})
+        if not names:
+            raise LogkitError(f"consumer group {args.group!r} has no committed offsets "
+                              "and no subscriptions; name topics with --topic")
+    else:
+        names = list(dict.fromkeys(args.topic))
+    targets = {}
+    for name in names:
+        for p in broker.topic(name).partitions:
+            start, end = p.log_start_offset, p.high_watermark
+            if args.to_earliest:
+                target = start
+            elif args.to_latest:
+                target = end
+            else:
+                target = min(max(args.to_offset, start), end)
+                if target != args.to_offset:
+                    note("groups reset-offsets", f"{name}-{p.topic_partition.partition}: "
+                         f"offset {args.to_offset} is outside [{start}, {end}]; using "
+                         f"{target}")
+            targets[p.topic_partition] = target
+    return targets
+
+
+def cmd_groups_reset_offsets(args: argparse.Namespace) -> int:
+    if args.to_offset is not None and args.to_offset < 0:
+        raise UsageError("--to-offset takes an offset >= 0")
+    with _broker(args.directory, write=args.execute) as broker:
+        group = broker.group(args.group)
+        if group.state == "Stable":
+            # Kafka's rule, and logkit's: offsets move only while nobody consumes
+            members = ", ".join(m.member_id for m in group.members())
+            raise LogkitError(f"consumer group {args.group!r} has active members "
+                              f"({members}); offsets can be reset only when it is inactive "
+                              "(stop its consumers, or wait for their session timeout)")
+        targets = _reset_targets(broker, group, args)
+        if args.execute:
+            group.reset_offsets(targets)
+    print_table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
+                [(args.group, tp.topic, tp.partition, offset)
+                 for tp, offset in sorted(targets.items())])
+    if not args.execute:
+        note("groups reset-offsets", "dry run: nothing committed; add --execute to commit "
+             "these offsets")
+    return 0
+
+
+def cmd_groups_delete(args: argparse.Namespace) -> int:
+    with _broker(args.directory, write=True) as broker:
+        _require_group(broker, args.group).delete()
+    print(f"Deleted consumer group {args.group}.")
+    return 0
+
+
+# ---- describe, dump, bench, completion ---------------------------------------------------
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    with _broker(args.directory) as broker:
-        topic = broker.topic(args.topic)
-        rows = [{"partition": p.topic_partition.partition,
-                 "log_start_offset": p.log_start_offset,
-                 "log_end_offset": p.log_end_offset,
-                 "high_watermark": p.high_watermark,
-                 "size_bytes": p.size_bytes()}
-                for p in topic.partitions]
-    if args.json:
-        print(json.dumps({"topic": args.topic, "partitions": rows}, indent=2))
-        return 0
-    print(f"topic {args.topic}: {len(rows)} partition(s)")
-    print(f"{'partition':>9}  {'start':>12}  {'end':>12}  {'hw':>12}  {'bytes':>14}")
-    for row in rows:
-        print(f"{row['partition']:>9}  {row['log_start_offset']:>12}  "
-              f"{row['log_end_offset']:>12}  {row['high_watermark']:>12}  "
-              f"{row['size_bytes']:>14}")
-    return 0
+    args.configs = False
+    return cmd_topics_describe(args)
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -131,61 +705,327 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return suite.run_from_args(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="logkit", description="Inspect logkit data directories and benchmark logkit.",
-        epilog="example: logkit describe data/ orders",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands: list[tuple[str, str, str, Callable[[argparse.Namespace], int]]] = [
-        ("topics", "list the topics of a broker directory", "logkit topics data/",
-         cmd_topics),
-        ("describe", "offsets and sizes of each partition of a topic",
-         "logkit describe data/ orders", cmd_describe),
-        ("dump", "print the batches (and with --records the records) of a .log file, "
-         "checking every CRC", "logkit dump --records data/orders-0/00000000000000000000.log",
-         cmd_dump),
-        ("bench", "run the benchmark suite beside its peers",
-         "logkit bench produce consume --records 1000000 --json results.json", cmd_bench),
-    ]
-    for name, help_text, example, fn in commands:
-        cmd = sub.add_parser(name, help=help_text, description=help_text,
-                             epilog=f"example: {example}",
+def add_bench(cmd: argparse.ArgumentParser) -> None:
+    suite = _benchmarks()
+    if suite is None:
+        cmd.description = f"{cmd.description}. Not available here: {BENCH_MISSING}."
+        cmd.add_argument("benchmarks", nargs="*")
+    else:
+        suite.build_parser(cmd)
+
+
+COMPLETION_TEMPLATE = """\
+# bash completion for logkit; generated by `logkit completion bash`.
+# Load it with:  eval "$(logkit completion bash)"   (or save it in
+# ~/.local/share/bash-completion/completions/logkit)
+_logkit_complete() {
+    local cur="${COMP_WORDS[COMP_CWORD]}" path="" word i
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        word="${COMP_WORDS[i]}"
+        case "$path/$word" in
+%(paths)s) path="$path/$word" ;;
+        esac
+    done
+    local words=""
+    case "$path" in
+%(words)s
+    esac
+    if [[ "$cur" == -* || "$words" != -* ]]; then
+        COMPREPLY=($(compgen -W "$words" -- "$cur"))
+    fi
+}
+complete -o default -F _logkit_complete logkit
+"""
+
+
+def completion_script() -> str:
+    """A bash completion script for the commands of COMMANDS: commands and subcommands
+    by position, options after them, file names (directories, segments) otherwise."""
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    build_parser(parsers)
+    entries: dict[str, list[str]] = {}
+    for path, parser in parsers.items():
+        children = [p.rsplit("/", 1)[1] for p in parsers
+                    if p.rsplit("/", 1)[0] == path and p != path]
+        options = re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", parser.format_usage())
+        entries[path] = children + list(dict.fromkeys(options))
+    paths = " | ".join(f'"{p}"' for p in sorted(entries) if p)
+    words = "\n".join(f'        "{p}") words="{" ".join(w)}" ;;' for p, w in
+                      sorted(entries.items()))
+    return COMPLETION_TEMPLATE % {"paths": "            " + paths, "words": words}
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    sys.stdout.write(completion_script())
+    return 0
+
+
+# ---- the command table -------------------------------------------------------------------
+
+def _directory(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("directory", metavar="DIR", help="the broker's root directory")
+
+
+def _json(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--json", action="store_true", help="print JSON")
+
+
+def add_topics_list(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    _json(cmd)
+
+
+def add_topics_create(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("topic", metavar="TOPIC")
+    cmd.add_argument("--partitions", type=int, metavar="N",
+                     help="number of partitions (default: the broker's num.partitions)")
+    cmd.add_argument("--config", action="append", metavar="KEY=VALUE",
+                     help="a topic config override, Kafka's names (repeatable)")
+    cmd.add_argument("--if-not-exists", action="store_true",
+                     help="succeed without change when the topic exists")
+
+
+def add_topics_delete(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("topic", metavar="TOPIC")
+    cmd.add_argument("--if-exists", action="store_true",
+                     help="succeed when there is no such topic")
+
+
+def add_topics_describe(cmd: argparse.ArgumentParser, *, optional_topic: bool = True
+                        ) -> None:
+    _directory(cmd)
+    if optional_topic:
+        cmd.add_argument("topic", metavar="TOPIC", nargs="?",
+                         help="one topic (default: every topic)")
+        cmd.add_argument("--configs", action="store_true",
+                         help="every topic config with its value, defaults included")
+    else:
+        cmd.add_argument("topic", metavar="TOPIC")
+    _json(cmd)
+
+
+def add_topics_alter_config(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("topic", metavar="TOPIC")
+    cmd.add_argument("--add-config", action="append", metavar="KEY=VALUE[,...]",
+                     help="set overrides (repeatable)")
+    cmd.add_argument("--delete-config", action="append", metavar="KEY[,...]",
+                     help="drop overrides: back to the default (repeatable)")
+
+
+def add_produce(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("topic", metavar="TOPIC")
+    cmd.add_argument("--key-separator", metavar="SEP",
+                     help="each line is KEY<SEP>VALUE (without it: the line is the value)")
+    cmd.add_argument("--headers", action="store_true",
+                     help="each line starts with headers then a tab: h1:v1,h2:v2<TAB>...")
+    cmd.add_argument("--json", action="store_true",
+                     help='each line is a JSON object: {"key", "value", "headers", '
+                          '"partition", "timestamp"} (values as text or {"base64": ...})')
+    cmd.add_argument("--acks", default="1", choices=["0", "1", "all"],
+                     help="as the producer's acks (default 1)")
+
+
+def add_consume(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("topic", metavar="TOPIC")
+    cmd.add_argument("--from-beginning", action="store_true",
+                     help="start at the earliest offset when there is no committed one "
+                          "(default: only records produced from now on)")
+    cmd.add_argument("--group", metavar="G",
+                     help="consume as a member of group G, committing what is printed")
+    cmd.add_argument("--partition", type=int, metavar="N", help="only partition N")
+    cmd.add_argument("--offset", metavar="N",
+                     help="start at offset N (or earliest, latest) of --partition")
+    cmd.add_argument("--max-messages", type=int, metavar="N", help="stop after N records")
+    cmd.add_argument("--follow", action="store_true",
+                     help="keep waiting for new records, like tail -f (stop with Ctrl-C)")
+    cmd.add_argument("--timeout-ms", type=int, default=DEFAULT_IDLE_MS, metavar="MS",
+                     help=f"without --follow, stop after MS without a record (default "
+                          f"{DEFAULT_IDLE_MS}); it stops sooner at the end of the log")
+    cmd.add_argument("--format", default="value", choices=sorted(FORMATS),
+                     help="value: the value; kv: key, separator, value; json: one JSON "
+                          "object per record (default value)")
+    cmd.add_argument("--key-separator", default="\t", metavar="SEP",
+                     help="the separator of --format kv (default a tab)")
+
+
+def add_groups_list(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("--state", action="store_true", help="a table with state and members")
+    _json(cmd)
+
+
+def add_groups_describe(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("group", metavar="GROUP")
+    _json(cmd)
+
+
+def add_groups_reset_offsets(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("group", metavar="GROUP")
+    to = cmd.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="each partition's log start")
+    to.add_argument("--to-latest", action="store_true", help="each partition's end")
+    to.add_argument("--to-offset", type=int, metavar="N",
+                    help="offset N in every partition (kept within its log)")
+    scope = cmd.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--topic", action="append", metavar="TOPIC",
+                       help="every partition of TOPIC (repeatable)")
+    scope.add_argument("--all-topics", action="store_true",
+                       help="every topic the group subscribes to or has committed on")
+    cmd.add_argument("--execute", action="store_true",
+                     help="commit the new offsets (without it: a dry run that prints them)")
+
+
+def add_groups_delete(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("group", metavar="GROUP")
+
+
+def add_describe(cmd: argparse.ArgumentParser) -> None:
+    add_topics_describe(cmd, optional_topic=False)
+
+
+def add_dump(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("segment", metavar="SEGMENT",
+                     help="path of a NNNNNNNNNNNNNNNNNNNN.log file")
+    cmd.add_argument("--records", action="store_true", help="print every record")
+
+
+def add_completion(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("shell", choices=["bash"], help="the shell (bash; zsh loads it with "
+                     "bashcompinit)")
+
+
+TOPICS = (
+    Command("list", "list the topics", "logkit topics list data/", add_topics_list,
+            cmd_topics_list),
+    Command("create", "create a topic", "logkit topics create data/ orders --partitions 3 "
+            "--config retention.ms=86400000", add_topics_create, cmd_topics_create),
+    Command("delete", "delete a topic and its records", "logkit topics delete data/ orders",
+            add_topics_delete, cmd_topics_delete),
+    Command("describe", "offsets and sizes of each partition (or --configs: the settings)",
+            "logkit topics describe data/ orders", add_topics_describe, cmd_topics_describe),
+    Command("alter-config", "change a topic's config overrides (Kafka's kafka-configs "
+            "--alter); brokers already open keep the old values until they reopen it",
+            "logkit topics alter-config data/ orders --add-config retention.ms=3600000",
+            add_topics_alter_config, cmd_topics_alter_config),
+)
+
+GROUPS = (
+    Command("list", "list the consumer groups", "logkit groups list data/ --state",
+            add_groups_list, cmd_groups_list),
+    Command("describe", "each partition's committed offset, end and lag, and its owner "
+            "(kafka-consumer-groups --describe)", "logkit groups describe data/ billing",
+            add_groups_describe, cmd_groups_describe),
+    Command("reset-offsets", "move a group's committed offsets; a dry run unless "
+            "--execute; the group must have no live members",
+            "logkit groups reset-offsets data/ billing --to-earliest --topic orders "
+            "--execute", add_groups_reset_offsets, cmd_groups_reset_offsets),
+    Command("delete", "delete a group and its committed offsets (no live members)",
+            "logkit groups delete data/ billing", add_groups_delete, cmd_groups_delete),
+)
+
+COMMANDS: list[Command] = [
+    Command("topics", "list, create, delete, describe and configure topics",
+            "logkit topics list data/", lambda cmd: None, None, TOPICS),
+    Command("produce", "send the lines of stdin as records (kafka-console-producer)",
+            "logkit produce data/ orders --key-separator : < records.txt\n"
+            "printf 'k1:v1\\nk2:v2\\n' | logkit produce data/ orders --key-separator :",
+            add_produce, cmd_produce),
+    Command("consume", "print records (kafka-console-consumer); --follow waits for more",
+            "logkit consume data/ orders --from-beginning --format json --max-messages 10",
+            add_consume, cmd_consume),
+    Command("groups", "list, describe, reset and delete consumer groups",
+            "logkit groups describe data/ billing", lambda cmd: None, None, GROUPS),
+    Command("serve", "serve the directory to Kafka clients (kafka-python, aiokafka, "
+            "confluent-kafka) over Kafka's wire protocol, until SIGINT/SIGTERM",
+            "logkit serve data/ --port 9092\n"
+            "logkit serve data/ --host 0.0.0.0 --advertised-host myhost --port 9092",
+            add_serve, cmd_serve),
+    Command("mirror", "copy topics (and --groups: committed offsets) to a Kafka cluster; "
+            "run again to resume, without duplicates",
+            "logkit mirror data/ --to kafka1:9092 --topics orders,payments --groups",
+            add_mirror, cmd_mirror),
+    Command("describe", "offsets and sizes of each partition of a topic (as topics "
+            "describe)", "logkit describe data/ orders", add_describe, cmd_describe),
+    Command("dump", "print the batches (and with --records the records) of a .log file, "
+            "checking every CRC", "logkit dump --records data/orders-1/00000000000000000000.log",
+            add_dump, cmd_dump),
+    Command("bench", "run the benchmark suite beside its peers",
+            "logkit bench produce consume --records 1000000 --json results.json", add_bench,
+            cmd_bench),
+    Command("completion", "print a shell completion script",
+            "logkit completion bash > ~/.local/share/bash-completion/completions/logkit\n"
+            'eval "$(logkit completion bash)"          (this shell only)',
+            add_completion, cmd_completion),
+]
+
+
+def _add_commands(sub: Any, commands: Sequence[Command], path: str,
+                  parsers: dict[str, argparse.ArgumentParser]) -> None:
+    for command in commands:
+        cmd = sub.add_parser(command.name, help=command.help, description=command.help,
+                             epilog="example: " + command.example.replace("\n", "\n  "),
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-        cmd.set_defaults(func=fn)
-        if name == "bench":
-            suite = _benchmarks()
-            if suite is None:
-                cmd.description = f"{help_text}. Not available here: {BENCH_MISSING}."
-                cmd.add_argument("benchmarks", nargs="*")
-            else:
-                suite.build_parser(cmd)
-            continue
-        if name == "dump":
-            cmd.add_argument("segment", help="path of a NNNNNNNNNNNNNNNNNNNN.log file")
-            cmd.add_argument("--records", action="store_true", help="print every record")
-            continue
-        cmd.add_argument("directory", help="the broker's root directory")
-        if name == "describe":
-            cmd.add_argument("topic")
-        cmd.add_argument("--json", action="store_true", help="print JSON")
+        parsers[f"{path}/{command.name}"] = cmd
+        command.add_arguments(cmd)
+        if command.subcommands:
+            inner = cmd.add_subparsers(dest="subcommand", metavar="SUBCOMMAND",
+                                       required=True)
+            _add_commands(inner, command.subcommands, f"{path}/{command.name}", parsers)
+        else:
+            where = f"{path}/{command.name}".strip("/").replace("/", " ")
+            cmd.set_defaults(func=command.run, command_path=where)
+
+
+def build_parser(parsers: dict[str, argparse.ArgumentParser] | None = None
+                 ) -> argparse.ArgumentParser:
+    """The `logkit` parser; `parsers`, when given, receives every (sub)command's parser
+    by path ("", "/topics", "/topics/list", ...)."""
+    parser = argparse.ArgumentParser(
+        prog="logkit", description="Kafka's command-line tools over a logkit directory: "
+        "topics, produce, consume, groups; inspect segments; benchmark.",
+        epilog="example: logkit topics list data/",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parsers = {} if parsers is None else parsers
+    parsers[""] = parser
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_commands(sub, COMMANDS, "", parsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:                 # usage errors (2) and --help (0)
+        return exc.code if isinstance(exc.code, int) else 2
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
+    where = args.command_path
     try:
         return args.func(args)
-    except BrokenPipeError:          # `logkit dump ... | head`
+    except UsageError as exc:
+        print(f"usage error: logkit {where}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:          # `logkit consume ... | head`
+        # stdout is gone: point it at /dev/null so the interpreter's last flush is quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (LogkitError, OSError) as exc:
-        log.debug("logkit %s failed", args.command, exc_info=exc)   # the traceback, if wanted
-        print(f"logkit {args.command}: {exc}", file=sys.stderr)
+        log.debug("logkit %s failed", where, exc_info=exc)   # the traceback, if wanted
+        print(f"logkit {where}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"logkit {where}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,17 +1,27 @@
-"""The `logkit` command: every command documented with an example, each a thin layer
-that prints library results and turns library errors into a message and exit code 1."""
+"""The `logkit` command: Kafka's tools in shape (topics, produce, consume, groups), every
+command documented with an example, each a thin layer that prints library results and
+turns library errors into one line on stderr and exit code 1 (2 for bad usage).
+
+Most checks call `cli.main` in this process (fast); the end-to-end ones run the
+installed `logkit` console script in real processes, several commands per process."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 import logkit
 from logkit import cli
+
+LOGKIT = os.path.join(os.path.dirname(sys.executable), "logkit")
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -25,28 +35,186 @@ def root(tmp_path):
     return str(path)
 
 
+def run(capsys, *argv, stdin=None, monkeypatch=None):
+    """cli.main(argv) -> (exit code, stdout, stderr)."""
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table(out):
+    """Plain-text table rows (stdout is not a terminal here) as lists of cells."""
+    return [line.split() for line in out.splitlines()]
+
+
 def test_every_command_has_help_with_an_example():
-    """sqlite-utils' rule: each command's help shows an example of its use."""
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert set(sub.choices) >= {"topics", "describe", "dump", "bench"}
-    for name, command in sub.choices.items():
-        assert "example: logkit " + name in command.format_help(), name
+    """sqlite-utils' rule: each command's and subcommand's help shows an example."""
+    parsers = {}
+    cli.build_parser(parsers)
+    assert {"/topics/list", "/topics/create", "/topics/delete", "/topics/describe",
+            "/topics/alter-config", "/produce", "/consume", "/groups/list",
+            "/groups/describe", "/groups/reset-offsets", "/groups/delete", "/describe",
+            "/dump", "/bench", "/completion"} <= set(parsers)
+    for path, parser in parsers.items():
+        words = path.strip("/").replace("/", " ")
+        assert f"logkit {words}".strip() in parser.format_help().split("example:")[1], path
 
 
-def test_topics_lists_topics(root, capsys):
-    assert cli.main(["topics", root]) == 0
-    assert capsys.readouterr().out.split() == ["orders", "2"]
-    assert cli.main(["topics", root, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"topic": "orders", "partitions": 2}]
+def test_topics_create_list_describe_alter_delete(root, capsys):
+    """kafka-topics in shape: create with configs, list, describe (partitions and
+    configs), alter-config, delete; --json for scripts."""
+    assert run(capsys, "topics", "create", root, "clicks", "--partitions", "3",
+               "--config", "retention.ms=60000")[:2] == (0, "Created topic clicks "
+                                                            "(3 partition(s)).\n")
+    assert run(capsys, "topics", "list", root)[1].split() == ["clicks", "orders"]
+    code, out, _ = run(capsys, "topics", "list", root, "--json")
+    assert json.loads(out) == [{"topic": "clicks", "partitions": 3},
+                               {"topic": "orders", "partitions": 2}]
+    code, out, _ = run(capsys, "topics", "describe", root, "orders")
+    assert table(out) == [["TOPIC", "PARTITION", "LOG-START-OFFSET", "LOG-END-OFFSET",
+                           "HIGH-WATERMARK", "SIZE-BYTES"],
+                          ["orders", "0", "0", "2", "2", table(out)[1][5]],
+                          ["orders", "1", "0", "0", "0", "0"]]
+    assert int(table(out)[1][5]) > 0
+    code, out, _ = run(capsys, "topics", "describe", root, "clicks", "--configs")
+    assert ["clicks", "retention.ms", "60000"] in table(out)
+    assert run(capsys, "topics", "alter-config", root, "clicks", "--add-config",
+               "segment.bytes=4096", "--delete-config", "retention.ms")[0] == 0
+    code, out, _ = run(capsys, "topics", "describe", root, "clicks", "--json")
+    config = json.loads(out)["config"]
+    assert config["segment.bytes"] == 4096 and config["retention.ms"] == 604800000
+    code, _, err = run(capsys, "topics", "create", root, "clicks")
+    assert code == 1 and "already exists" in err and len(err.splitlines()) == 1
+    assert run(capsys, "topics", "create", root, "clicks", "--if-not-exists")[0] == 0
+    assert run(capsys, "topics", "delete", root, "clicks")[0] == 0
+    assert run(capsys, "topics", "delete", root, "clicks", "--if-exists")[0] == 0
+    code, _, err = run(capsys, "topics", "delete", root, "clicks")
+    assert code == 1 and "'clicks' does not exist" in err
+    code, _, err = run(capsys, "topics", "alter-config", root, "orders", "--add-config",
+                       "retention.mss=5")
+    assert code == 1 and "did you mean 'retention.ms'" in err
 
 
-def test_describe_shows_offsets(root, capsys):
-    assert cli.main(["describe", "--json", root, "orders"]) == 0
-    parts = json.loads(capsys.readouterr().out)["partitions"]
+def test_describe_keeps_its_top_level_form(root, capsys):
+    """`logkit describe DIR TOPIC` is `topics describe` for one topic."""
+    code, out, _ = run(capsys, "describe", "--json", root, "orders")
+    parts = json.loads(out)["partitions"]
     assert [(p["partition"], p["log_end_offset"]) for p in parts] == [(0, 2), (1, 0)]
-    assert cli.main(["describe", root, "orders"]) == 0
-    assert "2 partition(s)" in capsys.readouterr().out
+
+
+def test_produce_and_consume_round_trip(root, capsys, monkeypatch):
+    """Lines from stdin become records (keys after --key-separator, headers after
+    --headers, JSON lines); consume prints them back in each format."""
+    lines = "a:1\nb:2\nc:3\n"
+    code, out, err = run(capsys, "produce", root, "orders", "--key-separator", ":",
+                         stdin=lines, monkeypatch=monkeypatch)
+    assert (code, out) == (0, "") and "3 record(s) to orders" in err
+    code, out, _ = run(capsys, "consume", root, "orders", "--from-beginning", "--format",
+                       "kv", "--key-separator", "=")
+    assert sorted(out.splitlines()) == ["a=1", "b=2", "c=3", "k1=v1", "null=v2"]
+    run(capsys, "produce", root, "orders", "--headers", "--key-separator", ":",
+        stdin="trace:7,user:x\tkey:value\n", monkeypatch=monkeypatch)
+    run(capsys, "produce", root, "orders", "--json", monkeypatch=monkeypatch,
+        stdin='{"key": "j", "value": {"n": 1}, "partition": 1, "headers": {"h": "v"}}\n'
+              '\n{"value": {"base64": "AP8="}, "partition": 1, "timestamp": 1700000000000}\n')
+    code, out, _ = run(capsys, "consume", root, "orders", "--partition", "1", "--offset",
+                       "0", "--format", "json")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [(r["key"], r["value"], r["headers"]) for r in records[-2:]] == [
+        ("j", '{"n":1}', [["h", "v"]]), (None, {"base64": "AP8="}, [])]
+    assert records[-1]["timestamp"] == 1700000000000
+    code, out, _ = run(capsys, "consume", root, "orders", "--from-beginning", "--format",
+                       "json")
+    headed = [json.loads(line) for line in out.splitlines() if "trace" in line]
+    assert headed[0]["headers"] == [["trace", "7"], ["user", "x"]]
+    assert (headed[0]["key"], headed[0]["value"]) == ("key", "value")
+    code, out, _ = run(capsys, "consume", root, "orders", "--partition", "0", "--offset",
+                       "1", "--max-messages", "1")
+    assert out == "v2\n"
+    code, out, _ = run(capsys, "consume", root, "orders")       # Kafka's default: new only
+    assert (code, out) == (0, "")
+
+
+def test_produce_errors_name_the_line(root, capsys, monkeypatch):
+    """A line without the key separator, or bad JSON, stops with its line number
+    (exit 1, one line); records before it were produced."""
+    code, _, err = run(capsys, "produce", root, "fresh", "--key-separator", ":",
+                       stdin="a:1\nno separator\n", monkeypatch=monkeypatch)
+    assert code == 1 and "line 2 has no key separator ':'" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run(capsys, "produce", root, "fresh", "--json", stdin="[1]\n",
+                       monkeypatch=monkeypatch)
+    assert code == 1 and "line 1" in err and "object" in err
+    code, _, err = run(capsys, "produce", root, "fresh", "--json", "--headers", stdin="",
+                       monkeypatch=monkeypatch)
+    assert code == 2 and "usage error" in err
+
+
+def test_consume_with_a_group_commits_what_it_printed(root, capsys):
+    """--group consumes as a member and commits exactly the records printed; a second
+    run continues after them; groups describe shows the kafka-consumer-groups table."""
+    code, out, _ = run(capsys, "consume", root, "orders", "--group", "billing",
+                       "--from-beginning", "--max-messages", "1")
+    assert out == "v1\n"
+    code, out, _ = run(capsys, "groups", "describe", root, "billing")
+    assert table(out) == [
+        ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG",
+         "CONSUMER-ID", "HOST", "CLIENT-ID"],
+        ["billing", "orders", "0", "1", "2", "1", "-", "-", "-"],
+        ["billing", "orders", "1", "-", "0", "0", "-", "-", "-"]]
+    code, out, _ = run(capsys, "consume", root, "orders", "--group", "billing",
+                       "--from-beginning")
+    assert out == "v2\n"
+    code, out, _ = run(capsys, "groups", "list", root, "--state")
+    assert table(out) == [["GROUP", "STATE", "MEMBERS"], ["billing", "Empty", "0"]]
+
+
+def test_groups_describe_of_an_unknown_group_says_it_is_dead(root, capsys):
+    """A misspelt group id is not an empty group: exit 1, state Dead, the close ids."""
+    with logkit.Broker(root) as broker:
+        broker.group("billing").reset_offsets({logkit.TopicPartition("orders", 0): 1})
+    code, out, err = run(capsys, "groups", "describe", root, "biling")
+    assert code == 1 and out == ""
+    assert "'biling' does not exist (state Dead" in err and "did you mean billing" in err
+    code, _, err = run(capsys, "groups", "delete", root, "nope")
+    assert code == 1 and "known groups: billing" in err
+
+
+def test_reset_offsets_is_a_dry_run_unless_execute(root, capsys):
+    """--to-earliest/--to-latest/--to-offset with --topic or --all-topics print the
+    new offsets; only --execute commits them; --to-offset is kept within the log."""
+    with logkit.Broker(root) as broker:
+        broker.group("g").reset_offsets({logkit.TopicPartition("orders", 0): 2})
+    code, out, err = run(capsys, "groups", "reset-offsets", root, "g", "--to-earliest",
+                         "--all-topics")
+    assert table(out)[1:] == [["g", "orders", "0", "0"], ["g", "orders", "1", "0"]]
+    assert "dry run" in err
+    with logkit.Broker(root) as broker:
+        assert broker.group("g").committed() == {logkit.TopicPartition("orders", 0): 2}
+    code, out, err = run(capsys, "groups", "reset-offsets", root, "g", "--to-offset", "9",
+                         "--topic", "orders", "--execute")
+    assert code == 0 and table(out)[1:] == [["g", "orders", "0", "2"],
+                                           ["g", "orders", "1", "0"]]
+    assert "outside [0, 2]" in err and "dry run" not in err
+    code, out, _ = run(capsys, "groups", "reset-offsets", root, "g", "--to-earliest",
+                       "--topic", "orders", "--execute")
+    with logkit.Broker(root) as broker:
+        group = broker.group("g")
+        assert set(group.committed().values()) == {0}
+        member = broker.consumer("orders", group_id="g")
+        member.poll(timeout_ms=50)
+        code, _, err = run(capsys, "groups", "reset-offsets", root, "g", "--to-latest",
+                           "--topic", "orders", "--execute")
+        assert code == 1 and "has active members" in err and member.config["client_id"] in err
+        code, _, err = run(capsys, "groups", "delete", root, "g")
+        assert code == 1 and "live member" in err
+        member.close()
+    assert run(capsys, "groups", "delete", root, "g")[0] == 0
+    assert run(capsys, "groups", "list", root)[1] == ""
+    code, _, err = run(capsys, "groups", "reset-offsets", root, "g", "--to-earliest")
+    assert code == 2 and "--topic" in err
 
 
 def test_dump_prints_batches_and_records(root, capsys):
@@ -73,20 +241,106 @@ def test_dump_of_a_corrupt_segment_fails_cleanly(root, capsys):
 
 
 def test_errors_become_messages(root, tmp_path, capsys):
-    """Unknown topics and non-logkit directories: a message and exit code 1, and the
-    directory is not turned into a broker root."""
-    assert cli.main(["describe", root, "nope"]) == 1
-    assert "nope" in capsys.readouterr().err
+    """Unknown topics and non-logkit directories: one line and exit code 1, and the
+    directory is not turned into a broker root; usage errors exit 2."""
+    code, _, err = run(capsys, "describe", root, "nope")
+    assert code == 1 and "nope" in err and len(err.splitlines()) == 1
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert cli.main(["topics", str(empty)]) == 1
-    assert "not a logkit directory" in capsys.readouterr().err
+    for argv in (["topics", "list", empty], ["consume", empty, "t"],
+                 ["groups", "list", empty]):
+        code, _, err = run(capsys, *argv)
+        assert code == 1 and "not a logkit directory" in err
     assert os.listdir(empty) == []
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("")
+    code, _, err = run(capsys, "topics", "create", foreign, "t")
+    assert code == 1 and "adopt=True" in err and os.listdir(foreign) == ["notes.txt"]
+    assert run(capsys, "consume", root, "orders", "--offset", "3")[0] == 2
+    assert run(capsys, "topics", "list")[0] == 2
+    assert run(capsys, "topics")[0] == 2
 
 
 def test_no_command_prints_help(capsys):
     assert cli.main([]) == 2
     assert "usage: logkit" in capsys.readouterr().out
+
+
+def test_bash_completion_knows_commands_and_options(tmp_path):
+    """`logkit completion bash` prints a script bash loads; it completes commands,
+    subcommands and options."""
+    script = tmp_path / "logkit.bash"
+    script.write_text(cli.completion_script())
+    probe = f"""
+source {script}
+complete_words() {{ COMP_WORDS=("$@"); COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ));
+                    COMPREPLY=(); _logkit_complete; echo "${{COMPREPLY[*]}}"; }}
+complete_words logkit to
+complete_words logkit groups re
+complete_words logkit groups reset-offsets data/ g --to
+complete_words logkit consume data/ orders --fo
+complete -p logkit
+"""
+    proc = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "topics", "reset-offsets", "--to-earliest --to-latest --to-offset --topic",
+        "--follow --format", "complete -o default -F _logkit_complete logkit"]
+
+
+def test_the_console_script_end_to_end(tmp_path):
+    """The installed `logkit` script, several commands in one shell: create, produce
+    from a pipe, consume into `head` (a closed pipe is not an error), exit codes 0/1/2
+    with one line on stderr."""
+    script = f"""
+set -u
+L={LOGKIT}
+$L topics create data orders --partitions 1 >/dev/null; echo "create $?"
+seq 1 500 | $L produce data orders 2>/dev/null; echo "produce $?"
+$L consume data orders --from-beginning | head -n 2; echo "head ${{PIPESTATUS[0]}}"
+$L describe data missing 2>err.txt; echo "missing $? $(wc -l < err.txt)"
+$L consume data 2>/dev/null; echo "usage $?"
+"""
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.splitlines() == ["create 0", "produce 0", "1", "2", "head 0",
+                                        "missing 1 1", "usage 2"], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_consume_follow_exits_0_on_sigterm_and_sigint(root):
+    """--follow waits for new records like tail -f, prints one produced after it
+    started, and on SIGTERM (or SIGINT) closes the broker and exits 0."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen([LOGKIT, "consume", root, "orders", "--follow"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            line = ""
+            with logkit.Broker(root) as broker:
+                producer = broker.producer()
+                while not line and time.monotonic() < deadline:
+                    # until the consumer has started, each record lands before its start
+                    producer.send("orders", b"late", partition=1).result()
+                    time.sleep(0.2)
+                    line = _readline_nonblocking(proc)
+                producer.close()
+            assert line == "late\n"
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+            assert "stopped by a signal" in err and "Traceback" not in err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _readline_nonblocking(proc):
+    import select
+    ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+    return proc.stdout.readline() if ready else ""
 
 
 def test_console_entry_point_runs_bench(tmp_path):
@@ -96,3 +350,15 @@ def test_console_entry_point_runs_bench(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "logkit Broker()" in proc.stdout
+
+
+def test_docs_cli_md_is_generated_from_the_help():
+    """docs/cli.md is the commands' own help (regenerate: tools/cli_docs.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "cli_docs", os.path.join(CHECKOUT, "tools", "cli_docs.py"))
+    cli_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli_docs)
+    with open(os.path.join(CHECKOUT, "docs", "cli.md"), encoding="utf-8") as f:
+        assert f.read() == cli_docs.render(), \
+            "docs/cli.md is stale: run .venv/bin/python tools/cli_docs.py"
