@@ -144,8 +144,8 @@ def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, f
         # rather than bring deleted records back.
         keep = max(0, bisect.bisect_right(bases, previous_start) - 1)
         if keep:
-            log.info("%s: finishing an interrupted retention run: %d segment(s) below "
-                     "log start %d", name, keep, previous_start)
+            log.warning("%s: finishing an interrupted retention run: %d segment(s) below "
+                        "log start %d", name, keep, previous_start)
         for base in bases[:keep]:
             retire_segment(directory, base)
         bases = bases[keep:]
@@ -211,7 +211,7 @@ def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, f
                     "end offset %d, %.3f s", name, truncated, segments_checked, checked,
                     next_offset, report.seconds)
     else:
-        log.info("%s: recovered: %d segment(s), %d bytes valid, nothing cut, log end "
-                 "offset %d, %.3f s", name, segments_checked, checked, next_offset,
-                 report.seconds)
+        log.warning("%s: recovered: %d segment(s), %d bytes valid, nothing cut, log end "
+                    "offset %d, %.3f s", name, segments_checked, checked, next_offset,
+                    report.seconds)
     return report

@@ -1036,8 +1036,8 @@ class PartitionLog:
             retire_segment(self.directory, base)
             log.debug("%s: retention retired segment %d", self.name, base)
         if doomed:
-            log.info("%s: retention deleted %d segment(s) below offset %d (the new log "
-                     "start)", self.name, doomed, tail.log_start_offset)
+            log.warning("%s: retention deleted %d segment(s) below offset %d (the new log "
+                        "start)", self.name, doomed, tail.log_start_offset)
         self._refresh(tail)
         return tail
 

@@ -65,7 +65,7 @@ def test_rolls_log_debug_and_retention_logs_what_it_deletes(tmp_path, caplog):
              and r.levelno == logging.DEBUG and "rolled" in r.getMessage()]
     assert rolls and all("t-0" in r.getMessage() for r in rolls)
     retention = [r.getMessage() for r in caplog.records if r.name == "logkit.log"
-                 and r.levelno == logging.INFO and "retention deleted" in r.getMessage()]
+                 and r.levelno == logging.WARNING and "retention deleted" in r.getMessage()]
     assert retention and "t-0" in retention[-1] and str(start) in retention[-1]
 
 
