@@ -333,3 +333,18 @@ def test_the_follower_reports_its_progress_to_the_leader(leader, tmp_path):
     ends = progress[follower.follower_id]["log_end_offsets"]
     assert ends == {f"t-{p.partition}": p.log_end_offset
                     for p in leader.topic("t").partitions}
+
+
+def test_the_replication_example_runs(tmp_path):
+    """examples/replication.py: billing goes on after the failover from its commit, and
+    the new leader's first write carries epoch 1."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+                        "replication.py")
+    spec = importlib.util.spec_from_file_location("replication_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    result = example.run(str(tmp_path))
+    assert sorted(result["billed"] + result["rest"]) == sorted(b"order-%d" % n
+                                                               for n in range(10))
+    assert result["epoch"] == 1

@@ -26,13 +26,13 @@ import logging
 import os
 import re
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from ..broker import Broker
 from ..config import resolve_config
 from ..errors import ConfigError, StorageError, UnknownTopicError
 from ..notify import DOORBELL_FILE, Doorbell
-from ..topic import Partition, TopicPartition
+from ..topic import Partition, Topic, TopicPartition
 from .epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 REPLICAS_DIR = "replicas"            # <leader root>/replicas/<follower id>.json
 _FOLLOWER_ID = re.compile(r"[a-zA-Z0-9._-]{1,64}")
 _DEFAULTS = resolve_config("topic", None)
+_T = TypeVar("_T")
 
 
 class _Epochs:
@@ -96,6 +97,7 @@ class DirectorySource(ReplicaSource):
         self.path = os.fspath(path)
         self.reports = report_progress
         self._broker: Broker | None = None
+        self._topics: dict[str, Topic] = {}
         self._epochs: dict[TopicPartition, _Epochs] = {}
         self._doorbell: Doorbell | None = None
         self._doorbell_tried = False
@@ -121,23 +123,39 @@ class DirectorySource(ReplicaSource):
             except (UnknownTopicError, StorageError) as exc:   # deleted, or half-made
                 log.debug("%s: topic %s not readable now: %s", self.describe(), name, exc)
                 continue
+            self._topics[name] = topic
             overrides = {k: v for k, v in topic.config.items() if _DEFAULTS.get(k) != v}
             out[name] = TopicInfo(name, topic.num_partitions, overrides, topic.topic_id)
         return out
 
-    def _partition(self, topic: str, partition: int) -> Partition:
-        return self._open().topic(topic).partition(partition)
+    def _call(self, topic: str, partition: int, fn: Callable[[Partition], _T]) -> _T:
+        """`fn(partition)` on the leader's partition. Topic handles are kept between
+        calls (the metadata read is most of a small fetch's cost); one that raises
+        UnknownTopicError (deleted, re-created, or grown since) is looked up again
+        once."""
+        for again in (False, True):
+            topic_handle = self._topics.get(topic)
+            if topic_handle is None or again:
+                topic_handle = self._topics[topic] = self._open().topic(topic)
+            try:
+                return fn(topic_handle.partition(partition))
+            except UnknownTopicError:
+                self._topics.pop(topic, None)
+                if again:
+                    raise
+        raise AssertionError("unreachable")
 
     def partition(self, topic: str, partition: int) -> PartitionInfo:
-        p = self._partition(topic, partition)
-        start, end = p.log_start_offset, p.log_end_offset
-        bases = tuple(p.segment_base_offsets())
-        cache = self._epochs.setdefault(TopicPartition(topic, partition), _Epochs())
-        return PartitionInfo(start, end, cache.get(p, start, end), bases)
+        def state(p: Partition) -> PartitionInfo:
+            start, end = p.log_start_offset, p.log_end_offset
+            bases = tuple(p.segment_base_offsets())
+            cache = self._epochs.setdefault(TopicPartition(topic, partition), _Epochs())
+            return PartitionInfo(start, end, cache.get(p, start, end), bases)
+        return self._call(topic, partition, state)
 
     def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int) -> bytes:
-        p = self._partition(topic, partition)
-        return p.batches_since(offset, upto=p.log_end_offset, max_bytes=max_bytes)
+        return self._call(topic, partition, lambda p: p.batches_since(
+            offset, upto=p.log_end_offset, max_bytes=max_bytes))
 
     def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
         broker = self._open()
@@ -202,6 +220,7 @@ class DirectorySource(ReplicaSource):
         doorbell, self._doorbell = self._doorbell, None
         self._doorbell_tried = False
         self._epochs.clear()
+        self._topics.clear()
         if doorbell is not None:
             doorbell.close()
         if broker is not None:

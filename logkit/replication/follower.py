@@ -47,7 +47,7 @@ from ..config import resolve_broker_config, resolve_config
 from ..errors import (ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       LogkitTimeoutError, OffsetOutOfRangeError, UnknownTopicError)
 from ..records import iter_batches
-from ..topic import Partition, TopicPartition
+from ..topic import Partition, Topic, TopicPartition
 from .epochs import (EpochEntry, assign, divergence_offset, epochs_from_headers,
                      read_checkpoint, truncate_from_end, write_checkpoint)
 from .source import PartitionInfo, ReplicaSource, TopicInfo
@@ -60,7 +60,7 @@ STATE_FILE = "follower.json"
 LOCK_FILE = "follower.lock"
 MAX_CORRUPT_FETCHES = 3            # refused fetches in a row before the follower stops
 METADATA_INTERVAL_S = 1.0          # topics, configs and group offsets re-read this often
-REPORT_INTERVAL_S = (0.05, 1.0)    # progress: at most this often when it moves; at least
+REPORT_INTERVAL_S = (0.25, 1.0)    # progress: at most this often when it moves; at least
 STOP_CHECK_S = 0.1                 # the longest wait between two looks at stop()
 _DEFAULTS = resolve_config("topic", None)
 
@@ -106,6 +106,7 @@ class Follower:
 
     def _reset_run_state(self) -> None:
         self._partitions: list[TopicPartition] = []
+        self._topics: dict[str, Topic] = {}
         self._ends: dict[TopicPartition, int] = {}
         self._epochs: dict[TopicPartition, list[EpochEntry]] = {}
         self._checked: set[TopicPartition] = set()
@@ -362,6 +363,7 @@ class Follower:
 
     def _sync_metadata(self) -> None:
         broker = self._require_broker()
+        self._topics.clear()
         leader = self.source.topics()
         state = self._state
         before = json.dumps(state, sort_keys=True)
@@ -464,10 +466,18 @@ class Follower:
             raise IllegalStateError(f"{self!r} is not started")
         return broker
 
+    def _local_partition(self, tp: TopicPartition) -> Partition:
+        """The follower's partition; topic handles are kept until the next metadata
+        sync (only this follower changes the directory's topics)."""
+        topic = self._topics.get(tp.topic)
+        if topic is None:
+            topic = self._topics[tp.topic] = self._require_broker().topic(tp.topic)
+        return topic.partition(tp.partition)
+
     def _sync_partition(self, tp: TopicPartition) -> bool:
         """Align one partition with its leader and copy one fetch; returns whether
         anything was appended."""
-        p = self._require_broker().topic(tp.topic).partition(tp.partition)
+        p = self._local_partition(tp)
         if tp not in self._epochs:
             self._epochs[tp] = self._load_epochs(p)
         info = self.source.partition(tp.topic, tp.partition)
@@ -490,7 +500,10 @@ class Follower:
         first, new_end = headers[0].base_offset, headers[-1].last_offset + 1
         if first != end:
             end = self._restart_at(tp, p, first, end)
-        after = self.source.partition(tp.topic, tp.partition)
+        # Batches the leader had published when `info` was read had their segments
+        # published too: ask again only for the segment bases of newer ones.
+        after = info if new_end <= info.log_end_offset else \
+            self.source.partition(tp.topic, tp.partition)
         self._mirror_epochs(tp, p, after, new_end)
         p.append_replicated(data, segment_base_offsets=after.segment_base_offsets)
         if p.log_start_offset < after.log_start_offset:
