@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -362,3 +363,30 @@ def test_docs_cli_md_is_generated_from_the_help():
     with open(os.path.join(CHECKOUT, "docs", "cli.md"), encoding="utf-8") as f:
         assert f.read() == cli_docs.render(), \
             "docs/cli.md is stale: run .venv/bin/python tools/cli_docs.py"
+
+
+def test_tables_on_a_terminal_are_drawn_with_rich(root):
+    """With stdout a terminal (a pty here) the table is rich's, with the same cells;
+    the same command into a pipe prints plain columns (the tests above)."""
+    pytest.importorskip("rich")
+    import pty
+    main_fd, child_fd = pty.openpty()
+    env = dict(os.environ, COLUMNS="120", TERM="xterm")
+    proc = subprocess.Popen([LOGKIT, "topics", "describe", root, "orders"], stdout=child_fd,
+                            stderr=subprocess.PIPE, env=env)
+    os.close(child_fd)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:                     # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main_fd)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    screen = b"".join(chunks).decode()
+    assert "\x1b[" in screen                             # rich's styling
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", screen)
+    assert "LOG-END-OFFSET" in plain and "orders" in plain
