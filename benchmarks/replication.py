@@ -1,0 +1,232 @@
+"""Replication: produce throughput with and without a follower, and replication lag.
+
+Throughput: one producer (acks=1, default batching) writes `--records` 100-byte records
+to a 3-partition topic, with no follower and then with one `logkit.Follower` copying
+through a `DirectorySource` in another process, alternating `--repeats` times (medians;
+the same machine's noise hits both). Reported: the producer's rate, the ratio to the
+unreplicated rate in the same run, and the time until the follower held everything
+(read from the progress file it reports to the leader).
+
+Lag: a producer sends one record every `--interval-us` and waits for its ack; a
+consumer process blocked on the follower's directory reports, per record, the time
+from just before the send to its poll returning the copy (CLOCK_MONOTONIC is one clock
+for every process). That is leader append + the follower's wake-up (the leader's
+doorbell), fetch, CRC check and append + the reader's wake-up (the copy's doorbell).
+
+Not measured yet (not built): acks="all" with followers in the ISR, two followers, the
+TCP and object-store sources, failover time.
+
+Run from the checkout's root:
+    .venv/bin/python -m benchmarks.replication [--records 200000] [--lag-records 2000]
+        [--json FILE]
+(the committed figures are benchmarks/replication.json and docs/replication.md).
+Targets (DESIGN §10, issue 10): one follower >= 0.7x the unreplicated produce rate;
+replication lag p99 <= 5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import logkit
+
+READY_TIMEOUT_S = 60
+TOPIC = "bench"
+
+
+def _now_ns() -> int:
+    return time.monotonic_ns()
+
+
+# ---- processes (spawned: LMDB must not cross a fork) -----------------------------------
+
+def _follower_proc(leader: str, copy: str, ready: Any, stop: Any) -> None:
+    follower = logkit.Follower(copy, logkit.DirectorySource(leader))
+    follower.start()
+    follower.catch_up(timeout=READY_TIMEOUT_S)
+    ready.set()
+    stop.wait()
+    follower.stop()
+
+
+def _lag_reader(copy: str, count: int, ready: Any, out: Any) -> None:
+    with logkit.Broker(copy, background=False) as broker:
+        consumer = broker.consumer(TOPIC, auto_offset_reset="latest",
+                                   enable_auto_commit=False)
+        consumer.poll(timeout_ms=0)
+        ready.set()
+        samples: list[int] = []
+        while len(samples) < count:
+            for record in consumer.poll(timeout_ms=1000):
+                samples.append(_now_ns() - int(record.value))
+        out.put(samples)
+
+
+class _FollowerProcess:
+    def __init__(self, ctx: Any, leader: str, copy: str) -> None:
+        self.ready, self.stop_event = ctx.Event(), ctx.Event()
+        self.proc = ctx.Process(target=_follower_proc,
+                                args=(leader, copy, self.ready, self.stop_event), daemon=True)
+        self.proc.start()
+        if not self.ready.wait(READY_TIMEOUT_S):
+            raise RuntimeError("the follower did not start")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.proc.join(timeout=30)
+
+
+# ---- throughput ------------------------------------------------------------------------
+
+def _produce(broker: Any, records: int, value: bytes) -> float:
+    producer = broker.producer(acks=1)
+    keys = [b"key-%06d" % (i % 10000) for i in range(10000)]
+    started = time.perf_counter()
+    for i in range(records):
+        producer.send(TOPIC, value, key=keys[i % 10000])
+    producer.flush()
+    seconds = time.perf_counter() - started
+    producer.close()
+    return seconds
+
+
+def _caught_up_s(leader: str, broker: Any, started: float, limit_s: float) -> float:
+    """Seconds from `started` until the follower's reported ends equal the leader's."""
+    source = logkit.DirectorySource(leader)
+    want = {f"{TOPIC}-{p.partition}": p.log_end_offset
+            for p in broker.topic(TOPIC).partitions}
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        for body in source.progress().values():
+            if all(body["log_end_offsets"].get(k, -1) >= v for k, v in want.items()):
+                return time.perf_counter() - started
+        time.sleep(0.005)
+    raise RuntimeError("the follower did not catch up")
+
+
+def _throughput_round(ctx: Any, work: str, records: int, follower: bool) -> dict[str, float]:
+    leader_path = tempfile.mkdtemp(dir=work)
+    copy_path = tempfile.mkdtemp(dir=work)
+    value = os.urandom(100)
+    with logkit.Broker(leader_path, background=False) as broker:
+        broker.create_topic(TOPIC, 3)
+        proc = _FollowerProcess(ctx, leader_path, copy_path) if follower else None
+        try:
+            started = time.perf_counter()
+            seconds = _produce(broker, records, value)
+            out = {"produce_s": seconds}
+            if proc is not None:
+                out["replicated_s"] = _caught_up_s(leader_path, broker, started, 120)
+        finally:
+            if proc is not None:
+                proc.stop()
+    shutil.rmtree(leader_path, ignore_errors=True)
+    shutil.rmtree(copy_path, ignore_errors=True)
+    return out
+
+
+def throughput(ctx: Any, work: str, records: int, repeats: int) -> list[dict[str, Any]]:
+    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    _throughput_round(ctx, work, min(records, 20000), True)            # warm-up
+    for _ in range(repeats):
+        for follower in (False, True):
+            runs[follower].append(_throughput_round(ctx, work, records, follower))
+    base = statistics.median(r["produce_s"] for r in runs[False])
+    rows = []
+    for follower, label in ((False, "acks=1, no follower"),
+                            (True, "acks=1, one follower (DirectorySource, own process)")):
+        produce_s = statistics.median(r["produce_s"] for r in runs[follower])
+        row = {"system": label, "records": records, "records_per_s": records / produce_s,
+               "ratio_to_unreplicated": base / produce_s}
+        if follower:
+            replicated = statistics.median(r["replicated_s"] for r in runs[True])
+            row["replicated_records_per_s"] = records / replicated
+            row["follower_done_after_s"] = replicated
+        rows.append(row)
+    return rows
+
+
+# ---- lag -------------------------------------------------------------------------------
+
+def lag(ctx: Any, work: str, count: int, interval_us: int) -> dict[str, Any]:
+    leader_path = tempfile.mkdtemp(dir=work)
+    copy_path = tempfile.mkdtemp(dir=work)
+    with logkit.Broker(leader_path, background=False) as broker:
+        broker.create_topic(TOPIC, 1)
+        proc = _FollowerProcess(ctx, leader_path, copy_path)
+        try:
+            ready, out = ctx.Event(), ctx.Queue()
+            reader = ctx.Process(target=_lag_reader, args=(copy_path, count, ready, out),
+                                 daemon=True)
+            reader.start()
+            if not ready.wait(READY_TIMEOUT_S):
+                raise RuntimeError("the reader did not start")
+            time.sleep(0.2)
+            producer = broker.producer(acks=1, linger_ms=0)
+            interval_s = interval_us / 1e6
+            next_at = time.monotonic()
+            for _ in range(count):
+                next_at += interval_s
+                while time.monotonic() < next_at:
+                    remaining = next_at - time.monotonic()
+                    if remaining > 0.0005:
+                        time.sleep(remaining - 0.0003)
+                producer.send(TOPIC, b"%d" % _now_ns(), partition=0).result()
+            samples = sorted(out.get(timeout=READY_TIMEOUT_S))
+            reader.join(timeout=30)
+            producer.close()
+        finally:
+            proc.stop()
+
+    def pick(q: float) -> float:
+        return samples[min(len(samples) - 1, int(q * len(samples)))] / 1e6
+
+    return {"system": "leader ack -> poll on the follower's directory (DirectorySource)",
+            "records": len(samples), "lag_ms_p50": pick(0.5), "lag_ms_p99": pick(0.99),
+            "lag_ms_p999": pick(0.999), "lag_ms_max": samples[-1] / 1e6}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--lag-records", type=int, default=2000)
+    parser.add_argument("--interval-us", type=int, default=1000)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    work = tempfile.mkdtemp(prefix="logkit-replication-")
+    try:
+        result = {"throughput": throughput(ctx, work, args.records, args.repeats),
+                  "lag": lag(ctx, work, args.lag_records, args.interval_us),
+                  "machine": {"cpus": os.cpu_count()}}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"produce, {args.records} x 100-byte records, 3 partitions, median of "
+          f"{args.repeats}")
+    for row in result["throughput"]:
+        extra = (f"  follower done after {row['follower_done_after_s']:.2f} s"
+                 if "follower_done_after_s" in row else "")
+        print(f"  {row['system']:<55} {row['records_per_s']:>12,.0f} rec/s "
+              f"{row['ratio_to_unreplicated']:>6.2f}x{extra}")
+    row = result["lag"]
+    print(f"replication lag, {row['records']} records spaced {args.interval_us} µs: "
+          f"p50 {row['lag_ms_p50']:.3f} ms, p99 {row['lag_ms_p99']:.3f} ms, "
+          f"p99.9 {row['lag_ms_p999']:.3f} ms, max {row['lag_ms_max']:.3f} ms")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
