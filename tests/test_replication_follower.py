@@ -314,6 +314,23 @@ def test_catch_up_times_out_naming_what_lags_and_the_last_error(leader, tmp_path
         assert follower.running and follower.error is None
 
 
+
+class UnreadableSource(logkit.DirectorySource):
+    """A directory source whose leader cannot even say where its logs end."""
+
+    def partition(self, topic, partition):
+        raise logkit.StorageError("the leader's tail needs recovery", operation="read",
+                                  path=self.path)
+
+
+def test_catch_up_times_out_when_the_leaders_ends_cannot_be_read(leader, tmp_path):
+    leader.create_topic("t", 1)
+    follower = logkit.Follower(tmp_path / "f", UnreadableSource(leader.path),
+                               config={"replica.fetch.backoff.ms": 10})
+    with pytest.raises(logkit.LogkitTimeoutError, match="could not be read.*needs recovery"):
+        follower.catch_up(timeout=0.5)
+
+
 def test_follower_rejects_a_source_that_is_not_one(tmp_path):
     with pytest.raises(logkit.ConfigError, match="ReplicaSource"):
         logkit.Follower(tmp_path / "f", str(tmp_path / "leader"))

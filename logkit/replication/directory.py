@@ -120,9 +120,10 @@ class DirectorySource(ReplicaSource):
         for name in broker.topics():
             try:
                 topic = broker.topic(name)
-            except (UnknownTopicError, StorageError) as exc:   # deleted, or half-made
-                log.debug("%s: topic %s not readable now: %s", self.describe(), name, exc)
+            except UnknownTopicError:                 # deleted meanwhile
                 continue
+            # Any other error raises: a topic left out would read as deleted, and the
+            # follower would delete its copy.
             self._topics[name] = topic
             overrides = {k: v for k, v in topic.config.items() if _DEFAULTS.get(k) != v}
             out[name] = TopicInfo(name, topic.num_partitions, overrides, topic.topic_id)

@@ -538,10 +538,10 @@ class Follower:
         end = p.log_end_offset
         cut = divergence_offset(epochs, end, info.epochs, info.log_end_offset)
         if cut < end:
-            log.warning("%s: %s: the log (end %d, epochs %s) diverges from the leader's "
-                        "(end %d, epochs %s) at offset %d: truncating", self.path,
-                        _tp_name(tp), end, epochs, info.log_end_offset, list(info.epochs),
-                        cut)
+            log.warning("%s: %s: the log (end %d, latest epochs %s) diverges from the "
+                        "leader's (end %d, latest epochs %s) at offset %d: truncating",
+                        self.path, _tp_name(tp), end, epochs[-3:], info.log_end_offset,
+                        list(info.epochs[-3:]), cut)
             if cut < p.log_start_offset:
                 p.truncate_fully_and_start_at(max(cut, info.log_start_offset))
             else:
@@ -631,10 +631,11 @@ class Follower:
             if self._broker is None:
                 self._open()
                 opened = True
-            targets = self._targets()
-            self._metadata_asked += 1
-            asked = self._metadata_asked
         try:
+            targets = self._targets_by(deadline)
+            with self._driver:
+                self._metadata_asked += 1
+                asked = self._metadata_asked
             if self.running:
                 self._wait_for(targets, asked, deadline)
             else:
@@ -644,11 +645,25 @@ class Follower:
                 with self._driver:
                     self._close()
 
-    def _targets(self) -> dict[TopicPartition, int]:
-        return {TopicPartition(name, n):
-                self.source.partition(name, n).log_end_offset
-                for name, info in self.source.topics().items()
-                for n in range(info.partitions)}
+    def _targets_by(self, deadline: float) -> dict[TopicPartition, int]:
+        """The leader's log end offsets now; a source that fails is asked again after
+        replica.fetch.backoff.ms until `deadline`."""
+        backoff_s = self.config["replica.fetch.backoff.ms"] / 1000
+        while True:
+            try:
+                with self._driver:
+                    return {TopicPartition(name, n):
+                            self.source.partition(name, n).log_end_offset
+                            for name, info in self.source.topics().items()
+                            for n in range(info.partitions)}
+            except (LogkitError, OSError) as exc:
+                if self._fatal(exc):
+                    raise
+                self._retrying(exc)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._timeout({})
+            time.sleep(min(backoff_s, left))
 
     def _reached(self, targets: Mapping[TopicPartition, int], asked: int) -> bool:
         return self._metadata_done >= asked and all(
@@ -696,6 +711,8 @@ class Follower:
         shown = ", ".join(f"{name} at {have} of {want}"
                           for name, (have, want) in sorted(behind.items())[:5])
         last = f"; last error: {self._last_error}" if self._last_error else ""
+        if not targets:
+            shown = "the leader's log end offsets could not be read"
         return LogkitTimeoutError(f"{self!r} did not catch up in time: "
                                   f"{shown or 'metadata not copied yet'}{last}")
 
