@@ -416,13 +416,10 @@ class Consumer:
             return []
         self._rotation = (self._rotation + 1) % len(fetchable)
         order = fetchable[self._rotation:] + fetchable[:self._rotation]
-        stuck = self._stuck
-        if stuck is not None:
-            if stuck in order:                       # its error comes before anything
-                order.remove(stuck)
-                order.insert(0, stuck)
-            else:                                    # paused, revoked, unassigned
-                self._stuck = None
+        stuck, self._stuck = self._stuck, None       # set again if it still fails
+        if stuck is not None and stuck in order:     # its error comes before anything
+            order.remove(stuck)
+            order.insert(0, stuck)
         decoding = self._key_deserializer is not None or \
             self._value_deserializer is not None
         out: list[Record] = []
@@ -454,8 +451,6 @@ class Consumer:
                         if not out:
                             raise error
                         return out
-                    if tp == stuck:
-                        self._stuck = None
                 positions[tp] = records[-1].offset + 1
                 out.extend(records)
                 if len(out) >= max_records or budget <= 0:

@@ -81,9 +81,9 @@ returns at once: the parent's batches are the parent's to append.
 
 Thread-safety: every public method may be called from any thread. One lock (the
 accumulator's) guards the batching structure (opening and sealing batches, buffer
-accounting); it is never held while encoding or appending. The hot path of `send()` takes no lock: it appends to
-the open batch's deque (an atomic operation) and re-checks that the batch was not
-sealed meanwhile (see `Producer.send`).
+accounting); it is never held while encoding or appending. The hot path of `send()`
+takes no lock: it appends to the open batch's deque (an atomic operation) and re-checks
+that the batch was not sealed meanwhile (see `Producer.send`).
 Invariant: each record's future resolves exactly once, with the offset it was stored at
 or the error that kept it out; a record is never appended twice; batches of one
 partition are appended in the order they were sealed, so records keep their send order
@@ -104,9 +104,9 @@ from . import _fork, _native
 from .accumulator import Batch, RecordAccumulator, TopicBatches
 from .compression import codec_id, require
 from .config import PRODUCER, resolve
-from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError, LogkitError,
-                     LogkitTimeoutError, NotEnoughReplicasError, RecordTooLargeError,
-                     UnknownTopicError, storage_error)
+from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
+                     LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
+                     RecordTooLargeError, UnknownTopicError, storage_error)
 from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
                       record_size_estimate)
 
