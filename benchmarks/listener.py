@@ -9,8 +9,10 @@ Systems:
               when installed
 
 Workloads (confluent-kafka as the client everywhere, 100-byte values, 10-byte keys):
-  ready        start -> first answered ApiVersions on a socket (logkit, tansu); start ->
-               first metadata answer from the client (mock: the cluster lives in it)
+  ready        start -> first answered ApiVersions on a socket: broker.serve() on an open
+               broker (logkit), a process launched (tansu; logkit's `logkit serve` as
+               process_ready_ms, its Broker open as open_ms); the mock: start -> first
+               metadata answer from the client (the cluster lives in it)
   assign       a lone consumer's subscribe -> its first assignment
   produce      records/s with acks=1 and acks=all (linger 5 ms, batches of 1 MB)
   consume      records/s reading them back from the beginning
@@ -29,6 +31,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -86,14 +89,37 @@ class Logkit(System):
     name = "logkit"
 
     def start(self) -> float:
+        """broker.serve() -> first answer, in a process that has the broker open; the
+        open itself (`open_ms`) and a whole `logkit serve` process (`process_ready_ms`,
+        like Tansu's figure: interpreter, imports, open, listen) are measured apart."""
         self.dir = tempfile.mkdtemp(prefix="logkit-listener-")
         began = time.perf_counter()
         self.broker = logkit.Broker(self.dir)
+        opened = time.perf_counter()
         self.server = self.broker.serve()
         _first_answer(self.server.host, self.server.port, time.monotonic() + READY_TIMEOUT_S)
-        ready = (time.perf_counter() - began) * 1000
+        ready = (time.perf_counter() - opened) * 1000
+        self.open_ms = (opened - began) * 1000
         self.bootstrap = self.server.bootstrap_servers
+        self.process_ready_ms = self._process_ready_ms()
         return ready
+
+    def _process_ready_ms(self) -> float | None:
+        port = _free_port()
+        directory = tempfile.mkdtemp(prefix="logkit-serve-")
+        began = time.perf_counter()
+        process = subprocess.Popen([sys.executable, "-m", "logkit.cli", "serve", directory,
+                                    "--port", str(port)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        try:
+            _first_answer("127.0.0.1", port, time.monotonic() + READY_TIMEOUT_S)
+            return (time.perf_counter() - began) * 1000
+        except OSError:                   # a cli.py without `serve`: no figure
+            return None
+        finally:
+            process.terminate()
+            process.wait(10)
+            shutil.rmtree(directory, ignore_errors=True)
 
     def stop(self) -> None:
         self.broker.close()
@@ -174,9 +200,9 @@ def _produce(system: System, topic: str, records: int, acks: str) -> float:
     return records / (time.perf_counter() - began)
 
 
-def _consume(system: System, topic: str, records: int) -> float:
+def _consume(system: System, topic: str, records: int, group: str = "bench") -> float:
     import confluent_kafka
-    consumer = confluent_kafka.Consumer({**system.client_config(), "group.id": "bench",
+    consumer = confluent_kafka.Consumer({**system.client_config(), "group.id": group,
                                          "auto.offset.reset": "earliest",
                                          "enable.auto.commit": False})
     consumer.subscribe([topic])
@@ -232,47 +258,77 @@ def _create(system: System, topic: str) -> None:
         future.result(timeout=20)
 
 
-def run(records: int, round_trips: int) -> list[dict[str, Any]]:
-    systems: list[Callable[[], System]] = [Logkit, Mock]
+def run(records: int, round_trips: int, repeats: int = 3) -> list[dict[str, Any]]:
+    """Every system is started first and stays up; then each workload runs `repeats`
+    times, the systems interleaved within each repeat, and the median is kept: on a
+    shared machine the load moves during a run, and interleaving gives every system the
+    same share of it."""
+    makers: list[Callable[[], System]] = [Logkit, Mock]
     if Tansu.binary() is not None:
-        systems.append(Tansu)
-    rows = []
-    for make in systems:
+        makers.append(Tansu)
+    systems, rows = [], {}
+    for make in makers:
         system = make()
         row: dict[str, Any] = {"system": system.name}
         try:
             row["ready_ms"] = system.start()
-            _create(system, "acks1")
-            _create(system, "acksall")
-            _create(system, "assign")
+            for extra in ("open_ms", "process_ready_ms"):
+                if hasattr(system, extra):
+                    row[extra] = getattr(system, extra)
+            for topic in ("acks1", "acksall", "assign"):
+                _create(system, topic)
             _produce(system, "assign", 1, "1")    # the mock makes a topic on first use
             row["assign_ms"] = _assign_ms(system, "assign")
-            row["produce_acks1_per_s"] = _produce(system, "acks1", records, "1")
-            row["produce_acksall_per_s"] = _produce(system, "acksall", records, "all")
-            row["consume_per_s"] = _consume(system, "acks1", records)
-            row.update({f"round_trip_{k}": v for k, v in
-                        _round_trip(system, "acks1", round_trips).items()})
+            systems.append(system)
         except Exception as exc:               # a peer failing is a row, not a crash
             row["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
             system.stop()
-        rows.append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-    base = next((r for r in rows if r["system"] == "mock" and "error" not in r), None)
-    for row in rows:
-        if base is not None and "error" not in row:
+        rows[system.name] = row
+    samples: dict[tuple[str, str], list[float]] = {}
+    try:
+        for repeat in range(repeats):
+            for system in systems:
+                name = system.name
+                if "error" in rows[name]:
+                    continue
+                try:
+                    for key, work in (
+                            ("produce_acks1_per_s", lambda: _produce(system, "acks1",
+                                                                     records, "1")),
+                            ("produce_acksall_per_s", lambda: _produce(
+                                system, "acksall", records, "all")),
+                            ("consume_per_s", lambda: _consume(system, "acks1", records,
+                                                               f"bench-{repeat}"))):
+                        samples.setdefault((name, key), []).append(work())
+                    trips = _round_trip(system, "acks1", max(1, round_trips // repeats))
+                    for key, value in trips.items():
+                        samples.setdefault((name, f"round_trip_{key}"), []).append(value)
+                except Exception as exc:
+                    rows[name]["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        for system in systems:
+            system.stop()
+    for (name, key), values in samples.items():
+        if "error" not in rows[name]:
+            rows[name][key] = statistics.median(values)
+    base = rows.get("mock")
+    for row in rows.values():
+        if base is not None and "error" not in base and "error" not in row:
             for key in ("produce_acks1_per_s", "produce_acksall_per_s", "consume_per_s"):
                 row[key.replace("_per_s", "_vs_mock")] = round(row[key] / base[key], 3)
-    return rows
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return list(rows.values())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=200000)
     parser.add_argument("--round-trips", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="write the rows to this file")
     args = parser.parse_args(argv)
-    rows = run(min(args.records, 10_000_000), min(args.round_trips, 100_000))
+    rows = run(min(args.records, 10_000_000), min(args.round_trips, 100_000),
+               max(1, min(args.repeats, 20)))
     for row in rows:
         print("  ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}"
                         for k, v in row.items()))
