@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 NODE_ID = 1
 MAX_FETCH_WAIT_MS = 30000                  # a client's max.wait.ms is capped here
+RECHECK_S = 0.1                            # a long poll re-reads its partitions this often
 BATCH_HEADER_BYTES = 61
 _MAGIC_AT = 16
 _LENGTH = struct.Struct(">i")              # batchLength at 8
@@ -314,11 +315,19 @@ class Handlers:
         while True:
             seen = doorbell.value() if doorbell is not None else 0
             responses, size, failed = self._fetch_once(request)
-            remaining = deadline - time.monotonic()
-            if size >= body["min_bytes"] or failed or remaining <= 0 \
+            checked = time.monotonic()
+            if size >= body["min_bytes"] or failed or checked >= deadline \
                     or session.closing.is_set() or self.closing.is_set() or doorbell is None:
                 return {"error_code": E.NONE, "session_id": 0, "responses": responses}
-            doorbell.wait(seen, remaining)
+            # Sleep until the doorbell rings; look at the partitions again only then (an
+            # idle long poll over many partitions costs nothing per wake-up), or every
+            # RECHECK_S, which bounds the rare ring two processes made at once and lost.
+            while doorbell.value() == seen and not session.closing.is_set() \
+                    and not self.closing.is_set():
+                now = time.monotonic()
+                if now >= deadline or now - checked >= RECHECK_S:
+                    break
+                doorbell.wait(seen, min(deadline, checked + RECHECK_S) - now)
 
     def _fetch_once(self, request: Request) -> tuple[list[dict[str, Any]], int, bool]:
         body = request.body
