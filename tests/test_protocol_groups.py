@@ -147,5 +147,20 @@ def test_a_lone_consumer_is_assigned_at_its_first_join(tmp_path):
         described = server.handlers.groups.describe("solo")
         assert described["group_state"] == "Stable" and len(described["members"]) == 1
         assert len(broker.group("solo").members()) == 1
+        # kafka-python's admin client lists and describes the group, and its offsets
+        consumer.commit({kafka.TopicPartition("t", 0): kafka.OffsetAndMetadata(0, "m", -1)})
+        admin = kafka.KafkaAdminClient(bootstrap_servers=server.bootstrap_servers)
+        assert [(g["group_id"], g["group_state"]) for g in admin.list_groups()] == \
+            [("solo", "Stable")]
+        described = admin.describe_groups(["solo"])["solo"]
+        assert described["group_state"] == "Stable" and described["protocol_data"] == "range"
+        (member,) = described["members"]
+        assert member["member_metadata"]["topics"] == ["t"]
+        assert member["member_assignment"]["assigned_partitions"] == \
+            [{"topic": "t", "partitions": [0, 1]}]
+        offsets = admin.list_group_offsets("solo")["solo"]
+        assert offsets[kafka.TopicPartition("t", 0)].offset == 0
+        assert offsets[kafka.TopicPartition("t", 0)].metadata == "m"
+        admin.close()
         consumer.close()
         assert broker.group("solo").members() == []
