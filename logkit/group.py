@@ -448,6 +448,9 @@ def list_groups(meta: Any) -> list[str]:
         for key in txn.cursor(db=meta.db("groups")).iternext(keys=True, values=False):
             if b"\0" not in key:                       # b"gen\0<id>" keys hold the generation
                 ids.add(key.decode())
+        # groups with members on the Kafka protocol listener (logkit/protocol/groups.py)
+        ids.update(key.decode() for key in txn.cursor(db=meta.db("members")).iternext(
+            keys=True, values=False))
         cursor = txn.cursor(db=meta.db("offsets"))
         if cursor.first():                             # one seek per group, not per offset
             while True:
@@ -490,7 +493,8 @@ class ConsumerGroup:
         """Kafka's group states, as kafka-consumer-groups shows them: "Stable" (live
         members), "Empty" (none live, but a generation or committed offsets), "Dead"
         (the broker knows nothing of this id: never used, deleted, or misspelt)."""
-        if live_members(self._coordinator.state()):
+        if live_members(self._coordinator.state()) \
+                or wire_members(self._broker.meta, self.group_id):
             return "Stable"
         return "Empty" if self.group_id in list_groups(self._broker.meta) else "Dead"
 

@@ -147,6 +147,7 @@ def test_a_lone_consumer_is_assigned_at_its_first_join(tmp_path):
         described = server.handlers.groups.describe("solo")
         assert described["group_state"] == "Stable" and len(described["members"]) == 1
         assert len(broker.group("solo").members()) == 1
+        assert "solo" in broker.groups() and broker.group("solo").state == "Stable"
         # kafka-python's admin client lists and describes the group, and its offsets
         consumer.commit({kafka.TopicPartition("t", 0): kafka.OffsetAndMetadata(0, "m", -1)})
         admin = kafka.KafkaAdminClient(bootstrap_servers=server.bootstrap_servers)
