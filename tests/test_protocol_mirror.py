@@ -50,7 +50,7 @@ def test_mirror_copies_records_and_translates_offsets_to_a_logkit_listener(tmp_p
         # the target's partition 0 already holds 5 records: offsets must shift by 5
         target.create_topic("orders", 3)
         target.topic("orders").partition(0).append([(b"old", b"x", None, None)] * 5)
-        report = logkit.mirror(source, server.bootstrap_servers, groups=["billing"])
+        report = logkit.mirror(source, server.bootstrap_servers, groups=True)
         assert sum(report["records"]["orders"].values()) == 300
         copied = _records(target, "orders")
         assert copied[0][5:] == _records(source, "orders")[0]
