@@ -98,13 +98,15 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
-def _sweep_format_temps(root: str) -> None:
-    """Remove `logkit.json.<pid>.tmp` files a crashed or failed opener left."""
+def _sweep_format_temps(root: str, names: list[str] | None = None) -> None:
+    """Remove `logkit.json.<pid>.tmp` files a crashed or failed opener left; `names`
+    is the root's listing when the caller has just read it."""
     now = time.time()
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return                   # best effort: the open that follows reports the fault
+    if names is None:
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return               # best effort: the open that follows reports the fault
     for name in names:
         if name.startswith(FORMAT_FILE + ".") and name.endswith(".tmp"):
             path = os.path.join(root, name)
@@ -115,22 +117,23 @@ def _sweep_format_temps(root: str) -> None:
                 pass
 
 
-def _check_root(root: str, *, adopt: bool) -> None:
+def _check_root(root: str, *, adopt: bool) -> list[str] | None:
     """Refuse a path that is a file, or a non-empty directory that is not a logkit root
-    (unless `adopt`), before anything is written there (DESIGN §6)."""
+    (unless `adopt`), before anything is written there (DESIGN §6). Returns the root's
+    listing (None when it was not read: a missing root, or `adopt`)."""
     if os.path.lexists(root) and not os.path.isdir(root):
         raise ConfigError(f"{root} is not a directory; logkit.Broker(path) takes the "
                           "broker's root directory (missing, empty or a logkit root)")
     if adopt:
-        return
+        return None
     try:
         entries = os.listdir(root)
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
         raise storage_error(exc, "open root", root) from exc
     if FORMAT_FILE in entries or os.path.isfile(os.path.join(root, "meta", "data.mdb")):
-        return                  # a logkit root (one whose format file is yet to be made)
+        return entries          # a logkit root (one whose format file is yet to be made)
     # an opener that died (or is running) before its format file landed leaves only
     # its temp file: still a logkit root in the making
     others = sorted(e for e in entries if not (e.startswith(FORMAT_FILE + ".")
@@ -141,6 +144,7 @@ def _check_root(root: str, *, adopt: bool) -> None:
         raise ConfigError(f"{root} is not empty and is not a logkit directory (no "
                           f"{FORMAT_FILE}; it holds {shown}); give a new or empty "
                           "directory, or pass adopt=True to make a logkit root of it")
+    return entries
 
 
 def partition_dir(root: str, topic: str, partition: int) -> str:
@@ -211,7 +215,7 @@ class Broker:
         self.config = resolve_broker_config(config)
         self._pid = _fork.owner_pid()
         self.read_only = read_only
-        _check_root(self.path, adopt=adopt or read_only)
+        listing = _check_root(self.path, adopt=adopt or read_only)
         if read_only:
             self._open_read_only()
             return
@@ -221,7 +225,7 @@ class Broker:
                 log.warning("%s is owned by another user (uid %d); its files may be "
                             "changed under this process", self.path,
                             os.stat(self.path).st_uid)
-            _sweep_format_temps(self.path)
+            _sweep_format_temps(self.path, listing)
             check_directory(os.path.join(self.path, "meta"))
         except OSError as exc:
             raise storage_error(exc, "open root", self.path) from exc
