@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test lint bench install clean
 
 $(STAMP): pyproject.toml setup.cfg
 	# strace drives the crash-point enumeration (tests/test_crashpoints.py); as root on
@@ -25,7 +25,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo.py
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check logkit spark tests tools benchmarks examples
+
+test: lint
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q tests
 
 bench: $(STAMP)

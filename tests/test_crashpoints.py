@@ -13,7 +13,6 @@ carries the trial's reproducer (the exact strace command, then the checker).
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 
 import pytest

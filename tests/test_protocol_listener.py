@@ -13,7 +13,6 @@ import pytest
 import logkit
 from logkit.protocol import errors as E
 from logkit.protocol.frame import encode_request, parse_response
-from logkit.protocol.messages import APIS
 
 
 class Raw:

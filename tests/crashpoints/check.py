@@ -23,7 +23,7 @@ import sys
 import traceback
 
 import logkit
-from logkit.errors import LogkitError, MetadataStoreError
+from logkit.errors import MetadataStoreError
 from logkit.topic import TopicPartition
 
 from .workload import GROUP, TEMP_TOPIC
