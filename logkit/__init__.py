@@ -17,7 +17,8 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      NoOffsetForPartitionError, NotEnoughReplicasError,
                      OffsetOutOfRangeError, RecordTooLargeError, TopicExistsError,
                      UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
-                     ForkedProcessError, ReadOnlyError, SerializationError)
+                     ForkedProcessError, ReadOnlyError, SerializationError,
+                     ArgumentTypeError)
 from .mirroring import mirror
 from .murmur2 import murmur2
 from .log import RecoveryReport
@@ -39,5 +40,5 @@ __all__ = [
     "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
-    "ReadOnlyError", "SerializationError",
+    "ReadOnlyError", "SerializationError", "ArgumentTypeError",
 ]
