@@ -121,3 +121,16 @@ def test_the_spark_snippet_runs_as_written_in_a_fresh_process(tmp_path):
         copy = broker.topic("copy")
         assert copy.num_partitions == 1
         assert [r.key for r in copy.partition(0).read(0)] == [b"customer-7"] * 2
+
+
+def test_the_kafka_client_snippet_runs_as_written(tmp_path):
+    """The README's listener block: confluent-kafka produces and consumes through
+    broker.serve() on the same directory, and the wire member shows embedded."""
+    script = tmp_path / "wire.py"
+    script.write_text(block("python", "broker.serve()"))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "b'hello'", proc.stdout
+    assert lines[1] == "1", proc.stdout
