@@ -27,15 +27,17 @@ import collections
 import errno
 import logging
 import socket
-import ssl
 import threading
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .errors import FrameTooLargeError, ProtocolError
 from .frame import MAX_REQUEST_BYTES, FrameDecoder, encode_response, parse_request
 from .handlers import Handlers, Session
 from .messages import APIS, API_VERSIONS_KEY
+
+if TYPE_CHECKING:                  # ssl is imported by whoever makes the context:
+    import ssl                     # a listener without TLS does not pay for it
 
 __all__ = ["KafkaServer", "serve"]
 
@@ -177,7 +179,7 @@ class KafkaServer:
             log.info("Kafka listener: closing %s: %s", peer, exc)
         except ProtocolError as exc:
             log.info("Kafka listener: closing %s: a frame that does not parse: %s", peer, exc)
-        except (OSError, ssl.SSLError) as exc:
+        except OSError as exc:               # ssl.SSLError included
             log.debug("Kafka listener: connection %s ended: %s", peer, exc)
         except Exception:                    # a bug in a handler: this connection only
             log.exception("Kafka listener: closing %s after an unexpected error", peer)
