@@ -13,6 +13,10 @@ Layers, each its own module, each knowing only the one below it:
 Applications call `broker.serve(...)`; `KafkaServer` is the handle it returns.
 """
 
+import logging
+
 from .server import KafkaServer, serve
 
 __all__ = ["KafkaServer", "serve"]
+
+log = logging.getLogger(__name__)
