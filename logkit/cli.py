@@ -366,10 +366,15 @@ def add_serve(cmd: argparse.ArgumentParser) -> None:
                      "any free port, printed)")
     cmd.add_argument("--advertised-host", default=None,
                      help="host name clients are told to connect to (default: --host)")
+    cmd.add_argument("--config", action="append", metavar="KEY=VALUE",
+                     help="a broker setting, Kafka's names, e.g. num.partitions=3 or "
+                     "auto.create.topics.enable=false (repeatable)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    with Broker(args.directory) as broker, _stop_on_signals() as stop:
+    config = _config_pairs(args.config, "--config")
+    with Broker(args.directory, config=config or None) as broker, \
+            _stop_on_signals() as stop:
         server = broker.serve(host=args.host, port=args.port,
                               advertised_host=args.advertised_host)
         print(f"serving {args.directory} to Kafka clients at {server.bootstrap_servers}",
@@ -945,7 +950,7 @@ COMMANDS: list[Command] = [
             "logkit groups describe data/ billing", lambda cmd: None, None, GROUPS),
     Command("serve", "serve the directory to Kafka clients (kafka-python, aiokafka, "
             "confluent-kafka) over Kafka's wire protocol, until SIGINT/SIGTERM",
-            "logkit serve data/ --port 9092\n"
+            "logkit serve data/ --port 9092 --config num.partitions=3\n"
             "logkit serve data/ --host 0.0.0.0 --advertised-host myhost --port 9092",
             add_serve, cmd_serve),
     Command("mirror", "copy topics (and --groups: committed offsets) to a Kafka cluster; "

@@ -55,3 +55,24 @@ def test_logkit_mirror_copies_to_a_listener_and_resumes(tmp_path, capsys):
         assert "orders: 0 record(s) copied" in capsys.readouterr().out
         assert target.topic("orders").partition(1).high_watermark == 3
         assert cli.main(argv + ["--client-config", "nonsense"]) == 2
+
+
+@pytest.mark.skipif(not _has_serve(), reason="this cli.py has no serve command yet")
+def test_logkit_serve_takes_broker_settings(tmp_path):
+    """--config num.partitions=3 reaches the broker: an auto-created topic gets 3."""
+    kafka = pytest.importorskip("kafka")
+    directory = tmp_path / "data"
+    process = subprocess.Popen([sys.executable, "-m", "logkit.cli", "serve", str(directory),
+                                "--port", "0", "--config", "num.partitions=3"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        address = process.stdout.readline().strip().rsplit(" ", 1)[-1]
+        producer = kafka.KafkaProducer(bootstrap_servers=address)
+        producer.send("auto", b"x").get(timeout=20)
+        assert len(producer.partitions_for("auto")) == 3
+        producer.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
