@@ -261,6 +261,8 @@ def test_fetch_out_of_range_and_unknown_topic_ids_are_errors(raw, broker):
     answer = raw.call(1, 12, {**body, "topics": [{"topic": "t", "partitions": [
         {"partition": 0, "fetch_offset": 5, "partition_max_bytes": 100}]}]})
     assert answer["responses"][0]["partitions"][0]["error_code"] == E.OFFSET_OUT_OF_RANGE
+    # empty records, never null: librdkafka takes a null record set for a parse failure
+    assert answer["responses"][0]["partitions"][0]["records"] == b""
     answer = raw.call(1, 13, {**body, "topics": [{"topic_id": b"\x01" * 16, "partitions": [
         {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 100}]}]})
     assert answer["responses"][0]["partitions"][0]["error_code"] == E.UNKNOWN_TOPIC_ID
@@ -353,3 +355,18 @@ def test_a_topic_deleted_and_recreated_elsewhere_is_seen_by_produce_and_fetch(ra
     assert (first["error_code"], first["base_offset"]) == (0, 0)
     assert _produce(raw, "t", 1, _batch([b"p1"]))["error_code"] == 0
     assert [r.value for r in broker.topic("t").partition(0).read(0)] == [b"new"]
+
+
+def test_create_topics_takes_a_replica_assignment_on_this_broker_only(raw, broker):
+    def create(name, broker_ids):
+        answer = raw.call(19, 7, {"topics": [
+            {"name": name, "num_partitions": -1, "replication_factor": -1,
+             "assignments": [{"partition_index": n, "broker_ids": broker_ids}
+                             for n in range(3)], "configs": []}],
+            "timeout_ms": 1000, "validate_only": False})
+        return answer["topics"][0]["error_code"]
+
+    assert create("placed", [1]) == 0
+    assert broker.topic("placed").num_partitions == 3
+    assert create("elsewhere", [2]) == E.INVALID_REPLICA_ASSIGNMENT
+    assert "elsewhere" not in broker.topics()

@@ -16,9 +16,11 @@ The state machine (Kafka's GroupCoordinator, without static membership):
 | PreparingRebalance  | wait for every member, or the   | REBALANCE_IN_PROGRESS          | REBALANCE_IN_PROGRESS|
 |                     | rebalance timeout (the missing  |                                |                      |
 |                     | are removed) -> Completing...   |                                |                      |
-| CompletingRebalance | -> PreparingRebalance           | leader: assignments -> Stable; | NONE                 |
-|                     |                                 | others wait for the leader     |                      |
-| Stable              | -> PreparingRebalance           | the member's assignment        | NONE                 |
+| CompletingRebalance | same protocols: this generation | leader: assignments -> Stable; | NONE                 |
+|                     | back; else -> PreparingRebalance| others wait for the leader     |                      |
+| Stable              | a follower with the same        | the member's assignment        | NONE                 |
+|                     | protocols: this generation back;|                                |                      |
+|                     | else -> PreparingRebalance      |                                |                      |
 
 A member silent for its session timeout is removed when any member of its group next
 calls (a heartbeat every few seconds is enough), which starts a rebalance. The first
@@ -166,6 +168,12 @@ class GroupManager:
             elif member_id not in group.members:
                 return _join_error(E.UNKNOWN_MEMBER_ID, member_id)
             member = group.members[member_id]
+            if self._unchanged(group, member, protocols):
+                # Kafka's rule: a known member rejoining with the same protocols gets
+                # the current generation back, without a rebalance (unless it leads a
+                # Stable group, whose leader may want to assign again)
+                member.last_seen = time.monotonic()
+                return self._join_result(group, member)
             member.session_timeout_ms = session_timeout_ms
             member.rebalance_timeout_ms = rebalance_timeout_ms
             member.protocols = list(protocols)
@@ -240,19 +248,32 @@ class GroupManager:
         group.state = COMPLETING
         for member in group.members.values():
             member.assignment = b""
-            member.join_result = {
-                "error_code": E.NONE, "generation_id": group.generation,
-                "protocol_type": group.protocol_type, "protocol_name": group.protocol_name,
-                "leader": group.leader, "member_id": member.member_id,
-                "members": [{"member_id": m.member_id,
-                             "metadata": m.metadata(group.protocol_name)}
-                            for m in group.members.values()]
-                if member.member_id == group.leader else []}
+            member.join_result = self._join_result(group, member)
         log.debug("group %s: generation %d, %d member(s), protocol %s, leader %s",
                   group.group_id, group.generation, len(group.members),
                   group.protocol_name, group.leader)
         self._save(group)
         self._cond.notify_all()
+
+    @staticmethod
+    def _unchanged(group: _Group, member: _Member, protocols: list[tuple[str, bytes]]) -> bool:
+        if member.protocols != list(protocols):
+            return False
+        if group.state == COMPLETING:
+            return True
+        return group.state == STABLE and member.member_id != group.leader
+
+    @staticmethod
+    def _join_result(group: _Group, member: _Member) -> dict[str, Any]:
+        """The JoinGroup answer of the current generation for `member` (the leader gets
+        every member's metadata)."""
+        return {"error_code": E.NONE, "generation_id": group.generation,
+                "protocol_type": group.protocol_type, "protocol_name": group.protocol_name,
+                "leader": group.leader, "member_id": member.member_id,
+                "members": [{"member_id": m.member_id,
+                             "metadata": m.metadata(group.protocol_name or "")}
+                            for m in group.members.values()]
+                if member.member_id == group.leader else []}
 
     @staticmethod
     def _choose_protocol(group: _Group) -> str:
@@ -302,11 +323,15 @@ class GroupManager:
     def heartbeat(self, group_id: str, generation: int, member_id: str) -> int:
         with self._cond:
             group = self._groups.get(group_id)
+            if group is not None and member_id in group.members:
+                # alive, whatever the answer: during a rebalance a member that keeps
+                # heartbeating is given the rebalance timeout to rejoin (Kafka's rule),
+                # not cut off at its session timeout
+                group.members[member_id].last_seen = time.monotonic()
             error = self._check_member(group, generation, member_id)
             if error:
                 return error
             assert group is not None
-            group.members[member_id].last_seen = time.monotonic()
             # the snapshot's heartbeat time must stay within every member's session
             # timeout, or other processes would take live members for gone ones
             every_s = min(SNAPSHOT_EVERY_MS, min(m.session_timeout_ms for m in

@@ -453,8 +453,16 @@ class Handlers:
             count = self.broker.config["num.partitions"]
         factor = wanted["replication_factor"]
         if wanted["assignments"]:
-            return _create_error(name, E.INVALID_REPLICA_ASSIGNMENT,
-                                 "manual replica assignment is not supported")
+            # One broker: an assignment is valid when it puts each partition 0..n-1 on
+            # this node alone (the count and factor, if given, must agree with it).
+            placed = sorted(a["partition_index"] for a in wanted["assignments"])
+            if wanted["num_partitions"] not in (-1, len(placed)) or factor not in (-1, 1) \
+                    or placed != list(range(len(placed))) \
+                    or any(a["broker_ids"] != [NODE_ID] for a in wanted["assignments"]):
+                return _create_error(name, E.INVALID_REPLICA_ASSIGNMENT,
+                                     f"an assignment must place partitions 0..n-1 on "
+                                     f"broker {NODE_ID} alone")
+            count, factor = len(placed), 1
         if factor not in (-1, 1):
             return _create_error(name, E.INVALID_REPLICATION_FACTOR,
                                  f"replication factor {factor} is larger than the one "
@@ -775,9 +783,11 @@ def _produce_result(index: int, code: int, message: str | None = None) -> dict[s
 
 
 def _fetch_error(index: int, code: int) -> dict[str, Any]:
+    # empty records, not null: Kafka sends empty ones, and librdkafka refuses a null
+    # record set as a parse failure
     return {"partition_index": index, "error_code": code, "high_watermark": -1,
             "last_stable_offset": -1, "log_start_offset": -1,
-            "aborted_transactions": None, "records": None}
+            "aborted_transactions": None, "records": b""}
 
 
 def _create_error(name: str, code: int, message: str) -> dict[str, Any]:

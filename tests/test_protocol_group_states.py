@@ -1,0 +1,79 @@
+"""The classic group coordinator's rules, driven call by call (GroupManager, no
+sockets): a member that keeps heartbeating through a rebalance is waited for up to the
+rebalance timeout, not dropped at its session timeout (librdkafka's head-of-line test),
+and a follower rejoining with the same protocols gets its generation back without a
+rebalance."""
+
+import threading
+import time
+
+from logkit.protocol import errors as E
+from logkit.protocol.groups import GroupManager
+
+PROTOCOLS = [("range", b"\x00\x00\x00\x00\x00\x01\x00\x01t\xff\xff\xff\xff")]
+
+
+def _manager():
+    snapshots = {}
+    return GroupManager(persist=snapshots.__setitem__, embedded_live=lambda g: False), \
+        snapshots
+
+
+def _join(manager, member_id="", client="c", session_ms=1000, rebalance_ms=30000):
+    return manager.join("g", member_id, client, "127.0.0.1", session_ms, rebalance_ms,
+                        "consumer", PROTOCOLS)
+
+
+def test_a_heartbeating_member_is_waited_for_past_its_session_timeout():
+    manager, snapshots = _manager()
+    first = _join(manager)
+    a = first["member_id"]
+    assert manager.sync("g", first["generation_id"], a,
+                        [{"member_id": a, "assignment": b"x"}])["error_code"] == 0
+    joined = {}
+    second = threading.Thread(target=lambda: joined.update(_join(manager, client="b")))
+    second.start()
+    deadline = time.monotonic() + 30
+    while manager.describe("g")["group_state"] != "PreparingRebalance":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # three session timeouts of heartbeats answered REBALANCE_IN_PROGRESS: still a member
+    for _ in range(15):
+        assert manager.heartbeat("g", first["generation_id"], a) == E.REBALANCE_IN_PROGRESS
+        time.sleep(0.2)
+    assert a in [m["member_id"] for m in manager.describe("g")["members"]]
+    assert not joined                                 # b waits for a to rejoin
+    again = _join(manager, member_id=a)
+    second.join(30)
+    assert again["error_code"] == 0 and joined["error_code"] == 0
+    assert again["generation_id"] == joined["generation_id"] == first["generation_id"] + 1
+    assert snapshots["g"]["generation"] == again["generation_id"]
+
+
+def test_a_follower_rejoining_unchanged_keeps_the_generation():
+    manager, _ = _manager()
+    leader = {}
+    thread = threading.Thread(target=lambda: leader.update(_join(manager, client="a")))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not manager.describe("g") or not manager.describe("g")["members"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    thread.join(30)
+    follower = {}
+    thread = threading.Thread(target=lambda: follower.update(_join(manager, client="b")))
+    thread.start()
+    while manager.describe("g")["group_state"] != "PreparingRebalance":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    leader = _join(manager, member_id=leader["member_id"])
+    thread.join(30)
+    generation = leader["generation_id"]
+    assignments = [{"member_id": m["member_id"], "assignment": b"p"}
+                   for m in leader["members"]]
+    assert manager.sync("g", generation, leader["member_id"], assignments)["error_code"] == 0
+    assert manager.sync("g", generation, follower["member_id"], [])["assignment"] == b"p"
+    rejoined = _join(manager, member_id=follower["member_id"])
+    assert (rejoined["error_code"], rejoined["generation_id"]) == (0, generation)
+    assert manager.describe("g")["group_state"] == "Stable"
+    assert manager.heartbeat("g", generation, follower["member_id"]) == E.NONE
