@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable
 
 from ..compat import ParsedSchema
@@ -44,7 +45,7 @@ def as_registry(registry: Any) -> SchemaRegistry:
                       f"{type(registry).__name__}")
 
 
-class SchemaSerde:
+class SchemaSerde(ABC):
     """Base of the schema'd serdes. Pass one as a producer's `value_serializer` (or
     `key_serializer` with `is_key=True`) and a consumer's `value_deserializer`: called
     with bytes it deserializes, with anything else it serializes. (For a schema whose
@@ -85,19 +86,20 @@ class SchemaSerde:
 
     # -- format hooks --
 
+    @abstractmethod
     def _own_schema(self, schema: Any) -> tuple[Schema, ParsedSchema]:
-        raise NotImplementedError
+        """This format's Schema and parsed form for a user-given schema."""
 
+    @abstractmethod
     def _compile(self, schema: Schema, parsed: ParsedSchema
                  ) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
         """(encode value -> payload, decode payload -> value) for one schema."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _reader_decoder(self, schema_id: int, writer: Schema, parsed: ParsedSchema,
                         indexes: list[int] | None) -> Callable[[bytes], Any]:
         """A decoder for payloads written with `writer` into this serde's schema (or,
         without one, into the writer's)."""
-        raise NotImplementedError
 
     def _indexes(self) -> list[int] | None:
         return None

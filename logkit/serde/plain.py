@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import struct
 import uuid
+from abc import ABC, abstractmethod
 from typing import Any
 
 from ..errors import ConfigError, SerializationError
@@ -26,18 +27,20 @@ __all__ = ["StringSerde", "IntSerde", "FloatSerde", "UUIDSerde"]
 log = logging.getLogger(__name__)
 
 
-class _Plain:
+class _Plain(ABC):
     def __init__(self, *, topic: str | None = None) -> None:
         self.topic = topic
 
     def fail(self, message: str) -> SerializationError:
         return SerializationError(message, topic=self.topic)
 
+    @abstractmethod
     def serialize(self, value: Any) -> bytes | None:
-        raise NotImplementedError
+        """The value in this type's Kafka byte layout (None stays None)."""
 
+    @abstractmethod
     def deserialize(self, data: bytes | None) -> Any:
-        raise NotImplementedError
+        """The value these bytes hold (None stays None)."""
 
     def __call__(self, value: Any) -> Any:
         if isinstance(value, (bytes, bytearray, memoryview)):
