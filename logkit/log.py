@@ -774,21 +774,15 @@ class PartitionLog:
         raise LogkitTimeoutError(f"{self.name}: segments kept vanishing under a read")
 
     def read(self, offset: int, *, max_records: int = 500, max_bytes: int = MAX_FETCH_BYTES,
-             stop_offset: int | None = None,
-             upto_offset: int | None = None) -> list[Record]:
+             stop_offset: int | None = None) -> list[Record]:
         """Records from `offset` below the high watermark and below `stop_offset` (None:
         up to the high watermark).
 
         Raises OffsetOutOfRangeError outside [log_start_offset, high_watermark]; returns
         [] at the high watermark. Always returns at least one batch's records if any
-        are available, even when that batch is bigger than `max_bytes`. `upto_offset`
-        is the old name of `stop_offset`, accepted until its last caller switches."""
+        are available, even when that batch is bigger than `max_bytes`."""
         if max_records <= 0:
             raise ValueError("max_records must be positive")
-        if upto_offset is not None:
-            if stop_offset is not None:
-                raise TypeError("read() takes stop_offset or upto_offset, not both")
-            stop_offset = upto_offset
         return self._with_tail(self._read, offset, max_records, max_bytes, stop_offset)
 
     def _check_in_range(self, offset: int, tail: Tail, last: int) -> None:

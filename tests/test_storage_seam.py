@@ -145,17 +145,14 @@ def test_batches_since_max_bytes_bounds_the_answer_but_returns_one_batch(broker)
     assert got == segment_bytes(p)
 
 
-def test_read_stop_offset_bounds_records_and_old_name_still_works(broker):
-    """read(stop_offset=) returns only records below it; upto_offset= is an alias."""
+def test_read_stop_offset_bounds_records(broker):
+    """read(stop_offset=) returns only records below it."""
     p = broker.create_topic("t", 1).partition(0)
     fill(p, 3)
     log = storage(p)
     assert [r.offset for r in log.read(5, stop_offset=13)] == list(range(5, 13))
-    assert [r.offset for r in log.read(5, upto_offset=13)] == list(range(5, 13))
     assert [r.offset for r in log.read(0, stop_offset=None)] == list(range(30))
     assert log.read(13, stop_offset=13) == []
-    with pytest.raises(TypeError):
-        log.read(0, stop_offset=3, upto_offset=3)
 
 
 def test_last_recovery_is_none_after_a_clean_open_and_a_report_after_a_cut(tmp_path):
