@@ -365,3 +365,20 @@ def test_the_replication_example_runs(tmp_path):
     assert sorted(result["billed"] + result["rest"]) == sorted(b"order-%d" % n
                                                                for n in range(10))
     assert result["epoch"] == 1
+
+
+def test_a_symlink_planted_for_the_follower_state_file_is_refused(leader, tmp_path):
+    """The follower's own state file is read without following a link: a link planted
+    in its directory is refused by name, never read through."""
+    leader.create_topic("orders", 1)
+    produce(leader, "orders", 10)
+    path = tmp_path / "f"
+    with logkit.Follower(path, logkit.DirectorySource(leader.path)) as follower:
+        follower.catch_up(timeout=30)
+    decoy = tmp_path / "decoy.json"
+    decoy.write_text('{"follower_id": "planted"}')
+    os.replace(path / "follower.json", tmp_path / "saved.json")
+    os.symlink(decoy, path / "follower.json")
+    with pytest.raises(logkit.StorageError, match="symbolic link"):
+        with logkit.Follower(path, logkit.DirectorySource(leader.path)) as follower:
+            follower.catch_up(timeout=30)

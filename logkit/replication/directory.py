@@ -32,6 +32,7 @@ from ..broker import Broker
 from ..config import resolve_config
 from ..errors import ConfigError, StorageError, UnknownTopicError
 from ..notify import DOORBELL_FILE, Doorbell
+from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
 from .source import PartitionInfo, ReplicaSource, TopicInfo
@@ -240,8 +241,11 @@ class DirectorySource(ReplicaSource):
         for name in names:
             if name.endswith(".json"):
                 try:
-                    with open(os.path.join(directory, name), encoding="utf-8") as f:
+                    fd = open_file(os.path.join(directory, name), os.O_RDONLY)
+                    with open(fd, encoding="utf-8") as f:
                         out[name[:-5]] = json.load(f)
                 except (OSError, ValueError):
                     continue                       # being replaced: read it next time
+                except StorageError:
+                    log.warning("ignoring replica progress file %s: a symbolic link", name)
         return out

@@ -47,6 +47,7 @@ from ..config import resolve_broker_config, resolve_config
 from ..errors import (ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       LogkitTimeoutError, OffsetOutOfRangeError, UnknownTopicError)
 from ..records import iter_batches
+from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import (EpochEntry, assign, divergence_offset, epochs_from_headers,
                      read_checkpoint, truncate_from_end, write_checkpoint)
@@ -244,7 +245,8 @@ class Follower:
 
     def _read_state(self) -> dict[str, Any]:
         try:
-            with open(os.path.join(self.path, STATE_FILE), encoding="utf-8") as f:
+            fd = open_file(os.path.join(self.path, STATE_FILE), os.O_RDONLY)
+            with open(fd, encoding="utf-8") as f:
                 state = json.load(f)
         except FileNotFoundError:
             return {}
