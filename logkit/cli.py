@@ -11,6 +11,7 @@ checks that); docs/cli.md is generated from the same help (tools/cli_docs.py).
     logkit produce DIR TOPIC                       kafka-console-producer: lines from stdin
     logkit consume DIR TOPIC                       kafka-console-consumer (--follow: tail -f)
     logkit groups list|describe|reset-offsets|delete DIR ...         kafka-consumer-groups
+    logkit schemas list|show|register|check DIR ...                  the schema registry
     logkit describe DIR TOPIC                      the partitions of one topic
     logkit dump SEGMENT.log                        the batches (and records) of a segment file
     logkit bench [BENCHMARK ...]                   the benchmark suite (benchmarks/ of a checkout)
@@ -43,8 +44,8 @@ import sys
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence, TextIO
 
-from . import (Broker, ConfigError, LogkitError, Record, TopicPartition,
-               iter_segment_batches, mirror)
+from . import (Broker, ConfigError, LogkitError, Record, SerializationError,
+               TopicPartition, iter_segment_batches, mirror)
 
 __all__ = ["main", "build_parser", "COMMANDS", "FORMATS", "format_record"]
 
@@ -176,10 +177,54 @@ def _format_json(record: Record, args: argparse.Namespace) -> str:
                       separators=(",", ":"))
 
 
-# The --format choices of `consume`: name -> (record, args) -> one output line. Other
-# formats (a schema'd one) register here.
+def _decoded_json(value: Any) -> Any:
+    """json.dumps' fallback for what the serdes decode into: bytes as text or
+    {"base64": ...}, times and dates as ISO 8601, decimals and UUIDs as strings,
+    Protobuf messages as their JSON mapping."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _json_bytes(bytes(value))
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "DESCRIPTOR"):                      # a Protobuf message
+        from google.protobuf import json_format
+        return json_format.MessageToDict(value, preserving_proto_field_name=True)
+    return str(value)                                     # Decimal, UUID
+
+
+def _format_schema(record: Record, args: argparse.Namespace) -> str:
+    """A record whose value is in Confluent's wire format, decoded through the
+    directory's registry with the writer's schema (the id in the record): the JSON
+    object of --format json with the decoded value. A value that does not decode is a
+    SerializationError naming topic, partition and offset; nothing is printed for it."""
+    try:
+        value = args.value_decoder(record.value)
+    except SerializationError as exc:
+        raise exc.at(record.topic, record.partition, record.offset) from exc
+    if hasattr(value, "DESCRIPTOR"):
+        value = _decoded_json(value)
+    return json.dumps({"topic": record.topic, "partition": record.partition,
+                       "offset": record.offset, "timestamp": record.timestamp,
+                       "key": _json_bytes(record.key), "value": value,
+                       "headers": [[k, _json_bytes(v)] for k, v in record.headers or ()]},
+                      separators=(",", ":"), default=_decoded_json)
+
+
+# The --format choices of `consume`: name -> (record, args) -> one output line.
 FORMATS: dict[str, Callable[[Record, argparse.Namespace], str]] = {
-    "value": _format_value, "kv": _format_kv, "json": _format_json}
+    "value": _format_value, "kv": _format_kv, "json": _format_json,
+    "avro": _format_schema, "json-schema": _format_schema, "protobuf": _format_schema}
+
+# The schema'd formats: name -> the logkit.serde class that decodes the values (imported
+# when used: the serdes' libraries are not needed by the other commands).
+SCHEMA_FORMATS = {"avro": "AvroSerde", "json-schema": "JsonSchemaSerde",
+                  "protobuf": "ProtobufSerde"}
+
+
+def _schema_decoder(broker: Broker, topic: str, format_name: str) -> Callable[[Any], Any]:
+    """The deserialize of a serde without a schema of its own: each value is read with
+    its writer's schema (the id in its frame)."""
+    from . import serde
+    return getattr(serde, SCHEMA_FORMATS[format_name])(broker, topic).deserialize
 
 
 def format_record(record: Record, args: argparse.Namespace) -> str:
@@ -369,6 +414,9 @@ def add_serve(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--config", action="append", metavar="KEY=VALUE",
                      help="a broker setting, Kafka's names, e.g. num.partitions=3 or "
                      "auto.create.topics.enable=false (repeatable)")
+    cmd.add_argument("--schema-registry-port", type=int, default=None, metavar="N",
+                     help="also serve the schema registry's REST API (Confluent's) on "
+                     "--host:N (0: any free port, printed)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -379,6 +427,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               advertised_host=args.advertised_host)
         print(f"serving {args.directory} to Kafka clients at {server.bootstrap_servers}",
               flush=True)
+        if args.schema_registry_port is not None:
+            registry = broker.serve_schema_registry(host=args.host,
+                                                    port=args.schema_registry_port)
+            print(f"serving the schema registry at {registry.url}", flush=True)
         while not stop.requested:
             time.sleep(POLL_MS / 1000)
         server.close()
@@ -467,6 +519,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
     with _broker(args.directory, write=args.group is not None) as broker, \
             _stop_on_signals() as stop:
         topic = broker.topic(args.topic)              # UnknownTopicError: exit 1
+        if args.format in SCHEMA_FORMATS:
+            args.value_decoder = _schema_decoder(broker, args.topic, args.format)
         manual = args.group is None or args.partition is not None
         consumer = broker.consumer(group_id=args.group, auto_offset_reset=reset,
                                    enable_auto_commit=False)
@@ -641,6 +695,186 @@ def cmd_groups_delete(args: argparse.Namespace) -> int:
         _require_group(broker, args.group).delete()
     print(f"Deleted consumer group {args.group}.")
     return 0
+
+
+# ---- schemas (the embedded schema registry: broker.schema_registry()) ---------------------
+
+SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
+MAX_SCHEMA_BYTES = 1 << 20        # the registry's own bound on schema text (docs/schemas.md)
+
+
+def _schema_text(source: str) -> str:
+    """The schema text in file `source`, or stdin for `-`, bounded like the registry."""
+    if source == "-":
+        text = sys.stdin.read(MAX_SCHEMA_BYTES + 1)
+    else:
+        with open(source, encoding="utf-8") as f:
+            text = f.read(MAX_SCHEMA_BYTES + 1)
+    if len(text.encode()) > MAX_SCHEMA_BYTES:
+        raise LogkitError(f"schema text from {source} is over {MAX_SCHEMA_BYTES} bytes")
+    if not text.strip():
+        raise LogkitError(f"no schema text in {'stdin' if source == '-' else source}")
+    return text
+
+
+def _version_arg(text: str | None) -> str | int | None:
+    if text is None or text == "latest":
+        return text
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1 and number != -1:
+        raise UsageError(f"--version takes a version >= 1, -1 or 'latest', got {text!r}")
+    return "latest" if number == -1 else number
+
+
+def _registered_json(found: Any) -> dict[str, Any]:
+    return {"subject": found.subject, "version": found.version, "id": found.schema_id,
+            "schemaType": found.schema_type, "schema": found.schema,
+            "references": [list(r) for r in found.references], "deleted": found.deleted}
+
+
+def cmd_schemas_list(args: argparse.Namespace) -> int:
+    with _broker(args.directory) as broker:
+        registry = broker.schema_registry()
+        rows = []
+        for subject in registry.subjects(deleted=args.deleted, prefix=args.prefix):
+            versions = registry.versions(subject, deleted=args.deleted)
+            latest = registry.version(subject, versions[-1], deleted=True)
+            rows.append({"subject": subject, "versions": versions,
+                         "latest_id": latest.schema_id, "type": latest.schema_type,
+                         "compatibility": registry.compatibility(subject)})
+    if args.json:
+        print_json(rows)
+    else:
+        print_table(["SUBJECT", "VERSIONS", "LATEST-ID", "TYPE", "COMPATIBILITY"],
+                    [(r["subject"], len(r["versions"]), r["latest_id"], r["type"],
+                      r["compatibility"]) for r in rows])
+    return 0
+
+
+def cmd_schemas_show(args: argparse.Namespace) -> int:
+    version = _version_arg(args.version)
+    with _broker(args.directory) as broker:
+        registry = broker.schema_registry()
+        if version is None:
+            found = [registry.version(args.subject, v, deleted=True)
+                     for v in registry.versions(args.subject, deleted=args.deleted)]
+        else:
+            found = [registry.version(args.subject, version, deleted=args.deleted)]
+    if args.json:
+        shown = [_registered_json(f) for f in found]
+        print_json(shown[0] if version is not None else shown)
+    elif version is None:
+        print_table(["SUBJECT", "VERSION", "ID", "TYPE", "DELETED"],
+                    [(f.subject, f.version, f.schema_id, f.schema_type,
+                      "yes" if f.deleted else "-") for f in found])
+    else:
+        one = found[0]
+        print(f"subject: {one.subject}  version: {one.version}  id: {one.schema_id}  "
+              f"type: {one.schema_type}"
+              + "".join(f"\nreference: {r.name} -> {r.subject} version {r.version}"
+                        for r in one.references))
+        print(one.schema.rstrip("\n"))
+    return 0
+
+
+def cmd_schemas_register(args: argparse.Namespace) -> int:
+    text = _schema_text(args.file)
+    with _broker(args.directory, create=True) as broker:
+        found = broker.schema_registry().register_version(args.subject, text, args.type)
+    if args.json:
+        print_json({"subject": found.subject, "version": found.version,
+                    "id": found.schema_id})
+    else:
+        print(found.schema_id)
+        note("schemas register", f"subject {found.subject!r} version {found.version}, "
+             f"schema id {found.schema_id}")
+    return 0
+
+
+def cmd_schemas_check(args: argparse.Namespace) -> int:
+    text = _schema_text(args.file)
+    version = _version_arg(args.version)
+    with _broker(args.directory) as broker:
+        registry = broker.schema_registry()
+        problems = registry.incompatibilities(args.subject, text, args.type,
+                                              version=version)
+        level = registry.compatibility(args.subject)
+    if args.json:
+        print_json({"subject": args.subject, "compatibility": level,
+                    "is_compatible": not problems, "messages": problems})
+    elif problems:
+        for problem in problems:
+            print(f"incompatible: {problem}")
+    else:
+        print(f"compatible with subject {args.subject!r} "
+              f"({'version ' + str(version) if version else 'level ' + level})")
+    return 1 if problems else 0
+
+
+def _subject(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("subject", metavar="SUBJECT", help="the subject, e.g. orders-value")
+
+
+def _schema_source(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("file", metavar="FILE", nargs="?", default="-",
+                     help="the schema text: an .avsc, a JSON Schema, a .proto; - or "
+                     "none: stdin")
+    cmd.add_argument("--type", default="AVRO", choices=SCHEMA_TYPES, type=str.upper,
+                     help="the schema's type (default AVRO)")
+
+
+def add_schemas_list(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("--prefix", default="", help="only subjects starting with this")
+    cmd.add_argument("--deleted", action="store_true", help="include soft-deleted ones")
+    _json(cmd)
+
+
+def add_schemas_show(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    _subject(cmd)
+    cmd.add_argument("--version", metavar="V",
+                     help="one version (a number or latest): its id, type and schema "
+                     "text (without: the subject's versions)")
+    cmd.add_argument("--deleted", action="store_true", help="include soft-deleted ones")
+    _json(cmd)
+
+
+def add_schemas_register(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    _subject(cmd)
+    _schema_source(cmd)
+    _json(cmd)
+
+
+def add_schemas_check(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    _subject(cmd)
+    _schema_source(cmd)
+    cmd.add_argument("--version", metavar="V",
+                     help="check against this version only (a number or latest); "
+                     "default: the versions the subject's level compares")
+    _json(cmd)
+
+
+SCHEMAS = (
+    Command("list", "list the subjects of the schema registry",
+            "logkit schemas list data/", add_schemas_list, cmd_schemas_list),
+    Command("show", "a subject's versions, or one version with its id, type and schema",
+            "logkit schemas show data/ orders-value --version latest", add_schemas_show,
+            cmd_schemas_show),
+    Command("register", "register a schema under a subject (checked against the "
+            "subject's compatibility level); prints its id",
+            "logkit schemas register data/ orders-value order.avsc\n"
+            "logkit schemas register data/ orders-value --type PROTOBUF < order.proto",
+            add_schemas_register, cmd_schemas_register),
+    Command("check", "is a schema compatible with a subject? prints each rule broken "
+            "and exits 1 when it is not", "logkit schemas check data/ orders-value "
+            "order-v2.avsc", add_schemas_check, cmd_schemas_check),
+)
 
 
 # ---- describe, dump, bench, completion ---------------------------------------------------
@@ -851,9 +1085,11 @@ def add_consume(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--timeout-ms", type=int, default=DEFAULT_IDLE_MS, metavar="MS",
                      help=f"without --follow, stop after MS without a record (default "
                           f"{DEFAULT_IDLE_MS}); it stops sooner at the end of the log")
-    cmd.add_argument("--format", default="value", choices=sorted(FORMATS),
+    cmd.add_argument("--format", default="value", choices=list(FORMATS),
                      help="value: the value; kv: key, separator, value; json: one JSON "
-                          "object per record (default value)")
+                          "object per record; avro, json-schema, protobuf: as json with "
+                          "the value decoded from Confluent's wire format through the "
+                          "directory's schema registry (default value)")
     cmd.add_argument("--key-separator", default="\t", metavar="SEP",
                      help="the separator of --format kv (default a tab)")
 
@@ -948,10 +1184,13 @@ COMMANDS: list[Command] = [
             add_consume, cmd_consume),
     Command("groups", "list, describe, reset and delete consumer groups",
             "logkit groups describe data/ billing", lambda cmd: None, None, GROUPS),
+    Command("schemas", "list, show, register and check schemas in the embedded schema "
+            "registry", "logkit schemas list data/", lambda cmd: None, None, SCHEMAS),
     Command("serve", "serve the directory to Kafka clients (kafka-python, aiokafka, "
             "confluent-kafka) over Kafka's wire protocol, until SIGINT/SIGTERM",
             "logkit serve data/ --port 9092 --config num.partitions=3\n"
-            "logkit serve data/ --host 0.0.0.0 --advertised-host myhost --port 9092",
+            "logkit serve data/ --host 0.0.0.0 --advertised-host myhost --port 9092\n"
+            "logkit serve data/ --port 9092 --schema-registry-port 8081",
             add_serve, cmd_serve),
     Command("mirror", "copy topics (and --groups: committed offsets) to a Kafka cluster; "
             "run again to resume, without duplicates",

@@ -390,3 +390,144 @@ def test_tables_on_a_terminal_are_drawn_with_rich(root):
     assert "\x1b[" in screen                             # rich's styling
     plain = re.sub(r"\x1b\[[0-9;]*m", "", screen)
     assert "LOG-END-OFFSET" in plain and "orders" in plain
+
+
+# ---- schemas (issue 12, deliverable 6) ---------------------------------------------------
+
+ORDER_V1 = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"}]})
+ORDER_V2 = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"}, {"name": "currency", "type": "string",
+                                     "default": "EUR"}]})
+ORDER_BAD = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"}, {"name": "age", "type": "int"}]})
+
+
+def test_schemas_register_list_show_and_check(root, tmp_path, capsys, monkeypatch):
+    """register prints the id (from a file or stdin); list and show print subjects,
+    versions, ids, types and the text; check names the rule broken and exits 1; an
+    incompatible register is refused (exit 1) naming the field and the rule."""
+    v1, v2, bad = (tmp_path / "v1.avsc", tmp_path / "v2.avsc", tmp_path / "bad.avsc")
+    v1.write_text(ORDER_V1)
+    v2.write_text(ORDER_V2)
+    bad.write_text(ORDER_BAD)
+    assert run(capsys, "schemas", "register", root, "orders-value", v1)[:2] == (0, "1\n")
+    code, out, err = run(capsys, "schemas", "check", root, "orders-value", bad)
+    assert code == 1
+    assert "age: READER_FIELD_MISSING_DEFAULT_VALUE" in out and "version 1" in out
+    code, out, _ = run(capsys, "schemas", "check", root, "orders-value", v2, "--json")
+    assert code == 0 and json.loads(out)["is_compatible"] is True
+    code, out, _ = run(capsys, "schemas", "register", root, "orders-value", "--json",
+                       stdin=ORDER_V2, monkeypatch=monkeypatch)
+    assert code == 0 and json.loads(out) == {"subject": "orders-value", "version": 2,
+                                             "id": 2}
+    code, out, err = run(capsys, "schemas", "register", root, "orders-value", bad)
+    assert code == 1 and out == ""
+    assert "READER_FIELD_MISSING_DEFAULT_VALUE" in err and "age" in err
+    # the same schema under another subject keeps its id
+    assert run(capsys, "schemas", "register", root, "copy-value", v1)[:2] == (0, "1\n")
+    code, out, _ = run(capsys, "schemas", "list", root)
+    assert table(out) == [["SUBJECT", "VERSIONS", "LATEST-ID", "TYPE", "COMPATIBILITY"],
+                          ["copy-value", "1", "1", "AVRO", "BACKWARD"],
+                          ["orders-value", "2", "2", "AVRO", "BACKWARD"]]
+    code, out, _ = run(capsys, "schemas", "show", root, "orders-value")
+    assert table(out)[1:] == [["orders-value", "1", "1", "AVRO", "-"],
+                              ["orders-value", "2", "2", "AVRO", "-"]]
+    code, out, _ = run(capsys, "schemas", "show", root, "orders-value", "--version", "1")
+    assert out.splitlines() == ["subject: orders-value  version: 1  id: 1  type: AVRO",
+                                ORDER_V1]
+    code, out, _ = run(capsys, "schemas", "show", root, "orders-value", "--version",
+                       "latest", "--json")
+    assert json.loads(out)["id"] == 2 and json.loads(json.loads(out)["schema"]) == \
+        json.loads(ORDER_V2)
+    # against version 1 only, v2 with a default is fine; bad names version 1
+    code, out, _ = run(capsys, "schemas", "check", root, "orders-value", bad,
+                       "--version", "1", "--json")
+    assert code == 1 and json.loads(out)["is_compatible"] is False
+    assert run(capsys, "schemas", "show", root, "nope")[0] == 1
+    assert run(capsys, "schemas", "show", root, "orders-value", "--version", "x")[0] == 2
+    assert run(capsys, "schemas", "register", root, "s", v1, "--type", "XML")[0] == 2
+    code, _, err = run(capsys, "schemas", "register", root, "s", "--type", "json",
+                       stdin="{not json", monkeypatch=monkeypatch)
+    assert code == 1 and "logkit schemas register:" in err
+
+
+def test_consume_decodes_avro_and_stops_at_a_record_that_does_not_decode(root, capsys):
+    """--format avro prints each value decoded with its writer's schema (v1 and v2
+    records in one topic); a record that is not Confluent-framed is an error naming
+    topic, partition and offset (exit 1), and nothing is printed for it."""
+    from logkit.serde import AvroSerde
+    with logkit.Broker(root) as broker:
+        broker.create_topic("shop", partitions=1)
+        producer = broker.producer(value_serializer=AvroSerde(broker, "shop", ORDER_V1))
+        producer.send("shop", {"id": 1}, key=b"k").result()
+        producer.close()
+        producer = broker.producer(value_serializer=AvroSerde(broker, "shop", ORDER_V2))
+        producer.send("shop", {"id": 2, "currency": "NOK"}).result()
+        producer.close()
+        broker.topic("shop").partition(0).append([(None, b"plain text", None, None)])
+    code, out, err = run(capsys, "consume", root, "shop", "--from-beginning", "--format",
+                         "avro")
+    assert code == 1
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(r["offset"], r["key"], r["value"]) for r in lines] == \
+        [(0, "k", {"id": 1}), (1, None, {"id": 2, "currency": "NOK"})]
+    assert "topic shop, partition 0, offset 2" in err and "magic byte" in err
+
+
+def test_consume_decodes_json_schema_and_protobuf(root, tmp_path, capsys, monkeypatch):
+    """--format json-schema and --format protobuf decode through the registry; the
+    Protobuf schema registered by the CLI, the record framed by hand (id, index [0])."""
+    from logkit.serde import JsonSchemaSerde, wire
+    pytest.importorskip("google.protobuf")
+    proto = 'syntax = "proto3";\npackage shop;\nmessage Item { int64 id = 1; string name = 2; }\n'
+    code, out, _ = run(capsys, "schemas", "register", root, "items-value", "--type",
+                       "PROTOBUF", stdin=proto, monkeypatch=monkeypatch)
+    assert code == 0
+    schema_id = int(out)
+    with logkit.Broker(root) as broker:
+        broker.create_topic("items", partitions=1)
+        broker.create_topic("docs", partitions=1)
+        items = broker.topic("items").partition(0)
+        items.append([(None, wire.frame(schema_id, b"\x08\x05\x12\x03pen", [0]), None,
+                       None)])
+        serde = JsonSchemaSerde(broker, "docs", {"type": "object", "properties": {
+            "n": {"type": "integer"}}})
+        producer = broker.producer(value_serializer=serde)
+        producer.send("docs", {"n": 7}).result()
+        producer.close()
+    code, out, _ = run(capsys, "consume", root, "items", "--from-beginning", "--format",
+                       "protobuf")
+    assert code == 0 and json.loads(out)["value"] == {"id": "5", "name": "pen"}
+    code, out, _ = run(capsys, "consume", root, "docs", "--from-beginning", "--format",
+                       "json-schema")
+    assert code == 0 and json.loads(out)["value"] == {"n": 7}
+
+
+def test_serve_with_a_schema_registry_port_serves_the_rest_api(tmp_path):
+    """`logkit serve --schema-registry-port 0` prints the registry's URL next to the
+    listener's address; a REST registration there lands in the directory; SIGTERM
+    closes both and exits 0."""
+    import urllib.request
+    directory = tmp_path / "data"
+    process = subprocess.Popen([sys.executable, "-m", "logkit.cli", "serve", str(directory),
+                                "--port", "0", "--schema-registry-port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "to Kafka clients at 127.0.0.1:" in process.stdout.readline()
+        line = process.stdout.readline()
+        url = line.strip().rsplit(" ", 1)[-1]
+        assert url.startswith("http://127.0.0.1:"), line
+        request = urllib.request.Request(
+            url + "/subjects/orders-value/versions", method="POST",
+            data=json.dumps({"schema": ORDER_V1}).encode(),
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            assert json.load(answer) == {"id": 1}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    with logkit.Broker(directory) as broker:
+        assert broker.schema_registry().latest("orders-value").schema_id == 1
