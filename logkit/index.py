@@ -2,8 +2,15 @@
 
 Owns: `OffsetIndex` (8-byte entries: relative offset int32, position int32) and
 `TimeIndex` (12-byte entries: timestamp int64, relative offset int32), both big-endian
-like Kafka's. Files are preallocated to `segment.index.bytes` while their segment is
-active and trimmed to their entries when it rolls.
+like Kafka's. Files are sized to `segment.index.bytes` while their segment is active
+and trimmed to their entries when it rolls.
+
+Page cache and disk: an active index file is sparse past its entries, as Kafka's are;
+real blocks are reserved (`posix_fallocate`) `RESERVE_STEP_BYTES` at a time just ahead
+of the next entry, so a full disk raises OSError at the reservation, never a SIGBUS at
+a store through the map. Every map is advised MADV_RANDOM: a fault reads one page, not
+the device's read-ahead window of zeros (8 MiB per file here before), so index writes
+grow the page cache by the pages they write.
 
 Invariant: entries are strictly increasing in offset (and, for the time index, in
 timestamp); only the first `entries` are meaningful. For an active segment the entry
@@ -23,9 +30,22 @@ import struct
 
 from .errors import CorruptRecordError
 
-__all__ = ["OffsetIndex", "TimeIndex"]
+__all__ = ["OffsetIndex", "TimeIndex", "RESERVE_STEP_BYTES"]
 
 log = logging.getLogger(__name__)
+
+RESERVE_STEP_BYTES = 64 * 1024      # real blocks reserved ahead of the next index entry
+
+
+def _map(fd: int, size: int, access: int) -> mmap.mmap:
+    """Map an index file for random access (no read-ahead on faults)."""
+    mm = mmap.mmap(fd, size, access=access)
+    if _MADV_RANDOM is not None:
+        mm.madvise(_MADV_RANDOM)
+    return mm
+
+
+_MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
 
 
 class _Index:
@@ -39,22 +59,27 @@ class _Index:
         self.base_offset = base_offset
         self.entry_size = self.ENTRY.size
         self._mmap: mmap.mmap | None = None
+        self._reserved = 0             # bytes from 0 known to have real blocks
         flags = os.O_RDWR if writable else os.O_RDONLY
         if create_bytes:
             flags |= os.O_CREAT | os.O_TRUNC
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             if create_bytes:
-                # Real blocks, not a sparse file: on a full disk this raises OSError
+                # Sparse to its full size (what readers and the roll check see), with
+                # real blocks for the first entries: on a full disk this raises OSError
                 # here instead of a SIGBUS at the first store through the map.
-                os.posix_fallocate(fd, 0, create_bytes - create_bytes % self.entry_size)
+                length = create_bytes - create_bytes % self.entry_size
+                os.ftruncate(fd, length)
+                self._reserved = min(RESERVE_STEP_BYTES, length)
+                os.posix_fallocate(fd, 0, self._reserved)
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             for attempt in range(3):
                 size = os.fstat(fd).st_size
                 if not size:
                     break
                 try:
-                    self._mmap = mmap.mmap(fd, size, access=access)
+                    self._mmap = _map(fd, size, access)
                     break
                 except ValueError:     # another process's roll trimmed it meanwhile
                     if attempt == 2:
@@ -125,7 +150,7 @@ class _Index:
         if valid:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                self._mmap = mmap.mmap(fd, valid, access=mmap.ACCESS_READ)
+                self._mmap = _map(fd, valid, mmap.ACCESS_READ)
             finally:
                 os.close(fd)
 
@@ -135,8 +160,24 @@ class _Index:
 
     def _write(self, a: int, b: int) -> None:
         assert self._mmap is not None and not self.is_full
-        self.ENTRY.pack_into(self._mmap, self.entries * self.entry_size, a, b)
+        position = self.entries * self.entry_size
+        if position + self.entry_size > self._reserved:
+            self._reserve(position)
+        self.ENTRY.pack_into(self._mmap, position, a, b)
         self.entries += 1
+
+    def _reserve(self, position: int) -> None:
+        """Real blocks for the next RESERVE_STEP_BYTES from `position` (OSError on a full
+        disk, before any store through the map could fault). Another process appending
+        in turn may have reserved them already: fallocate of allocated blocks is a
+        no-op."""
+        end = min(position + RESERVE_STEP_BYTES, self.capacity * self.entry_size)
+        fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.posix_fallocate(fd, position, end - position)
+        finally:
+            os.close(fd)
+        self._reserved = end
 
     def _search(self, key: int, field: int) -> int:
         """Index of the last entry whose `field` <= key, or -1."""

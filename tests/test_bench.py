@@ -215,3 +215,22 @@ def test_logkit_bench_without_the_checkout_says_how_to_get_it(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, "bench", "--help"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "python -m benchmarks" in proc.stdout, proc.stderr
+
+
+def test_scaling_quick_runs_and_writes_its_json(tmp_path):
+    """benchmarks.scaling (its own command line) runs its --quick size: one row per
+    partition count, every rate positive, descriptors and index cache counted."""
+    out = tmp_path / "scaling.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", "--quick", "--dir",
+                           str(tmp_path), "--json", str(out)],
+                          cwd=CHECKOUT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    document = json.loads(out.read_text())
+    from benchmarks import scaling
+    assert [r["partitions"] for r in document["rows"]] == list(scaling.QUICK_POINTS)
+    for row in document["rows"]:
+        for key in ("produce_rate", "consume_rate", "read_loop_rate", "floor_write_rate",
+                    "sqlite_produce_rate", "sqlite_consume_rate", "create_topic_s",
+                    "create_floor_s", "producer_fds_per_partition", "batch_records_mean"):
+            assert finite_positive(row[key]), (key, row)
+        assert row["index_cache_kib_per_partition"] >= 0, row

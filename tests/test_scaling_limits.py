@@ -1,0 +1,67 @@
+"""What many partitions may cost, as behaviour (issue 16, goal 5): page cache and disk
+grown by index writes, the producer's buffer reservations, a poll's work, descriptors
+held, and reopening after a torn tail. Never timed: the rates are measured by
+benchmarks/scaling.py."""
+
+from __future__ import annotations
+
+import os
+
+import logkit
+from benchmarks.scaling import resident_bytes
+from logkit.index import RESERVE_STEP_BYTES
+
+INDEX_CACHE_GOAL_BYTES = 64 * 1024       # per partition per segment (issue 16)
+
+
+def index_files(directory: str) -> list[str]:
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory)
+                  if n.endswith((".index", ".timeindex")))
+
+
+def test_index_writes_grow_the_page_cache_by_the_pages_they_write(tmp_path):
+    """An active segment's first index entries fault in the pages they write, not the
+    read-ahead window of zeros around them; the files keep Kafka's preallocated size
+    while active but hold real blocks only just ahead of the entries."""
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic = broker.create_topic("t", partitions=3, config={"index.interval.bytes": 1})
+        for p in range(3):
+            partition = topic.partition(p)
+            for _ in range(200):                 # an index entry per batch
+                partition.append([(None, b"v" * 100, [], None)])
+        index_bytes = topic.partition(0).config["segment.index.bytes"]
+        for p in range(3):
+            files = index_files(os.path.join(str(tmp_path), f"t-{p}"))
+            assert len(files) == 2
+            assert sum(resident_bytes(f) for f in files) <= INDEX_CACHE_GOAL_BYTES
+            for f in files:
+                st = os.stat(f)
+                assert st.st_size >= index_bytes - 12       # sized as Kafka sizes them
+                assert st.st_blocks * 512 <= 2 * RESERVE_STEP_BYTES   # sparse past that
+        entries = topic.partition(0).read(0, max_records=1000)
+        assert len(entries) == 200
+        topic.partition(0)._log.roll()             # the roll seals and trims
+        sealed = index_files(os.path.join(str(tmp_path), "t-0"))
+        sizes = {os.path.basename(f): os.path.getsize(f) for f in sealed}
+        # trimmed on roll: an entry per batch after the first (position 0)
+        assert sizes["00000000000000000000.index"] == 199 * 8
+        assert sizes["00000000000000000000.timeindex"] % 12 == 0
+
+
+def test_index_reservations_follow_the_entries_past_one_step(tmp_path):
+    """More entries than one reservation step holds: each store lands in reserved
+    blocks, lookups find every entry, and a reopen (another process's view) reads them."""
+    step_entries = RESERVE_STEP_BYTES // 8
+    count = step_entries + 50
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        partition = broker.create_topic("t", 1, config={"index.interval.bytes": 1}) \
+            .partition(0)
+        for _ in range(count):
+            partition.append([(None, b"x", [], None)])
+        path = os.path.join(str(tmp_path), "t-0", "00000000000000000000.index")
+        assert os.stat(path).st_blocks * 512 >= 8 * (count - 1)       # reserved as it grew
+        assert partition.read(count - 1)[0].offset == count - 1
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        partition = broker.topic("t").partition(0)
+        assert partition.read(step_entries + 7)[0].offset == step_entries + 7
+        assert partition.high_watermark == count
