@@ -320,28 +320,12 @@ class Broker:
                   "topic_id": uuid.uuid4().hex, "created_ms": int(time.time() * 1000)}
 
         config_resolved = resolve_topic_config(overrides, self.config)
-        made: list[str] = []
 
         def make_partitions() -> None:
             """Runs inside the metadata write transaction: a failure here rolls the
             whole create back, directories included."""
-            try:
-                for number in range(partitions):
-                    directory = partition_dir(self.path, name, number)
-                    if os.path.lexists(directory):
-                        self._move_away(directory, "an orphan (no topic record owns it)")
-                    os.makedirs(directory, mode=0o700)
-                    made.append(directory)
-                    write_topic_id(directory, record["topic_id"])
-                    # Initialise it now (tail, first segment), so a full disk or a
-                    # descriptor limit fails the create rather than the first use.
-                    PartitionLog(directory, name, number, config_resolved).close()
-            except BaseException as exc:
-                for directory in made:
-                    remove_tree(directory)
-                if isinstance(exc, OSError) and not isinstance(exc, LogkitError):
-                    raise storage_error(exc, "create topic", self.path) from exc
-                raise
+            self._make_partitions(name, range(partitions), record["topic_id"],
+                                  config_resolved, "create topic")
 
         with self._lock:
             try:
@@ -380,6 +364,85 @@ class Broker:
         except UnknownTopicError:          # deleted meanwhile, or an interrupted delete
             return None
 
+    def _make_partitions(self, name: str, numbers: range, topic_id: str,
+                         config: dict[str, Any], operation: str) -> None:
+        """Make, stamp and initialise partition directories `numbers` of a topic, from
+        inside the metadata transaction that will publish them: any failure removes
+        the ones made and raises, and the transaction stores nothing. A directory
+        already there is an orphan (no record counts it) and is moved away first."""
+        made: list[str] = []
+        try:
+            for number in numbers:
+                directory = partition_dir(self.path, name, number)
+                if os.path.lexists(directory):
+                    self._move_away(directory, "an orphan (no topic record owns it)")
+                os.makedirs(directory, mode=0o700)
+                made.append(directory)
+                write_topic_id(directory, topic_id)
+                # Initialise it now (tail, first segment), so a full disk or a
+                # descriptor limit fails here rather than at the first use.
+                PartitionLog(directory, name, number, config).close()
+        except BaseException as exc:
+            for directory in made:
+                remove_tree(directory)
+            if isinstance(exc, OSError) and not isinstance(exc, LogkitError):
+                raise storage_error(exc, operation, self.path) from exc
+            raise
+
+    def create_partitions(self, name: str, total: int) -> Topic:
+        """Grow topic `name` to `total` partitions (Kafka's AdminClient
+        `create_partitions` / `kafka-topics --alter --partitions`); returns the topic.
+
+        `total` must be above the current count (ConfigError naming both: Kafka's
+        INVALID_PARTITIONS; partitions are never removed) and at most MAX_PARTITIONS.
+        Existing partitions and their records stay as they are; keyed records sent from
+        now on map by murmur2 mod the new count, so a key may land in another partition
+        than before, as in Kafka.
+
+        Crash-safe like create_topic: the new directories are made, stamped and
+        initialised inside the metadata transaction whose commit publishes the larger
+        count, so a kill at any point leaves the old count (and, at worst, unused
+        directories that the next growth moves away) or the new count with every
+        directory in place. The same commit moves each consumer group subscribed to the
+        topic to a new generation that assigns the new partitions. Other processes
+        learn the count without reopening: producers from their next batch (a
+        metadata counter in the doorbell page, plus a periodic re-read), consumers and
+        the listener at their next lookup of the topic."""
+        self._check_writable("create_partitions")
+        validate_topic_name(name)
+        if isinstance(total, bool) or not isinstance(total, int) \
+                or not 1 <= total <= MAX_PARTITIONS:
+            raise ConfigError(f"partitions must be an integer in 1..{MAX_PARTITIONS}, "
+                              f"got {total!r}")
+        from .group import rebalance_subscribers
+        with self._lock:
+            topic = self.topic(name)           # UnknownTopicError; finishes a deletion
+            if total <= topic.num_partitions:
+                raise ConfigError(
+                    f"topic {name!r} has {topic.num_partitions} partition(s); the new "
+                    f"total must be larger, got {total} (Kafka's INVALID_PARTITIONS: "
+                    "partitions are added, never removed)")
+            groups: list[str] = []
+
+            def make_partitions(old: int) -> None:
+                self._make_partitions(name, range(old, total), topic.topic_id,
+                                      topic.config, "add partitions")
+
+            def rebalance(txn: Any) -> None:
+                groups[:] = rebalance_subscribers(self.meta, txn, name)
+
+            old = self.meta.grow_topic(name, topic.topic_id, total,
+                                       before_commit=make_partitions,
+                                       in_transaction=rebalance)
+            topic.grow_to(total)
+        self.doorbell.metadata_changed()
+        for client in list(self._clients):
+            if isinstance(client, Producer):
+                client._learn_partitions(name)
+        log.info("topic %s: %d partition(s), was %d%s", name, total, old,
+                 f"; groups rebalanced: {', '.join(groups)}" if groups else "")
+        return topic
+
     def _move_away(self, directory: str, why: str) -> None:
         """Rename a partition directory that is not the live topic's to a tombstone and
         remove it (its records must never be adopted by a topic of the same name)."""
@@ -402,6 +465,7 @@ class Broker:
                     self._topics.pop(name).close()
                 raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
             if cached is not None and cached.topic_id == record["topic_id"]:
+                cached.grow_to(record["partitions"])      # create_partitions, anywhere
                 return cached
             if cached is not None:                    # deleted and re-created elsewhere
                 self._topics.pop(name).close()

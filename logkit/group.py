@@ -160,6 +160,53 @@ def _empty_state(strategy: str) -> dict[str, Any]:
             "owners": {}}
 
 
+def _partition_counts(meta: Any, txn: Any, topics: Iterable[str]) -> dict[str, int]:
+    counts = {}
+    for topic in set(topics):
+        raw = txn.get(topic.encode(), db=meta.db("topics"))
+        if raw is not None:
+            counts[topic] = decode(raw)["partitions"]
+    return counts
+
+
+def _reassign(meta: Any, txn: Any, group_id: str, state: dict[str, Any]) -> None:
+    """A new generation of `state`: the assignment recomputed by the group's assignor
+    over the partition counts in the topic records as `txn` sees them."""
+    members = {m: info["topics"] for m, info in state["members"].items()}
+    previous = state["assignment"]
+    counts = _partition_counts(meta, txn, (t for ts in members.values() for t in ts))
+    state["generation"] += 1
+    state["assignment"] = {m: [list(tp) for tp in tps] for m, tps in assign(
+        state["protocol"], members, counts,
+        {m: [tuple(tp) for tp in tps] for m, tps in previous.items()}).items()}
+    log.debug("group %s: generation %d, %d member(s), %s assignment", group_id,
+              state["generation"], len(members), state["protocol"])
+
+
+def rebalance_subscribers(meta: Any, txn: Any, topic: str) -> list[str]:
+    """Inside the write transaction that grows `topic` (Broker.create_partitions):
+    every group with a member subscribed to it moves to a new generation whose
+    assignment covers the new partitions, as Kafka's group leader rebalances when
+    metadata shows more partitions. Members learn it on their next poll, as any
+    rebalance; a new partition has no owner and no commit, so its first owner starts
+    per its auto_offset_reset. Returns the group ids rebalanced.
+
+    Groups of wire members (the Kafka protocol listener) are the clients' own to
+    rebalance: their leader sees the count in a Metadata answer and re-joins."""
+    rebalanced = []
+    for key, raw in list(txn.cursor(db=meta.db("groups"))):
+        if b"\0" in key:                    # b"gen\0<id>": the generation copy
+            continue
+        state = decode(raw)
+        if any(topic in info["topics"] for info in state["members"].values()):
+            group_id = key.decode()
+            _reassign(meta, txn, group_id, state)
+            meta.put(txn, "groups", key, state)
+            meta.put(txn, "groups", b"gen\0" + key, state["generation"])
+            rebalanced.append(group_id)
+    return rebalanced
+
+
 class GroupCoordinator:
     """The group-side operations of one member (used by Consumer)."""
 
@@ -208,26 +255,10 @@ class GroupCoordinator:
     def state(self) -> dict[str, Any]:
         return self._read(self._load, "read the state")
 
-    def _partition_counts(self, txn: Any, topics: Iterable[str]) -> dict[str, int]:
-        counts = {}
-        for topic in set(topics):
-            raw = txn.get(topic.encode(), db=self.meta.db("topics"))
-            if raw is not None:
-                counts[topic] = decode(raw)["partitions"]
-        return counts
-
     def _rebalance(self, txn: Any, state: dict[str, Any]) -> None:
-        members = {m: info["topics"] for m, info in state["members"].items()}
-        if not members:
+        if not state["members"]:
             state["protocol"] = self.strategy
-        previous = state["assignment"]
-        counts = self._partition_counts(txn, (t for ts in members.values() for t in ts))
-        state["generation"] += 1
-        state["assignment"] = {m: [list(tp) for tp in tps] for m, tps in assign(
-            state["protocol"], members, counts,
-            {m: [tuple(tp) for tp in tps] for m, tps in previous.items()}).items()}
-        log.debug("group %s: generation %d, %d member(s), %s assignment", self.group_id,
-                  state["generation"], len(members), state["protocol"])
+        _reassign(self.meta, txn, self.group_id, state)
 
     def _evict_expired(self, state: dict[str, Any], now: int) -> bool:
         doomed = [m for m, info in state["members"].items() if _expired(info, now)]

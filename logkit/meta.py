@@ -598,6 +598,41 @@ class MetaStore:
 
         self.write(create, operation=f"create topic {name!r}")
 
+    def grow_topic(self, name: str, topic_id: str, partitions: int, *,
+                   before_commit: Callable[[int], None] | None = None,
+                   in_transaction: Callable[[Any], None] | None = None) -> int:
+        """Raise topic `name`'s partition count to `partitions` in one write
+        transaction; returns the count it had. `before_commit(old_count)` runs inside
+        the transaction before the record changes (it makes the new partition
+        directories; it may run twice), `in_transaction(txn)` after the record is put
+        (the groups that subscribe to the topic rebalance in the same commit).
+
+        UnknownTopicError when no topic `name` with `topic_id` exists (deleted, or
+        deleted and re-created, meanwhile); ConfigError when `partitions` is not above
+        the stored count (a racing grower got there first): nothing is written."""
+        key = check_key(name.encode())
+
+        def grow(txn: Any) -> int:
+            raw = txn.get(key, db=self.db("topics"))
+            record = None if raw is None else decode(raw)
+            if record is None or record["topic_id"] != topic_id:
+                raise UnknownTopicError(f"topic {name!r} does not exist (deleted while "
+                                        "its partitions were being added)")
+            old = record["partitions"]
+            if partitions <= old:
+                raise ConfigError(f"topic {name!r} has {old} partition(s); the new total "
+                                  f"must be larger, got {partitions} (Kafka's "
+                                  "INVALID_PARTITIONS: partitions are added, never removed)")
+            if before_commit is not None:
+                before_commit(old)
+            record["partitions"] = partitions
+            self.put(txn, "topics", key, record)
+            if in_transaction is not None:
+                in_transaction(txn)
+            return old
+
+        return self.write(grow, operation=f"add partitions to topic {name!r}")
+
     def get_topic(self, name: str) -> dict[str, Any] | None:
         key = check_key(name.encode())
         raw = self.read(lambda txn: txn.get(key, db=self.db("topics")),

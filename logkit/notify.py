@@ -13,6 +13,13 @@ same value (the bump is not atomic across processes), and the cap bounds the cos
 rare missed change. Where futexes are unavailable (not Linux, unknown architecture),
 waiting falls back to short sleeps.
 
+A second word, at `METADATA_WORD_OFFSET` (its own cache line), counts topic metadata
+changes (a topic's partitions grown: `Broker.create_partitions`): bumped after the
+change commits, read by producers once per batch to learn a new partition count
+without a metadata read per record. It is a hint, not the truth: a reader that sees it
+move reads the topic records; one that misses a bump (two bumps racing to one value,
+a writer killed between its commit and its bump) learns at its periodic re-read.
+
 The file is opened without following links (a link planted at the path raises
 `StorageError` naming it) and allocated for real before it is mapped, so a full disk
 raises `DiskFullError` at open instead of SIGBUS at the first ring.
@@ -42,6 +49,7 @@ _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(
     platform.machine().lower())
 _WORD = struct.Struct("<I")
+METADATA_WORD_OFFSET = 64          # the metadata-change counter, apart from the ring word
 
 
 class _Timespec(ctypes.Structure):
@@ -100,6 +108,8 @@ class Doorbell:
             os.close(fd)
         self._mm: mmap.mmap | None = mm
         self._word: ctypes.c_uint32 | None = ctypes.c_uint32.from_buffer(mm)
+        self._metadata: ctypes.c_uint32 | None = ctypes.c_uint32.from_buffer(
+            mm, METADATA_WORD_OFFSET)
         self._address = ctypes.addressof(self._word)
 
     @property
@@ -109,6 +119,18 @@ class Doorbell:
     def value(self) -> int:
         word = self._word
         return 0 if word is None else word.value
+
+    def metadata_version(self) -> int:
+        """The topic-metadata change counter (0 once closed)."""
+        word = self._metadata
+        return 0 if word is None else word.value
+
+    def metadata_changed(self) -> None:
+        """Announce a committed topic metadata change to every process (nothing once
+        closed); nobody sleeps on this word, so no wake-up is sent."""
+        word = self._metadata
+        if word is not None:
+            word.value = (word.value + 1) & 0xFFFFFFFF
 
     def ring(self) -> None:
         """Announce new data to every waiting process (nothing once closed)."""
@@ -137,7 +159,7 @@ class Doorbell:
 
     def close(self) -> None:
         mm, self._mm = self._mm, None
-        self._word = None                      # from here on: no-ops
+        self._word = self._metadata = None     # from here on: no-ops
         if mm is None:
             return
         try:

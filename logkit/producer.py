@@ -68,6 +68,13 @@ its partition's queue and the sender thread appends it (`result()` raises
 default) of its creation fails with `LogkitTimeoutError`, which only its own records'
 futures get. Nothing is appended twice: a lock timeout stores nothing.
 
+Partition counts: a topic grown by `Broker.create_partitions` in this process is
+learned at once; one grown by another process from the producer's next batch (the
+doorbell page's metadata counter, read once per batch) or at the latest after
+`METADATA_MAX_AGE_S` (a periodic re-read: a bump can be missed). Records already
+partitioned keep their partition; later keyed records map by murmur2 mod the new count,
+as Kafka's producer does after its metadata refresh.
+
 Validation happens in `send()`, so a bad record is refused alone, before it joins a
 batch whose other records it would take down at append: timestamps are ints in
 [0, 2**63 - 1] or None, header keys `str` (encodable as UTF-8; bytes keys are refused
@@ -92,6 +99,7 @@ within a partition.
 
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import threading
@@ -107,6 +115,7 @@ from .config import PRODUCER, resolve
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
                      LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
                      RecordTooLargeError, UnknownTopicError, storage_error)
+from .murmur2 import partition_for_key
 from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
                       record_size_estimate)
 
@@ -122,6 +131,7 @@ IN_SYNC_REPLICAS = 1                # no replication yet: the leader is the whol
 KEY_CACHE_LIMIT = 100_000           # key -> partition entries per topic, then cleared
 MAX_TIMESTAMP_MS = 2**63 - 1        # the batch header's int64
 SECONDS_LOOKALIKE_MS = 10**11       # below it a timestamp looks like seconds (DESIGN §6)
+METADATA_MAX_AGE_S = 30.0           # partition counts re-read at least this often
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +156,23 @@ class _TopicState(TopicBatches):
     def keyed(self, key: bytes) -> int:
         if len(self.cache) >= KEY_CACHE_LIMIT:
             self.cache.clear()
-        partition = self.cache[key] = self.topic.partition_for(key)
+        # this state's count, not the Topic's: the Topic may have grown first
+        partition = self.cache[key] = partition_for_key(key, self.count)
         return partition
+
+    def grow(self, count: int) -> None:
+        """The topic has `count` partitions now (more than before; accumulator lock
+        held): room for the new ones first, then the count, then the key cache goes
+        (keys map by the new count). The hot path may still place a record by an old
+        cache entry meanwhile: a partition that exists, since counts only grow."""
+        added = count - self.count
+        if added <= 0:
+            return
+        self.open.extend([None] * added)
+        self.sealed.extend(collections.deque() for _ in range(added))
+        self.busy.extend([False] * added)
+        self.count = count
+        self.cache.clear()
 
     def batch_sealed(self, partition: int) -> None:
         """A sticky partitioner moves on to another partition once its batch is sealed
@@ -381,6 +406,11 @@ class Producer:
         # The accumulator's topic -> _TopicState dict, read by send()'s hot path (and
         # handed to _sendpath.c's Sender, which looks topics up in it).
         self._states: dict[str, _TopicState] = self._accumulator.states  # type: ignore
+        # Partition counts: the broker's metadata counter as last seen, and when the
+        # topic records were last read (see the module docstring).
+        self._doorbell = getattr(broker, "doorbell", None)
+        self._metadata_seen = self._metadata_version()
+        self._metadata_read = time.monotonic()
         self._sender = threading.Thread(target=self._run_sender, name="logkit-producer",
                                         daemon=True)
         self._sender.start()
@@ -467,8 +497,10 @@ class Producer:
         elif isinstance(partition, bool) or not isinstance(partition, int):
             raise ArgumentTypeError(f"partition must be None or an int, got {partition!r}")
         elif not 0 <= partition < state.count:
-            raise UnknownTopicError(f"topic {topic!r} has no partition {partition!r} "
-                                    f"(it has {state.count})")
+            self._learn_partitions(topic)          # grown since this producer looked?
+            if not 0 <= partition < state.count:
+                raise UnknownTopicError(f"topic {topic!r} has no partition {partition!r} "
+                                        f"(it has {state.count})")
         return self._enqueue(state, partition, (key, value, headers, timestamp_ms), size)
 
     def _state(self, name: str) -> _TopicState:
@@ -480,6 +512,36 @@ class Producer:
                 if state is None:
                     state = self._states[name] = _TopicState(self, topic)
         return state
+
+    def _metadata_version(self) -> int:
+        doorbell = self._doorbell
+        return 0 if doorbell is None else doorbell.metadata_version()
+
+    def _check_metadata(self) -> None:
+        """Once per batch: when the broker's metadata counter moved, or the counts are
+        METADATA_MAX_AGE_S old, re-read the partition counts of this producer's topics."""
+        seen = self._metadata_version()
+        now = time.monotonic()
+        if seen == self._metadata_seen and now - self._metadata_read < METADATA_MAX_AGE_S:
+            return
+        self._metadata_seen, self._metadata_read = seen, now
+        for name in list(self._states):
+            try:
+                self._learn_partitions(name)
+            except LogkitError as exc:     # deleted, closed: the append itself says so
+                log.debug("re-reading the partition count of %s: %s", name, exc)
+
+    def _learn_partitions(self, name: str) -> None:
+        """Read topic `name`'s partition count (a metadata read) and grow its state if
+        it has grown (`Broker.create_partitions` calls it for its own producers)."""
+        state = self._states.get(name)
+        if state is None:
+            return
+        count = self._broker.topic(name).num_partitions
+        if count > state.count:
+            with self._accumulator.lock:
+                state.grow(count)
+            log.debug("producer: topic %s has %d partition(s) now", name, count)
 
     def _choose(self, state: _TopicState, key: bytes | None) -> int:
         if self._custom is not None:
@@ -552,6 +614,7 @@ class Producer:
         holds the partition's busy flag). False, with nothing stored and nothing
         resolved, when the append lock was not free by `deadline` and the batch's own
         delivery timeout has not passed: the batch is to be appended later."""
+        self._check_metadata()
         until = batch.created + self._delivery_timeout_s
         callers = deadline is not None and deadline < until
         if callers:
@@ -726,8 +789,11 @@ class Producer:
         self.close()
 
     def partitions_for(self, topic: str) -> set[int]:
-        """The partition numbers of `topic` (auto-created if the broker allows)."""
-        return set(range(self._state(topic).count))
+        """The partition numbers of `topic` (auto-created if the broker allows), as
+        the topic record has them now."""
+        state = self._state(topic)
+        self._learn_partitions(topic)
+        return set(range(state.count))
 
     def metrics(self) -> dict[str, int]:
         """A few accumulator gauges (Kafka's producer exposes many more)."""

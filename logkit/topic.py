@@ -300,6 +300,7 @@ class Topic:
         self.name = name
         self.config = dict(config)
         self.topic_id = topic_id
+        self._opener = opener
         opened = opened or {}
         self._partitions = [Partition(name, n, opener, opened.get(n))
                             for n in range(partitions)]
@@ -323,8 +324,21 @@ class Topic:
         return self._partitions[number]
 
     def partition_for(self, key: bytes) -> int:
-        """Kafka's default keyed partitioner: murmur2(key) mod partitions."""
+        """Kafka's default keyed partitioner: murmur2(key) mod partitions (the count
+        now: after `Broker.create_partitions` a key may map elsewhere, as in Kafka)."""
         return partition_for_key(key, len(self._partitions))
+
+    def grow_to(self, partitions: int) -> None:
+        """Learn a larger partition count (the broker calls it when the topic record it
+        reads has grown, `Broker.create_partitions` in any process): handles for the new
+        partitions are added, opened on first use. A count that is not larger changes
+        nothing (counts never shrink). The list is replaced whole, so a reader in
+        another thread sees the old count or the new one, never a mix; callers
+        serialise growers (the broker calls it holding its lock)."""
+        have = self._partitions
+        if partitions > len(have):
+            self._partitions = have + [Partition(self.name, n, self._opener)
+                                       for n in range(len(have), partitions)]
 
     def mark_deleted(self) -> None:
         """Flag every partition deleted, the first step of `Broker.delete_topic` (which
