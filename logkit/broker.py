@@ -45,6 +45,7 @@ from .topic import MAX_PARTITIONS, Topic, validate_topic_name
 
 if TYPE_CHECKING:                  # imported when first used
     from .protocol import KafkaServer
+    from .replication.tcp_server import ReplicationServer
     from .registry_http import RegistryServer
     from .schema_registry import SchemaRegistry
 
@@ -782,5 +783,24 @@ class Broker:
         from .protocol import serve
         self._check_writable("serve")
         server = serve(self, host=host, port=port, **options)
+        self._clients.append(server)
+        return server
+
+    # ---- replication over TCP (logkit/replication/tcp_server.py) -----------------------
+
+    def serve_replication(self, host: str = "127.0.0.1", port: int = 0, *,
+                          secret: str | bytes, ssl_context: Any = None,
+                          **options: Any) -> ReplicationServer:
+        """Serve this broker's partitions to `logkit.TcpSource` followers on host:port
+        (0: a free port), from background threads of this process (docs/replication.md,
+        "Replication over TCP"). Followers authenticate with the shared `secret`
+        (challenge-response; it never crosses the wire); `ssl_context` (a server
+        context of the `ssl` module) adds TLS. The handle has `.host`, `.port`,
+        `close()` (safe twice); a context manager; it is closed with the broker.
+        Options: `idle_timeout_ms`, `request_timeout_ms`, `max_connections`."""
+        from .replication.tcp_server import ReplicationServer
+        self._check_writable("serve_replication")
+        server = ReplicationServer(self, host, port, secret=secret,
+                                   ssl_context=ssl_context, **options)
         self._clients.append(server)
         return server

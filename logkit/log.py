@@ -862,14 +862,34 @@ class PartitionLog:
 
     def _batches_since(self, tail: Tail, offset: int, upto: int | None,
                        max_bytes: int) -> bytes:
+        return b"".join(bytes(segment.view(size)[start:stop]) for segment, size, start, stop
+                        in self._batch_spans(tail, offset, upto, max_bytes))
+
+    def batch_file_ranges(self, offset: int, upto: int | None = None, *,
+                          max_bytes: int = BATCHES_SINCE_MAX_BYTES
+                          ) -> list[tuple[str, int, int]]:
+        """Where the bytes `batches_since` would return lie: (segment file path,
+        position, length) per segment touched, in order, each a run of whole batches
+        below the segment's committed size (for shipping them with sendfile)."""
+        return self._with_tail(self._batch_file_ranges, offset, upto, max_bytes)
+
+    def _batch_file_ranges(self, tail: Tail, offset: int, upto: int | None,
+                           max_bytes: int) -> list[tuple[str, int, int]]:
+        return [(segment.path, start, stop - start) for segment, _, start, stop
+                in self._batch_spans(tail, offset, upto, max_bytes)]
+
+    def _batch_spans(self, tail: Tail, offset: int, upto: int | None,
+                     max_bytes: int) -> list[tuple[LogSegment, int, int, int]]:
+        """(segment, committed size, start, stop) of the runs of whole batches that
+        batches_since() and batch_file_ranges() cover."""
         self._refresh(tail)
         self._check_in_range(offset, tail, tail.log_end_offset)
         end = tail.high_watermark if upto is None else min(upto, tail.log_end_offset)
         if offset >= end:
-            return b""
+            return []
         bases = list(self._bases)
         i = self._first_segment(offset, end)
-        chunks: list[bytes] = []
+        spans: list[tuple[LogSegment, int, int, int]] = []
         budget = max_bytes
         while i < len(bases):
             segment, size = self._sized(bases[i], tail)
@@ -878,19 +898,19 @@ class PartitionLog:
             full = False
             for pos, header in segment.headers(start, size):
                 if header.base_offset >= end or (header.size > budget
-                                                 and (chunks or stop > start)):
+                                                 and (spans or stop > start)):
                     full = True
                     break
                 budget -= header.size
                 stop = pos + header.size
                 segment_end = header.last_offset + 1
             if stop > start:
-                chunks.append(bytes(segment.view(size)[start:stop]))
+                spans.append((segment, size, start, stop))
             i += 1
             if full or i == len(bases) or (segment_end is not None and segment_end >= end):
                 break
             offset = self._next_base(segment, size, segment_end, bases[i])
-        return b"".join(chunks)
+        return spans
 
     def read_columns(self, offset: int, columns: Any, *, stop_offset: int,
                      max_records: int) -> int:

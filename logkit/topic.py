@@ -171,6 +171,18 @@ class Partition:
         OffsetOutOfRangeError below the log start or above the log end."""
         return self._log.batches_since(offset, upto, max_bytes=max_bytes)
 
+    def batch_file_ranges(self, offset: int, upto: int | None = None, *,
+                          max_bytes: int = BATCHES_SINCE_MAX_BYTES
+                          ) -> list[tuple[str, int, int]]:
+        """Where `batches_since(offset, upto, max_bytes=)` would read its bytes:
+        `(segment file path, position, length)` per segment, in order, each a run of
+        whole batches below the segment's committed size, so a replication server can
+        send them with `os.sendfile`. A caller that opens a path later checks the file
+        still holds its range: retention renames a segment `.deleted` before removing
+        it, and a truncation replaces it by a shorter copy (bytes are never changed in
+        place). `[]` at the limit; OffsetOutOfRangeError as batches_since."""
+        return self._log.batch_file_ranges(offset, upto, max_bytes=max_bytes)
+
     def batch_headers(self, start_offset: int) -> list[BatchHeader]:
         """The headers of the stored batches whose last offset is >= start_offset, in
         offset order, CRCs not checked: for finding a producer's batches (its id,

@@ -373,3 +373,124 @@ def test_group_members_in_two_processes_take_the_new_partitions_between_them(tmp
         finally:
             for worker in workers:
                 worker.stop()
+
+
+# ---- step 3: the listener -----------------------------------------------------------------
+
+@pytest.fixture
+def server(broker):
+    with broker.serve() as s:
+        yield s
+
+
+def test_create_partitions_on_the_wire_grows_honours_validate_only_and_refuses_bad_totals(
+        broker, server):
+    from test_protocol_listener import Raw
+
+    from logkit.protocol import errors as E
+    from logkit.protocol.handlers import NODE_ID
+    broker.create_topic("orders", 2)
+    raw = Raw(server)
+    try:
+        def grow(count, validate_only=False, assignments=None, name="orders"):
+            answer = raw.call(37, 3, {"topics": [{"name": name, "count": count,
+                                                  "assignments": assignments}],
+                                      "timeout_ms": 1000, "validate_only": validate_only})
+            return answer["results"][0]["error_code"]
+
+        assert grow(4, validate_only=True) == E.NONE
+        assert broker.topic("orders").num_partitions == 2
+        assert grow(2) == E.INVALID_PARTITIONS
+        assert grow(1, validate_only=True) == E.INVALID_PARTITIONS
+        assert grow(MAX_PARTITIONS + 1) == E.INVALID_PARTITIONS
+        assert grow(4, assignments=[{"broker_ids": [NODE_ID]}, {"broker_ids": [7]}]) == \
+            E.INVALID_REPLICA_ASSIGNMENT
+        assert grow(4, name="ghost") == E.UNKNOWN_TOPIC_OR_PARTITION
+        assert broker.topic("orders").num_partitions == 2
+        assert grow(3, assignments=[{"broker_ids": [NODE_ID]}]) == E.NONE
+        assert grow(4) == E.NONE
+        assert broker.topic("orders").num_partitions == 4
+        metadata = raw.call(3, 12, {"topics": [{"name": "orders", "topic_id": bytes(16)}],
+                                    "allow_auto_topic_creation": False,
+                                    "include_topic_authorized_operations": False})
+        assert [p["partition_index"] for p in metadata["topics"][0]["partitions"]] == \
+            [0, 1, 2, 3]
+    finally:
+        raw.close()
+
+
+def test_kafka_python_admin_grows_a_topic_and_validate_only_changes_nothing(broker, server):
+    kafka = pytest.importorskip("kafka")
+    from kafka.admin import NewPartitions
+    from kafka.errors import InvalidPartitionsError
+    broker.create_topic("kp", 2)
+    admin = kafka.KafkaAdminClient(bootstrap_servers=server.bootstrap_servers)
+    try:
+        admin.create_partitions({"kp": NewPartitions(total_count=5)}, validate_only=True)
+        assert broker.topic("kp").num_partitions == 2
+        admin.create_partitions({"kp": NewPartitions(total_count=5)})
+        assert broker.topic("kp").num_partitions == 5
+        with pytest.raises(InvalidPartitionsError):
+            admin.create_partitions({"kp": NewPartitions(total_count=3)})
+    finally:
+        admin.close()
+    assert broker.topic("kp").num_partitions == 5
+
+
+def test_confluent_kafka_grows_a_topic_and_its_clients_use_the_new_partitions(
+        broker, server):
+    """AdminClient.create_partitions end to end; a producer made before the growth writes
+    to a new partition once its metadata shows it, and keyed records follow murmur2 mod
+    the new count; a group consumer subscribed before the growth is handed the new
+    partitions by its leader's rebalance and reads them from the start (earliest)."""
+    ck = pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient, NewPartitions
+    broker.create_topic("ck", 2)
+    common = {"bootstrap.servers": server.bootstrap_servers,
+              "topic.metadata.refresh.interval.ms": 200}
+    producer = ck.Producer({**common, "partitioner": "murmur2_random", "linger.ms": 0})
+    consumer = ck.Consumer({**common, "group.id": "g", "auto.offset.reset": "earliest",
+                            "enable.auto.commit": False})
+    consumer.subscribe(["ck"])
+    try:
+        got = []
+
+        def poll_until(predicate, what):
+            for _ in range(240):
+                message = consumer.poll(0.25)
+                if message is not None:
+                    assert message.error() is None, message.error()
+                    got.append((message.partition(), message.value()))
+                if predicate():
+                    return
+            raise AssertionError(f"never saw {what}: {got}")
+
+        producer.produce("ck", value=b"before", partition=0)
+        assert producer.flush(20) == 0
+        poll_until(lambda: (0, b"before") in got, "the first record")
+
+        admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
+        futures = admin.create_partitions([NewPartitions("ck", 4)], validate_only=True)
+        assert futures["ck"].result(timeout=20) is None
+        assert broker.topic("ck").num_partitions == 2
+        futures = admin.create_partitions([NewPartitions("ck", 4)])
+        assert futures["ck"].result(timeout=20) is None
+        assert broker.topic("ck").num_partitions == 4
+        futures = admin.create_partitions([NewPartitions("ck", 3)])
+        with pytest.raises(ck.KafkaException, match="INVALID_PARTITIONS"):
+            futures["ck"].result(timeout=20)
+
+        assert len(producer.list_topics("ck", timeout=20).topics["ck"].partitions) == 4
+        producer.produce("ck", value=b"new", partition=3)
+        keys = [b"key-%d" % n for n in range(20)]
+        for key in keys:
+            producer.produce("ck", key=key, value=b"keyed")
+        assert producer.flush(20) == 0
+        stored = {(p.partition, r.key) for p in broker.topic("ck").partitions
+                  for r in p.read(0, max_records=1000) if r.key is not None}
+        assert stored == {(partition_for_key(k, 4), k) for k in keys}
+        poll_until(lambda: (3, b"new") in got, "the record in the new partition")
+        assert {TopicPartition("ck", n) for n in range(4)} == {
+            TopicPartition(tp.topic, tp.partition) for tp in consumer.assignment()}
+    finally:
+        consumer.close()

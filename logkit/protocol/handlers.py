@@ -32,7 +32,7 @@ from ..errors import (ClosedError, ConfigError, CorruptRecordError, InvalidTopic
                       TopicExistsError, UnknownTopicError, CommitFailedError)
 from ..group import (GroupCoordinator, OffsetAndMetadata, OffsetMetadataTooLargeError,
                      committed_offsets, validate_group_id, wire_members)
-from ..topic import TopicPartition, validate_topic_name
+from ..topic import MAX_PARTITIONS, TopicPartition, validate_topic_name
 from . import errors as E
 from .frame import Request
 from .groups import GroupManager, encode_assignment
@@ -514,34 +514,47 @@ class Handlers:
         return {"responses": responses}
 
     def create_partitions(self, request: Request, session: Session) -> dict[str, Any]:
+        """Grow each topic to its new total (Broker.create_partitions); with
+        validate_only, check exactly as a real growth would and change nothing. Clients
+        learn the count from their next Metadata; a group's leader then re-joins, and
+        its assignor hands out the new partitions (Kafka's own path)."""
+        validate_only = request.body["validate_only"]
         results = []
         for wanted in request.body["topics"]:
-            name, count = wanted["name"], wanted["count"]
-            try:
-                topic = self._topic(name)
-            except LogkitError as exc:
-                results.append({"name": name, "error_code": _code_for(exc),
-                                "error_message": str(exc)[:500]})
-                continue
-            if count <= topic.num_partitions:
-                results.append({"name": name, "error_code": E.INVALID_PARTITIONS,
-                                "error_message": f"topic {name!r} has {topic.num_partitions}"
-                                f" partition(s); the count can only grow, not to {count}"})
-                continue
-            grow = getattr(self.broker, "create_partitions", None)
-            if grow is None:
-                results.append({"name": name, "error_code": E.INVALID_REQUEST,
-                                "error_message": "adding partitions to a topic is not "
-                                "supported by this logkit version"})
-                continue
-            try:
-                if not request.body["validate_only"]:
-                    grow(name, count)
-                results.append({"name": name, "error_code": E.NONE})
-            except LogkitError as exc:
-                results.append({"name": name, "error_code": _code_for(exc),
-                                "error_message": str(exc)[:500]})
+            name = wanted["name"]
+            code, message = self._grow_topic(name, wanted["count"], wanted["assignments"],
+                                             validate_only)
+            results.append({"name": name, "error_code": code, "error_message": message})
         return {"results": results}
+
+    def _grow_topic(self, name: str, count: int, assignments: list[dict[str, Any]] | None,
+                    validate_only: bool) -> tuple[int, str | None]:
+        try:
+            topic = self._topic(name)
+        except LogkitError as exc:
+            return _code_for(exc), str(exc)[:500]
+        have = topic.num_partitions
+        if not have < count <= MAX_PARTITIONS:
+            return E.INVALID_PARTITIONS, (
+                f"topic {name!r} has {have} partition(s); the new total must be larger "
+                f"and at most {MAX_PARTITIONS}, got {count} (partitions are added, never "
+                "removed)")
+        # One broker: an assignment may only place each new partition on this node.
+        if assignments is not None and (
+                len(assignments) != count - have
+                or any(a["broker_ids"] != [NODE_ID] for a in assignments)):
+            return E.INVALID_REPLICA_ASSIGNMENT, (
+                f"an assignment must place each of the {count - have} new partition(s) "
+                f"on broker {NODE_ID} alone")
+        if validate_only:
+            return E.NONE, None
+        try:
+            self.broker.create_partitions(name, count)
+        except ConfigError as exc:          # a racing growth got there first
+            return E.INVALID_PARTITIONS, str(exc)[:500]
+        except LogkitError as exc:
+            return _code_for(exc), str(exc)[:500]
+        return E.NONE, None
 
     def _topic_configs(self, topic: Any) -> list[tuple[str, Any, int]]:
         defaults = resolve_topic_config(None, self.broker.config)
