@@ -27,6 +27,7 @@ import logkit
 from logkit.replication import ReplicationAuthError
 from logkit.replication import tcp
 from tests.helpers.faultproxy import FaultProxy
+from tests.helpers.procs import wait_until
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "correct horse battery staple"
@@ -75,12 +76,13 @@ def test_a_tcp_follower_copies_every_partition_byte_for_byte(leader, tmp_path):
             follower.catch_up(timeout=30)
             produce(leader, "orders", 300, prefix=b"w")           # while it runs
             follower.catch_up(timeout=30)
-            follower_id = follower.follower_id
-        # the leader sees the TCP follower's progress as it sees a directory follower's
-        progress = logkit.DirectorySource(leader.path, report_progress=False).progress()
-        assert progress[follower_id]["log_end_offsets"] == {
-            f"orders-{p.partition}": p.log_end_offset
-            for p in leader.topic("orders").partitions}
+            # the leader sees the TCP follower's progress as a directory follower's
+            # (reported at most every 250 ms)
+            ends = {f"orders-{p.partition}": p.log_end_offset
+                    for p in leader.topic("orders").partitions}
+            view = logkit.DirectorySource(leader.path, report_progress=False)
+            wait_until(lambda: view.progress().get(follower.follower_id, {}).get(
+                "log_end_offsets") == ends, 30, "the follower's progress at the leader")
     server.close()                                                # safe twice
     assert_same_logs(leader.path, tmp_path / "f", "orders", 3)
 
