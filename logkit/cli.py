@@ -12,6 +12,7 @@ checks that); docs/cli.md is generated from the same help (tools/cli_docs.py).
     logkit consume DIR TOPIC                       kafka-console-consumer (--follow: tail -f)
     logkit groups list|describe|reset-offsets|delete DIR ...         kafka-consumer-groups
     logkit schemas list|show|register|check DIR ...                  the schema registry
+    logkit follow SOURCE DIR                       copy a leader (a directory or tcp://) into DIR
     logkit describe DIR TOPIC                      the partitions of one topic
     logkit dump SEGMENT.log                        the batches (and records) of a segment file
     logkit bench [BENCHMARK ...]                   the benchmark suite (benchmarks/ of a checkout)
@@ -435,6 +436,70 @@ def cmd_serve(args: argparse.Namespace) -> int:
             time.sleep(POLL_MS / 1000)
         server.close()
     note("serve", "stopped by a signal; the broker is closed")
+    return 0
+
+
+# ---- follow (logkit.Follower: a replica of another broker) -------------------------------
+
+SECRET_ENV = "LOGKIT_REPLICATION_SECRET"
+
+
+def add_follow(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("source", metavar="SOURCE",
+                     help="the leader: its directory, or tcp://HOST:PORT of its "
+                     "broker.serve_replication()")
+    cmd.add_argument("directory", metavar="DIR",
+                     help="the follower's broker directory (created when missing)")
+    cmd.add_argument("--secret-file", metavar="FILE",
+                     help=f"a file holding the replication secret of a tcp:// source "
+                     f"(default: the {SECRET_ENV} environment variable)")
+    cmd.add_argument("--tls-cafile", metavar="FILE",
+                     help="connect to a tcp:// source with TLS, trusting the CA "
+                     "certificate(s) in FILE")
+    cmd.add_argument("--config", action="append", metavar="KEY=VALUE",
+                     help="a broker setting, Kafka's names, e.g. "
+                     "replica.fetch.max.bytes=4194304 (repeatable)")
+
+
+def _follow_source(args: argparse.Namespace) -> Any:
+    from . import DirectorySource, TcpSource
+    if not args.source.startswith("tcp://"):
+        if args.secret_file or args.tls_cafile:
+            raise UsageError("--secret-file and --tls-cafile are for a tcp:// source")
+        return DirectorySource(args.source)
+    host, sep, port = args.source[len("tcp://"):].rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UsageError(f"a TCP source is tcp://HOST:PORT, got {args.source!r}")
+    if args.secret_file:
+        with open(args.secret_file, "rb") as f:
+            secret = f.read().rstrip(b"\r\n")
+    else:
+        secret = os.environ.get(SECRET_ENV, "").encode()
+    if not secret:
+        raise UsageError(f"a tcp:// source needs the replication secret: --secret-file "
+                         f"FILE or the {SECRET_ENV} environment variable")
+    context = None
+    if args.tls_cafile:
+        import ssl
+        context = ssl.create_default_context(cafile=args.tls_cafile)
+    return TcpSource(host.strip("[]"), int(port), secret=secret, ssl_context=context)
+
+
+def cmd_follow(args: argparse.Namespace) -> int:
+    from . import Follower
+    config = _config_pairs(args.config, "--config")
+    follower = Follower(args.directory, _follow_source(args), config=config or None)
+    with _stop_on_signals() as stop:
+        follower.start()
+        try:
+            print(f"following {args.source} into {args.directory}", flush=True)
+            while not stop.requested and follower.running:
+                time.sleep(POLL_MS / 1000)
+        finally:
+            follower.stop()
+    if follower.error is not None:
+        raise follower.error
+    note("follow", "stopped by a signal; the directory is released")
     return 0
 
 
@@ -1192,6 +1257,13 @@ COMMANDS: list[Command] = [
             "logkit serve data/ --host 0.0.0.0 --advertised-host myhost --port 9092\n"
             "logkit serve data/ --port 9092 --schema-registry-port 8081",
             add_serve, cmd_serve),
+    Command("follow", "copy a leader broker into DIR and keep copying (a replica), until "
+            "SIGINT/SIGTERM; SOURCE is the leader's directory or tcp://HOST:PORT of its "
+            "broker.serve_replication()",
+            "logkit follow /mnt/leader/data replica/\n"
+            "LOGKIT_REPLICATION_SECRET=... logkit follow tcp://10.0.0.5:9093 replica/\n"
+            "logkit follow tcp://leader:9093 replica/ --secret-file /etc/logkit/secret "
+            "--tls-cafile ca.pem", add_follow, cmd_follow),
     Command("mirror", "copy topics (and --groups: committed offsets) to a Kafka cluster; "
             "run again to resume, without duplicates",
             "logkit mirror data/ --to kafka1:9092 --topics orders,payments --groups",

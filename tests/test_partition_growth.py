@@ -494,3 +494,22 @@ def test_confluent_kafka_grows_a_topic_and_its_clients_use_the_new_partitions(
             TopicPartition(tp.topic, tp.partition) for tp in consumer.assignment()}
     finally:
         consumer.close()
+
+
+# ---- step 4: a follower copies the growth -------------------------------------------------
+
+def test_a_follower_copies_a_topic_grown_on_the_leader_with_its_new_records(tmp_path):
+    with logkit.Broker(tmp_path / "leader") as leader:
+        topic = leader.create_topic("orders", 2)
+        topic.partition(1).append([(b"k", b"old", None, None)])
+        source = logkit.DirectorySource(leader.path)
+        with logkit.Follower(tmp_path / "f", source) as follower:
+            follower.catch_up(timeout=30)
+            leader.create_partitions("orders", 4)
+            topic.partition(3).append([(b"k", b"new", None, None)])
+            follower.catch_up(timeout=30)
+            assert follower.log_end_offsets() == {
+                TopicPartition("orders", n): (1 if n in (1, 3) else 0) for n in range(4)}
+    with logkit.Broker(tmp_path / "f", read_only=True) as copy:
+        assert copy.topic("orders").num_partitions == 4
+        assert [r.value for r in copy.topic("orders").partition(3).read(0)] == [b"new"]

@@ -268,14 +268,18 @@ with logkit.Broker(root) as broker:
     reader.join()                       # serve until the test closes stdin
 """
 
-FOLLOWER = r"""
-import sys, logkit
-source = logkit.TcpSource("127.0.0.1", int(sys.argv[1]), secret=sys.argv[2], timeout=2)
-follower = logkit.Follower(sys.argv[3], source, config={
-    "replica.fetch.max.bytes": int(sys.argv[4]), "replica.fetch.backoff.ms": 20})
-print("ready", flush=True)
-follower.run()
-"""
+CLI = "import sys; from logkit.cli import main; sys.exit(main())"
+
+
+def _follow_cli(source, directory, *options, secret=SECRET):
+    """`logkit follow SOURCE DIR` in its own process; returns once it is following."""
+    proc = subprocess.Popen([sys.executable, "-c", CLI, "follow", str(source),
+                             str(directory), *options], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT_DIR,
+                                 "LOGKIT_REPLICATION_SECRET": secret})
+    assert proc.stdout.readline().startswith("following ")
+    return proc
 
 
 def _python(code, *args, stdin=None):
@@ -335,8 +339,9 @@ def test_a_follower_sigkilled_mid_copy_restarts_and_converges(tmp_path):
         leader.wait_done()
         rng = random.Random(10)
         for _ in range(3):
-            follower = _python(FOLLOWER, leader.port, SECRET, tmp_path / "f", 512)
-            assert follower.stdout.readline().strip() == "ready"
+            follower = _follow_cli(f"tcp://127.0.0.1:{leader.port}", tmp_path / "f",
+                                   "--config", "replica.fetch.max.bytes=512",
+                                   "--config", "replica.fetch.backoff.ms=20")
             time.sleep(rng.uniform(0.1, 0.5))
             follower.send_signal(signal.SIGKILL)
             follower.wait(timeout=30)
@@ -347,5 +352,44 @@ def test_a_follower_sigkilled_mid_copy_restarts_and_converges(tmp_path):
         source = logkit.TcpSource("127.0.0.1", leader.port, secret=SECRET)
         logkit.Follower(tmp_path / "f", source).catch_up(timeout=30)
         assert_same_logs(tmp_path / "leader", tmp_path / "f", "t", 2)
+    finally:
+        leader.stop()
+
+
+def test_logkit_follow_copies_over_tcp_or_a_directory_and_stops_on_sigterm(tmp_path):
+    leader = LeaderProcess(tmp_path / "leader", 3000, 0)
+    try:
+        leader.wait_done()
+        for source, name in ((f"tcp://127.0.0.1:{leader.port}", "f"),
+                             (tmp_path / "leader", "g")):
+            proc = _follow_cli(source, tmp_path / name)
+            view = logkit.TcpSource("127.0.0.1", leader.port, secret=SECRET)
+            ends = {n: view.partition("t", n).log_end_offset for n in range(2)}
+            view.close()
+
+            def copied():
+                try:
+                    with logkit.Broker(tmp_path / name, read_only=True) as copy:
+                        return {n: copy.topic("t").partition(n).log_end_offset
+                                for n in range(2)} == ends
+                except logkit.LogkitError:                  # not created yet
+                    return False
+            wait_until(copied, 30, f"logkit follow {source} to copy everything")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            assert "stopped by a signal" in proc.stderr.read()
+            assert_same_logs(tmp_path / "leader", tmp_path / name, "t", 2)
+        wrong = subprocess.run([sys.executable, "-c", CLI, "follow",
+                                f"tcp://127.0.0.1:{leader.port}", str(tmp_path / "h")],
+                               capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "PYTHONPATH": ROOT_DIR,
+                                    "LOGKIT_REPLICATION_SECRET": "guess"})
+        assert wrong.returncode == 1 and "wrong replication secret" in wrong.stderr
+        unset = subprocess.run([sys.executable, "-c", CLI, "follow",
+                                f"tcp://127.0.0.1:{leader.port}", str(tmp_path / "h")],
+                               capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "PYTHONPATH": ROOT_DIR,
+                                    "LOGKIT_REPLICATION_SECRET": ""})
+        assert unset.returncode == 2 and "secret" in unset.stderr
     finally:
         leader.stop()

@@ -396,10 +396,8 @@ class Follower:
         partitions = []
         for name, info in sorted(leader.items()):
             have = broker.topic(name).num_partitions
-            if have < info.partitions:
-                self._warn_once(f"partitions {name}", "%s: topic %s has %d partition(s) "
-                                "on the leader and %d here; the new ones are not copied",
-                                self.path, name, info.partitions, have)
+            if have < info.partitions:                  # grown on the leader
+                have = broker.create_partitions(name, info.partitions).num_partitions
             partitions += [TopicPartition(name, n) for n in range(min(have, info.partitions))]
         self._partitions = partitions
         self._sync_offsets(broker, set(partitions))
