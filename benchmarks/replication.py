@@ -13,8 +13,12 @@ from just before the send to its poll returning the copy (CLOCK_MONOTONIC is one
 for every process). That is leader append + the follower's wake-up (the leader's
 doorbell), fetch, CRC check and append + the reader's wake-up (the copy's doorbell).
 
+The throughput and lag runs are repeated with the follower copying through a
+`TcpSource` against the leader's `broker.serve_replication()` (127.0.0.1), in the same
+run as the directory figures.
+
 Not measured yet (not built): acks="all" with followers in the ISR, two followers, the
-TCP and object-store sources, failover time.
+object-store source, failover time.
 
 Run from the checkout's root:
     .venv/bin/python -m benchmarks.replication [--records 200000] [--lag-records 2000]
@@ -40,6 +44,7 @@ import logkit
 
 READY_TIMEOUT_S = 60
 TOPIC = "bench"
+SECRET = "benchmark secret"          # the TCP rows: broker.serve_replication(secret=)
 
 
 def _now_ns() -> int:
@@ -48,8 +53,11 @@ def _now_ns() -> int:
 
 # ---- processes (spawned: LMDB must not cross a fork) -----------------------------------
 
-def _follower_proc(leader: str, copy: str, ready: Any, stop: Any) -> None:
-    follower = logkit.Follower(copy, logkit.DirectorySource(leader))
+def _follower_proc(leader: str, copy: str, ready: Any, stop: Any,
+                   tcp_port: int | None = None) -> None:
+    source = (logkit.DirectorySource(leader) if tcp_port is None else
+              logkit.TcpSource("127.0.0.1", tcp_port, secret=SECRET))
+    follower = logkit.Follower(copy, source)
     follower.start()
     follower.catch_up(timeout=READY_TIMEOUT_S)
     ready.set()
@@ -71,10 +79,12 @@ def _lag_reader(copy: str, count: int, ready: Any, out: Any) -> None:
 
 
 class _FollowerProcess:
-    def __init__(self, ctx: Any, leader: str, copy: str) -> None:
+    def __init__(self, ctx: Any, leader: str, copy: str, tcp_port: int | None = None
+                 ) -> None:
         self.ready, self.stop_event = ctx.Event(), ctx.Event()
         self.proc = ctx.Process(target=_follower_proc,
-                                args=(leader, copy, self.ready, self.stop_event), daemon=True)
+                                args=(leader, copy, self.ready, self.stop_event, tcp_port),
+                                daemon=True)
         self.proc.start()
         if not self.ready.wait(READY_TIMEOUT_S):
             raise RuntimeError("the follower did not start")
@@ -112,13 +122,15 @@ def _caught_up_s(leader: str, broker: Any, started: float, limit_s: float) -> fl
     raise RuntimeError("the follower did not catch up")
 
 
-def _throughput_round(ctx: Any, work: str, records: int, follower: bool) -> dict[str, float]:
+def _throughput_round(ctx: Any, work: str, records: int, follower: bool,
+                      tcp: bool = False) -> dict[str, float]:
     leader_path = tempfile.mkdtemp(dir=work)
     copy_path = tempfile.mkdtemp(dir=work)
     value = os.urandom(100)
     with logkit.Broker(leader_path, background=False) as broker:
         broker.create_topic(TOPIC, 3)
-        proc = _FollowerProcess(ctx, leader_path, copy_path) if follower else None
+        port = broker.serve_replication(secret=SECRET).port if tcp else None
+        proc = _FollowerProcess(ctx, leader_path, copy_path, port) if follower else None
         try:
             started = time.perf_counter()
             seconds = _produce(broker, records, value)
@@ -134,20 +146,24 @@ def _throughput_round(ctx: Any, work: str, records: int, follower: bool) -> dict
 
 
 def throughput(ctx: Any, work: str, records: int, repeats: int) -> list[dict[str, Any]]:
-    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    # (follower, over TCP): none; a DirectorySource; a TcpSource
+    kinds = ((False, False), (True, False), (True, True))
+    runs: dict[tuple[bool, bool], list[dict[str, float]]] = {k: [] for k in kinds}
     _throughput_round(ctx, work, min(records, 20000), True)            # warm-up
     for _ in range(repeats):
-        for follower in (False, True):
-            runs[follower].append(_throughput_round(ctx, work, records, follower))
-    base = statistics.median(r["produce_s"] for r in runs[False])
+        for kind in kinds:
+            runs[kind].append(_throughput_round(ctx, work, records, *kind))
+    base = statistics.median(r["produce_s"] for r in runs[kinds[0]])
     rows = []
-    for follower, label in ((False, "acks=1, no follower"),
-                            (True, "acks=1, one follower (DirectorySource, own process)")):
-        produce_s = statistics.median(r["produce_s"] for r in runs[follower])
+    for kind, label in zip(kinds, ("acks=1, no follower",
+                                   "acks=1, one follower (DirectorySource, own process)",
+                                   "acks=1, one follower (TcpSource, own process)")):
+        follower = kind[0]
+        produce_s = statistics.median(r["produce_s"] for r in runs[kind])
         row = {"system": label, "records": records, "records_per_s": records / produce_s,
                "ratio_to_unreplicated": base / produce_s}
         if follower:
-            replicated = statistics.median(r["replicated_s"] for r in runs[True])
+            replicated = statistics.median(r["replicated_s"] for r in runs[kind])
             row["replicated_records_per_s"] = records / replicated
             row["follower_done_after_s"] = replicated
         rows.append(row)
@@ -156,12 +172,14 @@ def throughput(ctx: Any, work: str, records: int, repeats: int) -> list[dict[str
 
 # ---- lag -------------------------------------------------------------------------------
 
-def lag(ctx: Any, work: str, count: int, interval_us: int) -> dict[str, Any]:
+def lag(ctx: Any, work: str, count: int, interval_us: int, tcp: bool = False
+        ) -> dict[str, Any]:
     leader_path = tempfile.mkdtemp(dir=work)
     copy_path = tempfile.mkdtemp(dir=work)
     with logkit.Broker(leader_path, background=False) as broker:
         broker.create_topic(TOPIC, 1)
-        proc = _FollowerProcess(ctx, leader_path, copy_path)
+        port = broker.serve_replication(secret=SECRET).port if tcp else None
+        proc = _FollowerProcess(ctx, leader_path, copy_path, port)
         try:
             ready, out = ctx.Event(), ctx.Queue()
             reader = ctx.Process(target=_lag_reader, args=(copy_path, count, ready, out),
@@ -189,7 +207,8 @@ def lag(ctx: Any, work: str, count: int, interval_us: int) -> dict[str, Any]:
     def pick(q: float) -> float:
         return samples[min(len(samples) - 1, int(q * len(samples)))] / 1e6
 
-    return {"system": "leader ack -> poll on the follower's directory (DirectorySource)",
+    source = "TcpSource" if tcp else "DirectorySource"
+    return {"system": f"leader ack -> poll on the follower's directory ({source})",
             "records": len(samples), "lag_ms_p50": pick(0.5), "lag_ms_p99": pick(0.99),
             "lag_ms_p999": pick(0.999), "lag_ms_max": samples[-1] / 1e6}
 
@@ -207,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         result = {"throughput": throughput(ctx, work, args.records, args.repeats),
                   "lag": lag(ctx, work, args.lag_records, args.interval_us),
+                  "lag_tcp": lag(ctx, work, args.lag_records, args.interval_us, tcp=True),
                   "machine": {"cpus": os.cpu_count()}}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -217,10 +237,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  if "follower_done_after_s" in row else "")
         print(f"  {row['system']:<55} {row['records_per_s']:>12,.0f} rec/s "
               f"{row['ratio_to_unreplicated']:>6.2f}x{extra}")
-    row = result["lag"]
-    print(f"replication lag, {row['records']} records spaced {args.interval_us} µs: "
-          f"p50 {row['lag_ms_p50']:.3f} ms, p99 {row['lag_ms_p99']:.3f} ms, "
-          f"p99.9 {row['lag_ms_p999']:.3f} ms, max {row['lag_ms_max']:.3f} ms")
+    for row in (result["lag"], result["lag_tcp"]):
+        print(f"replication lag, {row['records']} records spaced {args.interval_us} µs, "
+              f"{row['system']}: p50 {row['lag_ms_p50']:.3f} ms, p99 "
+              f"{row['lag_ms_p99']:.3f} ms, p99.9 {row['lag_ms_p999']:.3f} ms, max "
+              f"{row['lag_ms_max']:.3f} ms")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
