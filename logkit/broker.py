@@ -43,6 +43,8 @@ from .notify import Doorbell
 from .producer import Producer
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
 
+MAX_REPLICATION_FACTOR = 32767                # Kafka's: a replica count is an int16
+
 if TYPE_CHECKING:                  # imported when first used
     from .protocol import KafkaServer
     from .replication.tcp_server import ReplicationServer
@@ -238,6 +240,7 @@ class Broker:
             self.meta.close()
             raise
         self._topics: dict[str, Topic] = {}
+        self._replica_state: Any = None           # replication/leader.py, on first use
         self._lock = threading.RLock()
         self._closed = False
         self._clients: list[Any] = []
@@ -262,6 +265,7 @@ class Broker:
         self.meta = MetaStore(os.path.join(self.path, "meta"), read_only=True)
         self.doorbell = None
         self._topics: dict[str, Topic] = {}
+        self._replica_state: Any = None           # replication/leader.py, on first use
         self._lock = threading.RLock()
         self._closed = False
         self._clients: list[Any] = []
@@ -295,13 +299,18 @@ class Broker:
     # ---- topics ----------------------------------------------------------------------
 
     def create_topic(self, name: str, partitions: int | None = None, *,
+                     replication_factor: int | None = None,
                      config: Mapping[str, Any] | None = None,
                      exist_ok: bool = False) -> Topic:
-        """Create a topic with `partitions` (default num.partitions) and config overrides.
+        """Create a topic with `partitions` (default num.partitions), a replication
+        factor (default default.replication.factor: the leader and the first
+        replication_factor - 1 followers to report, docs/replication.md) and config
+        overrides.
 
         `exist_ok=True` returns the topic when it already exists with the partition
-        count and config overrides asked for (a script may run twice); a topic of that
-        name with other settings still raises TopicExistsError, saying which differ."""
+        count, replication factor and config overrides asked for (a script may run
+        twice); a topic of that name with other settings still raises
+        TopicExistsError, saying which differ."""
         self._check_writable("create_topic")
         validate_topic_name(name)
         asked = partitions
@@ -311,14 +320,23 @@ class Broker:
                 or not 1 <= partitions <= MAX_PARTITIONS:
             raise ConfigError(f"partitions must be an integer in 1..{MAX_PARTITIONS}, "
                               f"got {partitions!r}")
+        asked_rf = replication_factor
+        if replication_factor is None:
+            replication_factor = self.config["default.replication.factor"]
+        if isinstance(replication_factor, bool) or not isinstance(replication_factor, int) \
+                or not 1 <= replication_factor <= MAX_REPLICATION_FACTOR:
+            raise ConfigError(f"replication_factor must be an integer in "
+                              f"1..{MAX_REPLICATION_FACTOR}, got {replication_factor!r}")
         overrides = overrides_only(config)
         resolve_topic_config(overrides, self.config)            # validates the whole set
         if exist_ok:
-            existing = self._existing_topic(name, asked, overrides)
+            existing = self._existing_topic(name, asked, overrides, asked_rf)
             if existing is not None:
                 return existing
         record = {"name": name, "partitions": partitions, "config": overrides,
                   "topic_id": uuid.uuid4().hex, "created_ms": int(time.time() * 1000)}
+        if replication_factor != 1:          # absent: 1 (records made before the key)
+            record["replication_factor"] = replication_factor
 
         config_resolved = resolve_topic_config(overrides, self.config)
 
@@ -336,7 +354,8 @@ class Broker:
                     raise TopicExistsError(
                         f"topic {name!r} already exists in {self.path} (create_topic(..., "
                         "exist_ok=True) returns an existing topic instead)") from None
-                existing = self._existing_topic(name, asked, overrides)   # a racing
+                existing = self._existing_topic(name, asked, overrides,   # a racing
+                                                asked_rf)
                 if existing is None:                                      # creator won
                     raise
                 return existing
@@ -345,7 +364,8 @@ class Broker:
         return self.topic(name)
 
     def _existing_topic(self, name: str, partitions: int | None,
-                        overrides: Mapping[str, Any]) -> Topic | None:
+                        overrides: Mapping[str, Any],
+                        replication_factor: int | None = None) -> Topic | None:
         """create_topic(exist_ok=True): the topic `name` if it exists with `partitions`
         (when given) and exactly these config overrides; None if it does not exist."""
         record = self.meta.get_topic(name)
@@ -354,6 +374,9 @@ class Broker:
         differences = []
         if partitions is not None and partitions != record["partitions"]:
             differences.append(f"{record['partitions']} partition(s), not {partitions}")
+        have_rf = record.get("replication_factor", 1)
+        if replication_factor is not None and replication_factor != have_rf:
+            differences.append(f"replication factor {have_rf}, not {replication_factor}")
         if dict(overrides) != dict(record["config"]):
             differences.append(f"config overrides {record['config']}, not {dict(overrides)}")
         if differences:
@@ -478,11 +501,39 @@ class Broker:
                             "in %s", name, record["topic_id"], self.path)
                 self._finish_delete(name, record)
                 raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
+            replication_factor = record.get("replication_factor", 1)
             topic = Topic(name, record["partitions"],
                           lambda n: self._open_partition(record, n, config),
-                          config, record["topic_id"], opened={0: first})
+                          config, record["topic_id"], opened={0: first},
+                          replication_factor=replication_factor,
+                          **self._replicated(record["topic_id"], replication_factor))
             self._topics[name] = topic
             return topic
+
+    def _replicated(self, topic_id: str, replication_factor: int) -> dict[str, Any]:
+        """Topic() options for a replicated topic: its partitions read below the ISR's
+        high watermark (logkit/replication/leader.py); {} for a factor of 1."""
+        if replication_factor == 1:
+            return {}
+        from .replication.leader import ReplicaState, ReplicatedPartition
+        if self._replica_state is None:
+            self._replica_state = ReplicaState(
+                self.path, lag_time_max_ms=self.config["replica.lag.time.max.ms"],
+                writable=not self.read_only,
+                ring=None if self.doorbell is None else self.doorbell.ring)
+        state = self._replica_state
+
+        def make(topic: str, number: int, opener: Any, log: Any) -> Any:
+            return ReplicatedPartition(topic, number, opener, log, replicas=state,
+                                       topic_id=topic_id,
+                                       replication_factor=replication_factor)
+        return {"partition_class": make}
+
+    @property
+    def replica_state(self) -> Any:
+        """The leader's replica state (logkit/replication/leader.py), None until a
+        replicated topic is opened."""
+        return self._replica_state
 
     def _open_partition(self, record: dict[str, Any], number: int,
                         config: dict[str, Any]) -> PartitionLog:
@@ -736,7 +787,10 @@ class Broker:
                 except (OSError, LogkitError) as exc:
                     errors.append(exc)
             self._topics.clear()
-        for closer in (self.meta.close, getattr(self.doorbell, "close", lambda: None)):
+        closers = [self.meta.close, getattr(self.doorbell, "close", lambda: None)]
+        if self._replica_state is not None:
+            closers.insert(0, self._replica_state.close)
+        for closer in closers:
             try:
                 closer()
             except (OSError, LogkitError) as exc:

@@ -224,6 +224,13 @@ _ROWS: tuple[Setting, ...] = (
             why="every join rebalances at once; members learn the result on their next "
                 "poll, so a group formed by several members may go through a few quick "
                 "generations"),
+    _broker("default.replication.factor", "int", 1, "replicas of a topic created without "
+            "replication_factor: the leader and the first replication_factor - 1 "
+            "followers to report (docs/replication.md)", minimum=1, maximum=32767,
+            unit="replicas"),
+    _broker("replica.lag.time.max.ms", "int", 30000, "a follower that has not been caught "
+            "up to the leader's log end for this long leaves the ISR",
+            minimum=1, unit="ms"),
     _broker("replica.fetch.max.bytes", "int", 1048576, "bytes of whole batches a "
             "logkit.Follower copies per partition per request (at least one batch)",
             minimum=1, maximum=INT_MAX, unit="bytes"),
@@ -298,9 +305,10 @@ _ROWS: tuple[Setting, ...] = (
             minimum=0, status=IGNORED,
             why="an append is local and is never retried: a failed append fails its "
                 "records' futures at once"),
-    _client(PRODUCER, "request.timeout.ms", "int", 30000, "how long Kafka waits for a "
-            "produce response", minimum=0, unit="ms", status=IGNORED,
-            why=_NO_REQUESTS + "; max_block_ms and delivery_timeout_ms bound every wait"),
+    _client(PRODUCER, "request.timeout.ms", "int", 30000, "acks='all' to a replicated "
+            "topic: how long a stored batch waits for the in-sync replicas before its "
+            "futures fail with LogkitTimeoutError (the records stay in the log)",
+            minimum=0, unit="ms"),
     _client(PRODUCER, "enable.idempotence", "bool", False, "Kafka's guard against "
             "duplicates written by retries", status=IGNORED,
             why="appends are in-process and never retried, so a record is never stored "

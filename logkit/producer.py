@@ -36,10 +36,16 @@ reports); 1 waits for the append; "all" (or -1) waits for the append and, with n
 replication configured, means the same as 1 — the leader is the whole ISR — except that
 a topic whose `min.insync.replicas` is above 1 fails the batch with
 `NotEnoughReplicasError` before anything is written, as Kafka does with one replica.
+On a replicated topic (replication factor above 1) "all" refuses the batch the same way
+when the ISR is smaller than `min.insync.replicas`, and after the append its futures
+complete only once the high watermark passes the batch, or fail with
+`LogkitTimeoutError` after `request_timeout_ms` (the records stay in the log, as
+Kafka's); the waiting is one thread per producer (logkit/replication/leader.py's
+`AckWaiter`), so many batches wait at once.
 
 Options: the keywords, their defaults and bounds are the "producer" rows of the one
 settings table (logkit/config.py, docs/configuration.md); `retries`,
-`request_timeout_ms`, `enable_idempotence` and `client_id` are accepted and ignored
+`enable_idempotence` and `client_id` are accepted and ignored
 (appends are local and never retried, so nothing is stored twice).
 
 Errors: an append's error goes to its records' futures; one that is not a `LogkitError`
@@ -384,6 +390,8 @@ class Producer:
         self._broker = broker
         self._acks = 0 if acks == 0 else 1
         self._acks_all = acks in (-1, "all")           # checks min.insync.replicas
+        self._request_timeout_s = settings["request_timeout_ms"] / 1000
+        self._ack_waiter: Any = None    # acks="all" to a replicated topic, on first use
         self._buffer_memory = settings["buffer_memory"]
         # read by send()'s hot path (and handed to _sendpath.c's Sender)
         self._batch_size = max(1, min(settings["batch_size"], self._buffer_memory))
@@ -654,13 +662,48 @@ class Producer:
             batch.error = exc
             self._resolve(batch)
             raise
+        if self._acks_all and batch.error is None and batch.rows \
+                and hasattr(partition, "in_sync_replicas"):
+            self._wait_for_replicas(batch, partition)      # resolved by the waiter
+            return True
         self._resolve(batch)
         return True
+
+    def _wait_for_replicas(self, batch: Batch, partition: Any) -> None:
+        """acks="all" to a replicated partition: the stored batch completes once the
+        high watermark passes its last record (logkit/replication/leader.py)."""
+        if batch.outcomes is None:
+            target = batch.base_offset + len(batch.rows)
+        else:
+            stored = [o for o in batch.outcomes.values() if not isinstance(o, BaseException)]
+            if not stored:
+                self._resolve(batch)
+                return
+            target = max(stored) + 1
+        waiter = self._ack_waiter
+        if waiter is None:
+            from .replication.leader import AckWaiter
+            with self._accumulator.lock:
+                waiter = self._ack_waiter
+                if waiter is None:
+                    waiter = self._ack_waiter = AckWaiter(
+                        getattr(self._broker, "doorbell", None), self._resolve)
+        waiter.add(batch, partition, target, self._request_timeout_s,
+                   partition.config["min.insync.replicas"])
 
     def _check_in_sync_replicas(self, batch: Batch, partition: Any) -> None:
         """acks='all': refuse the batch before appending when the topic asks for more
         in-sync replicas than exist (Kafka's NOT_ENOUGH_REPLICAS; nothing is written)."""
         wanted = partition.config["min.insync.replicas"]
+        if hasattr(partition, "in_sync_replicas"):          # a replicated topic
+            isr = partition.in_sync_replicas()
+            if wanted > len(isr):
+                raise NotEnoughReplicasError(
+                    f"acks='all' to {batch.state.name}-{batch.partition} needs "
+                    f"min.insync.replicas={wanted} in-sync replicas; the ISR is {isr} "
+                    f"(replication factor {partition.replication_factor}); nothing was "
+                    "written")
+            return
         if wanted > IN_SYNC_REPLICAS:
             raise NotEnoughReplicasError(
                 f"acks='all' to {batch.state.name}-{batch.partition} needs "
@@ -767,6 +810,8 @@ class Producer:
             for p in range(state.count):
                 self._drain(state, p, deadline)
         self._accumulator.wait_appended(deadline, timeout)
+        if self._ack_waiter is not None:           # acks="all": the replicas too
+            self._ack_waiter.wait_idle(deadline)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, refuse further sends, stop the sender thread. Safe to call twice. In a
@@ -778,7 +823,11 @@ class Producer:
         self._slow = True               # send() checks for a close on the general path
         if _CSender is not None and isinstance(self.send, _CSender):
             self.send.slow = 1
-        self.flush(timeout)
+        try:
+            self.flush(timeout)
+        finally:
+            if self._ack_waiter is not None:
+                self._ack_waiter.close()
         if self._sender is not threading.current_thread():
             self._sender.join(timeout=10)
 

@@ -305,16 +305,22 @@ class Topic:
 
     def __init__(self, name: str, partitions: int, opener: Callable[[int], PartitionLog],
                  config: Mapping[str, Any], topic_id: str, *,
-                 opened: Mapping[int, PartitionLog] | None = None) -> None:
+                 opened: Mapping[int, PartitionLog] | None = None,
+                 replication_factor: int = 1,
+                 partition_class: Callable[..., Partition] = Partition) -> None:
         """`opener(n)` opens partition n's log on first use; `opened` holds logs the
         caller has already opened (the broker opens partition 0 to look for an
-        interrupted deletion)."""
+        interrupted deletion). The partitions of a replicated topic are made by
+        `partition_class` (logkit/replication/leader.py: reads stop at the high
+        watermark the ISR allows)."""
         self.name = name
         self.config = dict(config)
         self.topic_id = topic_id
+        self.replication_factor = replication_factor
         self._opener = opener
+        self._partition_class = partition_class
         opened = opened or {}
-        self._partitions = [Partition(name, n, opener, opened.get(n))
+        self._partitions = [partition_class(name, n, opener, opened.get(n))
                             for n in range(partitions)]
 
     def __repr__(self) -> str:
@@ -349,7 +355,8 @@ class Topic:
         serialise growers (the broker calls it holding its lock)."""
         have = self._partitions
         if partitions > len(have):
-            self._partitions = have + [Partition(self.name, n, self._opener)
+            make = self._partition_class
+            self._partitions = have + [make(self.name, n, self._opener, None)
                                        for n in range(len(have), partitions)]
 
     def mark_deleted(self) -> None:

@@ -172,7 +172,7 @@ def test_the_keys_the_issue_named_are_each_decided():
     ignored with a reason."""
     decided = {
         ("producer", "enable_idempotence"): IGNORED, ("producer", "retries"): IGNORED,
-        ("producer", "request_timeout_ms"): IGNORED,
+        ("producer", "request_timeout_ms"): HONOURED,     # acks="all", replicated
         ("consumer", "isolation_level"): IGNORED,
         ("topic", "min.insync.replicas"): HONOURED,
         ("broker", "min.insync.replicas"): HONOURED,

@@ -35,6 +35,7 @@ from ..notify import DOORBELL_FILE, Doorbell
 from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
+from .leader import progress_body
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
 __all__ = ["DirectorySource", "REPLICAS_DIR"]
@@ -45,6 +46,13 @@ REPLICAS_DIR = "replicas"            # <leader root>/replicas/<follower id>.json
 _FOLLOWER_ID = re.compile(r"[a-zA-Z0-9._-]{1,64}")
 _DEFAULTS = resolve_config("topic", None)
 _T = TypeVar("_T")
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class _Epochs:
@@ -127,7 +135,8 @@ class DirectorySource(ReplicaSource):
             # follower would delete its copy.
             self._topics[name] = topic
             overrides = {k: v for k, v in topic.config.items() if _DEFAULTS.get(k) != v}
-            out[name] = TopicInfo(name, topic.num_partitions, overrides, topic.topic_id)
+            out[name] = TopicInfo(name, topic.num_partitions, overrides, topic.topic_id,
+                                  topic.replication_factor)
         return out
 
     def _call(self, topic: str, partition: int, fn: Callable[[Partition], _T]) -> _T:
@@ -166,8 +175,10 @@ class DirectorySource(ReplicaSource):
     def report_progress(self, follower_id: str,
                         log_end_offsets: Mapping[TopicPartition, int]) -> None:
         """Write `<leader>/replicas/<follower_id>.json`: the follower's log end offset
-        per partition and the time (the leader's ISR reads them). A leader root that
-        cannot be written is reported once at WARNING and then left alone."""
+        per partition, its last caught-up times (`log_end_offsets.caught_up_ms`, see
+        `leader.Progress`) and the time, then ring the leader's doorbell so its
+        processes work out the ISR and high watermark again (leader.py). A leader root
+        that cannot be written is reported once at WARNING and then left alone."""
         if not self.reports:
             return
         if not _FOLLOWER_ID.fullmatch(follower_id):
@@ -175,9 +186,7 @@ class DirectorySource(ReplicaSource):
                               "from [a-zA-Z0-9._-]")
         directory = os.path.join(self.path, REPLICAS_DIR)
         path = os.path.join(directory, f"{follower_id}.json")
-        body = {"follower_id": follower_id, "time_ms": int(time.time() * 1000),
-                "log_end_offsets": {f"{tp.topic}-{tp.partition}": end
-                                    for tp, end in sorted(log_end_offsets.items())}}
+        body = progress_body(follower_id, log_end_offsets)
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -187,10 +196,15 @@ class DirectorySource(ReplicaSource):
                 json.dump(body, f)
             os.replace(tmp, path)
         except OSError as exc:
+            _unlink_quietly(tmp)
             if not self._report_warned:
                 self._report_warned = True
                 log.warning("%s: cannot report progress to the leader (%s); it will not "
                             "count this follower as in sync", self.describe(), exc)
+            return
+        doorbell = self._open_doorbell()
+        if doorbell is not None:
+            doorbell.ring()
 
     def wait(self, timeout_s: float) -> None:
         """Sleep on the leader's doorbell (rung after every append) until it rings or

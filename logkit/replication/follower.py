@@ -51,6 +51,7 @@ from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import (EpochEntry, assign, divergence_offset, epochs_from_headers,
                      read_checkpoint, truncate_from_end, write_checkpoint)
+from .leader import Progress
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
 __all__ = ["Follower", "STATE_FILE", "LOCK_FILE", "MAX_CORRUPT_FETCHES"]
@@ -61,7 +62,8 @@ STATE_FILE = "follower.json"
 LOCK_FILE = "follower.lock"
 MAX_CORRUPT_FETCHES = 3            # refused fetches in a row before the follower stops
 METADATA_INTERVAL_S = 1.0          # topics, configs and group offsets re-read this often
-REPORT_INTERVAL_S = (0.25, 1.0)    # progress: at most this often when it moves; at least
+REPORT_INTERVAL_S = 1.0            # progress: at once when it moves; when idle, at
+                                   # least every replica.fetch.wait.max.ms, capped here
 STOP_CHECK_S = 0.1                 # the longest wait between two looks at stop()
 _DEFAULTS = resolve_config("topic", None)
 
@@ -117,6 +119,7 @@ class Follower:
         self._next_metadata = 0.0
         self._reported: dict[TopicPartition, int] = {}
         self._reported_at = 0.0
+        self._caught_up_ms: dict[TopicPartition, int] = {}   # Kafka's lastCaughtUpTimeMs
 
     def __repr__(self) -> str:
         return f"Follower({self.path!r}, {self.source.describe()})"
@@ -352,12 +355,16 @@ class Follower:
             raise exc
 
     def _report(self) -> None:
+        """Progress goes to the leader at once when a log end moved (acks="all" and the
+        high watermark wait on it), and at least every replica.fetch.wait.max.ms while
+        idle, which refreshes the caught-up times that keep this follower in the ISR
+        (keep replica.lag.time.max.ms well above it, as Kafka asks)."""
         now = time.monotonic()
-        since = now - self._reported_at
-        if since < REPORT_INTERVAL_S[0] or (self._ends == self._reported
-                                            and since < REPORT_INTERVAL_S[1]):
+        idle_s = min(REPORT_INTERVAL_S, self.config["replica.fetch.wait.max.ms"] / 1000)
+        if self._ends == self._reported and now - self._reported_at < idle_s:
             return
-        self.source.report_progress(self._state["follower_id"], dict(self._ends))
+        self.source.report_progress(self._state["follower_id"],
+                                    Progress(self._ends, self._caught_up_ms))
         self._reported = dict(self._ends)
         self._reported_at = now
 
@@ -379,7 +386,8 @@ class Follower:
                 local.discard(name)
                 self._forget(name)
             if name not in local:
-                broker.create_topic(name, info.partitions, config=info.config)
+                broker.create_topic(name, info.partitions, config=info.config,
+                                    replication_factor=info.replication_factor)
                 local.add(name)
                 log.info("%s: created topic %s (%d partition(s)) from the leader",
                          self.path, name, info.partitions)
@@ -423,6 +431,7 @@ class Follower:
             self._epochs.pop(tp, None)
             self._checked.discard(tp)
             self._ends.pop(tp, None)
+            self._caught_up_ms.pop(tp, None)
             self._state["leader_epochs"].pop(_tp_name(tp), None)
 
     def _sync_offsets(self, broker: Broker, partitions: set[TopicPartition]) -> None:
@@ -480,6 +489,7 @@ class Follower:
         p = self._local_partition(tp)
         if tp not in self._epochs:
             self._epochs[tp] = self._load_epochs(p)
+        asked_ms = int(time.time() * 1000)         # the leader's log end as of now:
         info = self.source.partition(tp.topic, tp.partition)
         self._note_leader_epoch(tp, info)
         end = self._align(tp, p, info)
@@ -489,6 +499,7 @@ class Follower:
             end = p.log_end_offset
         self._ends[tp] = end
         if end >= info.log_end_offset:
+            self._caught_up_ms[tp] = asked_ms      # ... reached: caught up at asked_ms
             self._mirror_epochs(tp, p, info, end)
             return False
         data = self.source.fetch(tp.topic, tp.partition, end,
@@ -510,6 +521,8 @@ class Follower:
             p.increase_log_start_offset(after.log_start_offset)
         self._corrupt.pop(tp, None)
         self._ends[tp] = p.log_end_offset
+        if self._ends[tp] >= info.log_end_offset:
+            self._caught_up_ms[tp] = asked_ms
         return True
 
     def _load_epochs(self, p: Partition) -> list[EpochEntry]:

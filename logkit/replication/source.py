@@ -45,6 +45,7 @@ class TopicInfo(NamedTuple):
     partitions: int
     config: dict[str, Any]
     topic_id: str
+    replication_factor: int = 1          # the leader and replication_factor - 1 followers
 
 
 class PartitionInfo(NamedTuple):

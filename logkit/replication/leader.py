@@ -1,0 +1,637 @@
+"""The leader's side of replication: the replica assignment, the ISR, the high
+watermark, and acks="all" (DESIGN §8, docs/replication.md).
+
+Owns, under the leader's root:
+
+- `replicas/<follower id>.json`, the followers' progress (a source writes them:
+  `DirectorySource.report_progress`, or a transport in the leader's process through
+  `ReplicaState.record_progress`): per partition the follower's log end offset and its
+  last caught-up time (Kafka's lastCaughtUpTimeMs: when its log end last reached the
+  leader's log end);
+- `replicas/replica-assignment`, the assigned replica set of each replicated topic
+  (Kafka's replica assignment): the leader and the first `replication_factor - 1`
+  followers that reported for it, kept across restarts; a follower beyond it copies but
+  never counts for the ISR, the high watermark, acks or min.insync.replicas;
+- `<partition dir>/high-watermark`, a small mmap'd file holding the partition's
+  published high watermark, which every process on the directory reads.
+
+The rules, as Kafka's: the ISR of a partition is the leader plus each assigned
+follower whose last caught-up time is within `replica.lag.time.max.ms`; the high
+watermark is the minimum log end offset over the ISR, published only upwards (except
+down to the log end after a truncation). Any process may compute and publish it — the
+inputs are all files — so the leader's process, a follower's DirectorySource right
+after it reports, and readers all advance it, whichever comes first; whoever advances
+it rings the root's doorbell, waking consumers and acks="all" waiters.
+
+Costs: an unreplicated topic (replication factor 1) never reaches this module: its
+partitions are plain `Partition`s, the high watermark the log end, as before. A
+replicated partition's high watermark is one tail read and one mmap read when nothing
+is pending, and a stat per follower file when records wait above it.
+
+Invariant: the published high watermark never exceeds the log end offset of any
+replica in the ISR at the time it was computed, so a consumer never sees a record that
+the in-sync replicas do not all hold.
+
+Threads: `ReplicaState` is shared by a broker's partitions and safe from any thread;
+`AckWaiter` owns one daemon thread per producer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
+
+from ..errors import LogkitTimeoutError, NotEnoughReplicasError, StorageError
+from ..tail import open_file
+from ..topic import Partition, TopicPartition
+
+__all__ = ["ReplicaState", "ReplicatedPartition", "AckWaiter", "Progress",
+           "REPLICAS_DIR", "ASSIGNMENT_FILE", "HW_FILE", "in_sync_replicas"]
+
+log = logging.getLogger(__name__)
+
+REPLICAS_DIR = "replicas"                 # <root>/replicas/<follower id>.json
+ASSIGNMENT_FILE = "replica-assignment"    # <root>/replicas/replica-assignment (JSON)
+ASSIGNMENT_LOCK = "replica-assignment.lock"
+HW_FILE = "high-watermark"                # <partition dir>/high-watermark
+LISTING_MAX_AGE_S = 1.0                   # re-list replicas/ at least this often
+ACK_POLL_S = 0.05                         # an acks waiter looks again at least this often
+
+# high-watermark layout (little-endian, 32 bytes): written under an flock of the file,
+# read without a lock through the sequence number (odd while a writer is mid-update).
+HW_MAGIC = b"LKHW"
+HW_VERSION = 1
+_HEAD = struct.Struct("<4sI")
+_SEQ = struct.Struct("<Q")
+_VALUE = struct.Struct("<q")
+SEQ_OFFSET = _HEAD.size
+HW_OFFSET = SEQ_OFFSET + _SEQ.size
+UPDATED_MS_OFFSET = HW_OFFSET + _VALUE.size
+HW_FILE_BYTES = UPDATED_MS_OFFSET + _VALUE.size
+assert HW_FILE_BYTES == 32
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _tp_key(tp: TopicPartition) -> str:
+    return f"{tp.topic}-{tp.partition}"
+
+
+class Progress(dict):
+    """What a follower reports: {TopicPartition: log end offset}, and in
+    `caught_up_ms` {TopicPartition: the last time (ms) its log end reached the
+    leader's}. A dict, so sources that know only the log ends take it as before."""
+
+    caught_up_ms: dict[TopicPartition, int]
+
+    def __init__(self, ends: Mapping[TopicPartition, int] = (),  # type: ignore[assignment]
+                 caught_up_ms: Mapping[TopicPartition, int] | None = None) -> None:
+        super().__init__(ends)
+        self.caught_up_ms = dict(caught_up_ms or {})
+
+
+def progress_body(follower_id: str, progress: Mapping[TopicPartition, int]) -> dict:
+    """The JSON body of a progress file."""
+    caught = getattr(progress, "caught_up_ms", {})
+    return {"follower_id": follower_id, "time_ms": _now_ms(),
+            "log_end_offsets": {_tp_key(tp): end for tp, end in sorted(progress.items())},
+            "caught_up_ms": {_tp_key(tp): ms for tp, ms in sorted(caught.items())}}
+
+
+class _Report(NamedTuple):
+    """One parsed progress file."""
+
+    time_ms: int
+    ends: dict[str, int]
+    caught_up_ms: dict[str, int]
+
+
+def _parse_report(body: Any) -> _Report | None:
+    try:
+        ends = {str(k): int(v) for k, v in body["log_end_offsets"].items()}
+        caught = {str(k): int(v) for k, v in (body.get("caught_up_ms") or {}).items()}
+        return _Report(int(body["time_ms"]), ends, caught)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None
+
+
+def in_sync_replicas(assigned: Iterable[str], reports: Mapping[str, _Report], key: str,
+                     leader_end: int, now_ms: int, lag_time_max_ms: int
+                     ) -> dict[str, int]:
+    """The assigned followers in the ISR of partition `key` ("topic-n"), with their log
+    end offsets (at most the leader's): those whose last caught-up time is within
+    `lag_time_max_ms` of `now_ms`. A report without caught-up times (a source that does
+    not send them) counts its report time when it was at the leader's log end."""
+    out = {}
+    for follower in assigned:
+        report = reports.get(follower)
+        if report is None or key not in report.ends:
+            continue
+        end = report.ends[key]
+        caught = report.caught_up_ms.get(key)
+        if caught is None and end >= leader_end:
+            caught = report.time_ms
+        if caught is not None and now_ms - caught <= lag_time_max_ms:
+            out[follower] = min(end, leader_end)
+    return out
+
+
+class HighWatermarkFile:
+    """One partition's `high-watermark` file (layout above)."""
+
+    def __init__(self, directory: str, *, writable: bool, initial: int) -> None:
+        self.path = os.path.join(directory, HW_FILE)
+        self.writable = writable
+        flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
+        self.fd = open_file(self.path, flags)
+        try:
+            if os.fstat(self.fd).st_size < HW_FILE_BYTES:
+                if not writable:
+                    raise FileNotFoundError(self.path)
+                with self._locked():
+                    if os.fstat(self.fd).st_size < HW_FILE_BYTES:
+                        body = _HEAD.pack(HW_MAGIC, HW_VERSION) + _SEQ.pack(0) + \
+                            _VALUE.pack(initial) + _VALUE.pack(_now_ms())
+                        os.pwrite(self.fd, body, 0)
+                        os.fsync(self.fd)
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self.mm = mmap.mmap(self.fd, HW_FILE_BYTES, access=access)
+            if self.mm[:4] != HW_MAGIC:
+                raise StorageError(f"{self.path} is not a logkit high-watermark file",
+                                   operation="open", path=self.path)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def read(self) -> int:
+        mm = self.mm
+        for _ in range(10000):
+            before = _SEQ.unpack_from(mm, SEQ_OFFSET)[0]
+            value = _VALUE.unpack_from(mm, HW_OFFSET)[0]
+            if not before & 1 and _SEQ.unpack_from(mm, SEQ_OFFSET)[0] == before:
+                return value
+        raise StorageError(f"{self.path}: a writer died mid-update", operation="read",
+                           path=self.path)
+
+    def publish(self, candidate: int, log_end: int) -> tuple[int, bool]:
+        """Raise the published value to `candidate` (never lower it, except down to
+        `log_end` after a truncation); returns (value, whether it changed)."""
+        with self._locked():
+            seq = _SEQ.unpack_from(self.mm, SEQ_OFFSET)[0]
+            repair = seq & 1                     # a writer died mid-update: its value
+            seq += repair                        # is whole or the old one; both hold
+            current = _VALUE.unpack_from(self.mm, HW_OFFSET)[0]
+            value = max(min(current, log_end), min(candidate, log_end))
+            if value == current and not repair:
+                return current, False
+            _SEQ.pack_into(self.mm, SEQ_OFFSET, seq + 1)
+            _VALUE.pack_into(self.mm, HW_OFFSET, value)
+            _VALUE.pack_into(self.mm, UPDATED_MS_OFFSET, _now_ms())
+            _SEQ.pack_into(self.mm, SEQ_OFFSET, seq + 2)
+            return value, value != current
+
+    def close(self) -> None:
+        mm, self.mm = self.mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+            os.close(self.fd)
+
+
+class PartitionReplicas(NamedTuple):
+    """What `logkit replicas` shows for one partition."""
+
+    topic_partition: TopicPartition
+    replicas: list[str]                  # "leader", then the assigned followers
+    isr: list[str]
+    log_end_offset: int
+    high_watermark: int
+    followers: dict[str, dict[str, Any]]  # id -> log_end_offset, lag, caught_up_ms, assigned
+
+
+class ReplicaState:
+    """The replica state of one leader root, for every replicated partition a broker
+    (or a DirectorySource) has open. `writable=False` computes without publishing (a
+    read-only broker); `ring` is called after the high watermark moved."""
+
+    def __init__(self, root: str, *, lag_time_max_ms: int, writable: bool,
+                 ring: Callable[[], None] | None = None) -> None:
+        self.root = root
+        self.directory = os.path.join(root, REPLICAS_DIR)
+        self.lag_time_max_ms = lag_time_max_ms
+        self.writable = writable
+        self._ring = ring
+        self._lock = threading.RLock()
+        self._listed_at = -1.0
+        self._dir_key: tuple[int, int] | None = None
+        self._file_keys: dict[str, tuple[int, int, int]] = {}
+        self._reports: dict[str, _Report] = {}
+        self._assignment_key: tuple[int, int, int] | None = None
+        self._assignment: dict[str, dict[str, Any]] = {}
+        self._hw_files: dict[str, HighWatermarkFile | None] = {}
+        self._warned: set[str] = set()
+
+    # ---- inputs: progress files and the assignment --------------------------------
+
+    def reports(self) -> dict[str, _Report]:
+        """The followers' latest progress, re-read only where a file changed."""
+        with self._lock:
+            self._refresh_reports()
+            return dict(self._reports)
+
+    def _refresh_reports(self) -> None:
+        now = time.monotonic()
+        try:
+            st = os.stat(self.directory)
+        except FileNotFoundError:
+            self._reports.clear()
+            self._file_keys.clear()
+            return
+        dir_key = (st.st_ino, st.st_mtime_ns)
+        if dir_key != self._dir_key or now - self._listed_at > LISTING_MAX_AGE_S:
+            names = [n[:-5] for n in os.listdir(self.directory) if n.endswith(".json")]
+            for gone in set(self._reports) - set(names):
+                self._reports.pop(gone, None)
+                self._file_keys.pop(gone, None)
+            for name in names:
+                self._file_keys.setdefault(name, (0, 0, 0))
+            self._dir_key, self._listed_at = dir_key, now
+        for name in list(self._file_keys):
+            path = os.path.join(self.directory, f"{name}.json")
+            try:
+                fst = os.lstat(path)
+            except FileNotFoundError:
+                self._file_keys.pop(name, None)
+                self._reports.pop(name, None)
+                continue
+            key = (fst.st_ino, fst.st_mtime_ns, fst.st_size)
+            if key == self._file_keys[name]:
+                continue
+            try:
+                fd = open_file(path, os.O_RDONLY)
+                with open(fd, encoding="utf-8") as f:
+                    report = _parse_report(json.load(f))
+            except (OSError, ValueError):
+                continue                         # being replaced: read it next time
+            except StorageError:
+                self._warn(path, "ignoring replica progress file %s: a symbolic link")
+                continue
+            self._file_keys[name] = key
+            if report is None:
+                self._warn(path, "ignoring replica progress file %s: not a progress body")
+                self._reports.pop(name, None)
+            else:
+                self._reports[name] = report
+
+    def _warn(self, path: str, message: str) -> None:
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning(message, path)
+
+    def _read_assignment(self) -> dict[str, dict[str, Any]]:
+        path = os.path.join(self.directory, ASSIGNMENT_FILE)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            self._assignment_key, self._assignment = None, {}
+            return self._assignment
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self._assignment_key:
+            try:
+                fd = open_file(path, os.O_RDONLY)
+                with open(fd, encoding="utf-8") as f:
+                    body = json.load(f)
+                assignment = {str(t): {"topic_id": str(v["topic_id"]),
+                                       "followers": [str(x) for x in v["followers"]]}
+                              for t, v in body.items()}
+            except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                self._warn(path, f"ignoring the replica assignment %s: {exc}")
+                return self._assignment
+            self._assignment_key, self._assignment = key, assignment
+        return self._assignment
+
+    def assigned(self, topic: str, topic_id: str, replication_factor: int) -> list[str]:
+        """The followers assigned to `topic` (at most replication_factor - 1): those
+        already recorded, then the earliest reporters of its partitions, recorded for
+        good (under a lock, so two processes agree)."""
+        with self._lock:
+            self._refresh_reports()
+            entry = self._read_assignment().get(topic)
+            have = entry["followers"] if entry and entry["topic_id"] == topic_id else []
+            wanted = replication_factor - 1
+            if len(have) >= wanted:
+                return have[:wanted]
+            prefix = f"{topic}-"
+            candidates = sorted((r.time_ms, name) for name, r in self._reports.items()
+                                if name not in have
+                                and any(k.startswith(prefix) for k in r.ends))
+            if not candidates:
+                return have
+            if not self.writable:
+                return have + [name for _, name in candidates[:wanted - len(have)]]
+            return self._assign(topic, topic_id, wanted, [n for _, n in candidates])
+
+    def _assign(self, topic: str, topic_id: str, wanted: int,
+                candidates: list[str]) -> list[str]:
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        lock_fd = open_file(os.path.join(self.directory, ASSIGNMENT_LOCK),
+                            os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            self._assignment_key = None                  # re-read under the lock
+            assignment = {t: dict(v) for t, v in self._read_assignment().items()}
+            entry = assignment.get(topic)
+            have = list(entry["followers"]) if entry and entry["topic_id"] == topic_id \
+                else []
+            for name in candidates:
+                if len(have) >= wanted:
+                    break
+                if name not in have:
+                    have.append(name)
+            assignment[topic] = {"topic_id": topic_id, "followers": have}
+            path = os.path.join(self.directory, ASSIGNMENT_FILE)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            with open(fd, "w", encoding="utf-8") as f:
+                json.dump(assignment, f, sort_keys=True, indent=1)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self._assignment_key = None
+            log.info("%s: topic %s replicas: the leader and %s", self.root, topic, have)
+            return have
+        finally:
+            os.close(lock_fd)                             # releases the flock
+
+    # ---- the ISR and the high watermark -------------------------------------------
+
+    def _hw_file(self, partition: Partition) -> HighWatermarkFile | None:
+        directory = partition.directory
+        hw_file = self._hw_files.get(directory, False)
+        if hw_file is False:
+            try:
+                hw_file = HighWatermarkFile(directory, writable=self.writable,
+                                            initial=partition.log_start_offset)
+            except FileNotFoundError:
+                hw_file = None                           # read-only and none yet
+            except OSError as exc:
+                if self.writable:
+                    raise
+                log.debug("%s: no high watermark file (%s)", directory, exc)
+                hw_file = None
+            self._hw_files[directory] = hw_file
+        return hw_file  # type: ignore[return-value]
+
+    def in_sync(self, partition: Partition, topic_id: str, replication_factor: int,
+                log_end: int | None = None) -> dict[str, int]:
+        """The assigned followers now in the ISR of `partition`, with their log ends."""
+        if log_end is None:
+            log_end = Partition.log_end_offset.fget(partition)  # type: ignore[attr-defined]
+        with self._lock:
+            assigned = self.assigned(partition.topic, topic_id, replication_factor)
+            return in_sync_replicas(assigned, self._reports,
+                                    _tp_key(partition.topic_partition), log_end,
+                                    _now_ms(), self.lag_time_max_ms)
+
+    def high_watermark(self, partition: Partition, topic_id: str,
+                       replication_factor: int) -> int:
+        """The partition's high watermark: the published one when it is at the log
+        end, else worked out again from the ISR (and published when it moved)."""
+        log_end = Partition.log_end_offset.fget(partition)  # type: ignore[attr-defined]
+        with self._lock:
+            hw_file = self._hw_file(partition)
+            published = hw_file.read() if hw_file is not None else -1
+            if published >= log_end:
+                return log_end
+            isr = self.in_sync(partition, topic_id, replication_factor, log_end)
+            candidate = min([log_end, *isr.values()])
+            if hw_file is None or not self.writable:
+                return max(min(published, log_end), candidate)
+            value, moved = hw_file.publish(candidate, log_end)
+        if moved and self._ring is not None:
+            self._ring()
+        return value
+
+    def record_progress(self, follower_id: str, progress: Mapping[TopicPartition, int]
+                        ) -> None:
+        """Write `replicas/<follower_id>.json` (atomically) for a transport that
+        receives progress in the leader's process; the caller then advances the high
+        watermarks it serves (`high_watermark`)."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        path = os.path.join(self.directory, f"{follower_id}.json")
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with open(fd, "w", encoding="utf-8") as f:
+            json.dump(progress_body(follower_id, progress), f)
+        os.replace(tmp, path)
+
+    def describe(self, partition: Partition, topic_id: str,
+                 replication_factor: int) -> PartitionReplicas:
+        """The replica set, ISR, followers' lag and high watermark of one partition."""
+        log_end = Partition.log_end_offset.fget(partition)  # type: ignore[attr-defined]
+        hw = self.high_watermark(partition, topic_id, replication_factor)
+        with self._lock:
+            assigned = self.assigned(partition.topic, topic_id, replication_factor)
+            isr = self.in_sync(partition, topic_id, replication_factor, log_end)
+            key = _tp_key(partition.topic_partition)
+            followers = {}
+            for name, report in sorted(self._reports.items()):
+                if key not in report.ends:
+                    continue
+                end = report.ends[key]
+                followers[name] = {"log_end_offset": end, "lag": max(0, log_end - end),
+                                   "caught_up_ms": report.caught_up_ms.get(key),
+                                   "reported_ms": report.time_ms,
+                                   "assigned": name in assigned, "in_sync": name in isr}
+        return PartitionReplicas(partition.topic_partition, ["leader", *assigned],
+                                 ["leader", *[n for n in assigned if n in isr]],
+                                 log_end, hw, followers)
+
+    def close(self) -> None:
+        with self._lock:
+            files, self._hw_files = self._hw_files, {}
+        for hw_file in files.values():
+            if hw_file is not None:
+                hw_file.close()
+
+
+class ReplicatedPartition(Partition):
+    """A partition of a topic whose replication factor is above 1: reads stop at the
+    high watermark that the ISR allows, not at the log end. Everything else is
+    `Partition`'s (a replica fetch passes `upto=p.log_end_offset` and reads past it)."""
+
+    def __init__(self, topic: str, partition: int, opener: Callable[[int], Any],
+                 log: Any, *, replicas: ReplicaState, topic_id: str,
+                 replication_factor: int) -> None:
+        super().__init__(topic, partition, opener, log)
+        self.replicas = replicas
+        self.topic_id = topic_id
+        self.replication_factor = replication_factor
+
+    @property
+    def high_watermark(self) -> int:
+        return self.replicas.high_watermark(self, self.topic_id, self.replication_factor)
+
+    def in_sync_replicas(self) -> list[str]:
+        """The ISR: "leader" and the assigned followers in sync now."""
+        return ["leader", *self.replicas.in_sync(self, self.topic_id,
+                                                 self.replication_factor)]
+
+    def read(self, offset: int, max_records: int = 500, *, stop_offset: int | None = None,
+             **options: Any) -> list[Any]:
+        hw = self.high_watermark
+        stop = hw if stop_offset is None else min(stop_offset, hw)
+        return super().read(offset, max_records, stop_offset=stop, **options)
+
+    def read_columns(self, offset: int, max_records: int = 500, *,
+                     stop_offset: int | None = None) -> tuple[Any, int]:
+        hw = self.high_watermark
+        stop = hw if stop_offset is None else min(stop_offset, hw)
+        return super().read_columns(offset, max_records, stop_offset=stop)
+
+    def batches_since(self, offset: int, upto: int | None = None, **options: Any) -> bytes:
+        return super().batches_since(offset, self.high_watermark if upto is None else upto,
+                                     **options)
+
+    def offset_for_timestamp(self, ts_ms: int) -> int | None:
+        found = super().offset_for_timestamp(ts_ms)
+        return found if found is not None and found < self.high_watermark else None
+
+
+class _Waiting(NamedTuple):
+    batch: Any
+    partition: ReplicatedPartition
+    target: int                           # the offset after the batch's last record
+    deadline: float                       # monotonic
+    min_insync: int
+
+
+class AckWaiter:
+    """acks="all": batches already stored, waiting for the high watermark to pass
+    them. One daemon thread per producer; many batches wait at once (pipelined).
+
+    `resolve(batch)` completes a batch (its `error` set first on failure): when the
+    high watermark reaches `target` (NotEnoughReplicasError if the ISR is by then
+    smaller than min.insync.replicas, as Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND), or
+    LogkitTimeoutError at the deadline; the records stay in the log either way."""
+
+    def __init__(self, doorbell: Any, resolve: Callable[[Any], None]) -> None:
+        self._doorbell = doorbell
+        self._resolve = resolve
+        self._cond = threading.Condition()
+        self._waiting: list[_Waiting] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="logkit-acks", daemon=True)
+        self._thread.start()
+
+    def add(self, batch: Any, partition: ReplicatedPartition, target: int,
+            timeout_s: float, min_insync: int) -> None:
+        with self._cond:
+            self._waiting.append(_Waiting(batch, partition, target,
+                                          time.monotonic() + timeout_s, min_insync))
+            self._cond.notify_all()
+
+    def wait_idle(self, deadline: float | None) -> None:
+        """Until no batch waits (flush), or LogkitTimeoutError at `deadline`."""
+        with self._cond:
+            while self._waiting:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise LogkitTimeoutError("flush: acks='all' batches still wait for "
+                                             "the in-sync replicas")
+                self._cond.wait(ACK_POLL_S if left is None else min(left, ACK_POLL_S))
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        doorbell = self._doorbell
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if not self._waiting:
+                    return
+                waiting = list(self._waiting)
+            seen = doorbell.value() if doorbell is not None else 0
+            finished = self._check(waiting)
+            for w in finished:                       # resolved before flush() returns
+                self._finish(w)
+            with self._cond:
+                if finished:
+                    done = {id(w) for w in finished}
+                    self._waiting = [w for w in self._waiting if id(w) not in done]
+                    self._cond.notify_all()
+                if not self._waiting:
+                    continue
+                next_deadline = min(w.deadline for w in self._waiting)
+            pause = max(0.0, min(ACK_POLL_S, next_deadline - time.monotonic()))
+            if doorbell is not None:
+                doorbell.wait(seen, pause)
+            else:
+                time.sleep(min(pause, 0.001))
+
+    def _check(self, waiting: list[_Waiting]) -> list[_Waiting]:
+        now = time.monotonic()
+        marks: dict[int, int] = {}               # per partition, once per round
+        isr_sizes: dict[int, int] = {}
+        finished = []
+        for w in waiting:
+            key = id(w.partition)
+            try:
+                if key not in marks:
+                    marks[key] = w.partition.high_watermark
+            except Exception as exc:              # the partition failed: the batch too
+                w.batch.error = exc
+                finished.append(w)
+                continue
+            if marks[key] >= w.target:
+                if key not in isr_sizes:
+                    isr_sizes[key] = len(w.partition.in_sync_replicas())
+                isr = isr_sizes[key]
+                if isr < w.min_insync:
+                    w.batch.error = NotEnoughReplicasError(
+                        f"acks='all' to {w.partition.topic}-{w.partition.partition}: the "
+                        f"records are stored, but the ISR shrank to {isr} replica(s), "
+                        f"below min.insync.replicas={w.min_insync}")
+                finished.append(w)
+            elif now >= w.deadline:
+                w.batch.error = LogkitTimeoutError(
+                    f"acks='all' to {w.partition.topic}-{w.partition.partition}: the "
+                    f"in-sync replicas did not reach offset {w.target} within "
+                    f"request_timeout_ms (high watermark {marks[key]}); the records are "
+                    "stored on the leader")
+                finished.append(w)
+        return finished
+
+    def _finish(self, w: _Waiting) -> None:
+        try:
+            self._resolve(w.batch)
+        except Exception:                          # never stop the waiter thread
+            log.exception("resolving an acks='all' batch of %s-%d failed",
+                          w.partition.topic, w.partition.partition)
