@@ -944,6 +944,28 @@ SCHEMAS = (
 
 # ---- describe, dump, bench, completion ---------------------------------------------------
 
+def cmd_replicas(args: argparse.Namespace) -> int:
+    from .replication.leader import describe_replicas
+    with _broker(args.directory) as broker:
+        rows = describe_replicas(broker)
+    if args.json:
+        print_json(rows)
+        return 0
+    table = []
+    for row in rows:
+        followers = ",".join(f"{name}:{f['log_end_offset']}(lag:{f['lag']}"
+                             f"{'' if f['assigned'] else ',extra'})"
+                             for name, f in row["followers"].items())
+        table.append((f"{row['topic']}-{row['partition']}", row["replication_factor"],
+                      ",".join(row["replicas"]), ",".join(row["isr"]),
+                      row["log_end_offset"], row["high_watermark"],
+                      ",".join(f"{e}@{o}" for e, o in row["leader_epochs"]),
+                      followers or None))
+    print_table(("partition", "rf", "replicas", "isr", "log_end", "high_watermark",
+                 "epochs", "followers"), table)
+    return 0
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     args.configs = False
     return cmd_topics_describe(args)
@@ -1193,6 +1215,11 @@ def add_groups_delete(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("group", metavar="GROUP")
 
 
+def add_replicas(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    _json(cmd)
+
+
 def add_describe(cmd: argparse.ArgumentParser) -> None:
     add_topics_describe(cmd, optional_topic=False)
 
@@ -1268,6 +1295,11 @@ COMMANDS: list[Command] = [
             "run again to resume, without duplicates",
             "logkit mirror data/ --to kafka1:9092 --topics orders,payments --groups",
             add_mirror, cmd_mirror),
+    Command("replicas", "per partition: replication factor, replica set, ISR, log end, "
+            "high watermark, leader epochs (epoch@start offset) and each follower's log "
+            "end and lag (extra: copying beyond the replication factor); the ISR as "
+            "judged with replica.lag.time.max.ms's default", "logkit replicas data/ --json",
+            add_replicas, cmd_replicas),
     Command("describe", "offsets and sizes of each partition of a topic (as topics "
             "describe)", "logkit describe data/ orders", add_describe, cmd_describe),
     Command("dump", "print the batches (and with --records the records) of a .log file, "

@@ -269,3 +269,35 @@ def test_a_follower_beyond_the_replication_factor_does_not_count(tmp_path):
         assert state.assigned("t", broker.topic("t").topic_id, 2) == [first.id]
         assert state.describe(p, broker.topic("t").topic_id, 2).replicas == \
             ["leader", first.id]
+
+
+def test_logkit_replicas_shows_replica_set_isr_lag_and_epochs(tmp_path, capsys):
+    """`logkit replicas DIR`: per partition the factor, replicas, ISR, log end, high
+    watermark, epochs and each follower's lag, as text and as JSON; read-only."""
+    import json
+
+    from logkit import cli
+    leader_path = tmp_path / "leader"
+    with logkit.Broker(leader_path) as broker:
+        broker.create_topic("t", 1, replication_factor=2)
+        broker.create_topic("u", 1)
+        produce(broker, "t", 3)
+        produce(broker, "u", 2)
+        follower = logkit.Follower(tmp_path / "copy", logkit.DirectorySource(leader_path))
+        follower.catch_up(timeout=30)
+        produce(broker, "t", 2)                      # not copied: lag 2
+    listing = os.listdir(leader_path)
+    assert cli.main(["replicas", str(leader_path), "--json"]) == 0
+    rows = {(r["topic"], r["partition"]): r for r in json.loads(capsys.readouterr().out)}
+    t, u = rows[("t", 0)], rows[("u", 0)]
+    fid = follower.follower_id
+    assert (t["replication_factor"], t["replicas"], t["isr"]) == (2, ["leader", fid],
+                                                                   ["leader", fid])
+    assert (t["log_end_offset"], t["high_watermark"], t["leader_epochs"]) == (5, 3, [[0, 0]])
+    assert (t["followers"][fid]["lag"], t["followers"][fid]["assigned"]) == (2, True)
+    assert (u["replicas"], u["isr"], u["high_watermark"]) == (["leader"], ["leader"], 2)
+    assert u["followers"][fid]["assigned"] is False
+    assert cli.main(["replicas", str(leader_path)]) == 0
+    text = capsys.readouterr().out
+    assert f"leader,{fid}" in text and f"{fid}:3(lag:2)" in text
+    assert os.listdir(leader_path) == listing                # wrote nothing

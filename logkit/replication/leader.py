@@ -54,7 +54,8 @@ from ..tail import open_file
 from ..topic import Partition, TopicPartition
 
 __all__ = ["ReplicaState", "ReplicatedPartition", "AckWaiter", "Progress",
-           "REPLICAS_DIR", "ASSIGNMENT_FILE", "HW_FILE", "in_sync_replicas"]
+           "REPLICAS_DIR", "ASSIGNMENT_FILE", "HW_FILE", "in_sync_replicas",
+           "describe_replicas"]
 
 log = logging.getLogger(__name__)
 
@@ -635,3 +636,31 @@ class AckWaiter:
         except Exception:                          # never stop the waiter thread
             log.exception("resolving an acks='all' batch of %s-%d failed",
                           w.partition.topic, w.partition.partition)
+
+
+def describe_replicas(broker: Any) -> list[dict[str, Any]]:
+    """For `logkit replicas DIR`: one row per partition of every topic — replication
+    factor, replica set, ISR, log end offset, high watermark, leader epochs (the
+    `leader-epoch-checkpoint`, else the epoch stamped on appends) and each follower's
+    log end, lag and whether it counts. Reads only; publishes nothing."""
+    from .epochs import read_checkpoint
+    state = ReplicaState(broker.path, writable=False,
+                         lag_time_max_ms=broker.config["replica.lag.time.max.ms"])
+    rows = []
+    try:
+        for name in broker.topics():
+            topic = broker.topic(name)
+            factor = getattr(topic, "replication_factor", 1)
+            for p in topic.partitions:
+                info = state.describe(p, topic.topic_id, factor)
+                entries = read_checkpoint(p.directory)
+                epochs = [[e.epoch, e.start_offset] for e in entries] if entries \
+                    else [[p.leader_epoch, p.log_start_offset]]
+                rows.append({"topic": name, "partition": p.partition,
+                             "replication_factor": factor, "replicas": info.replicas,
+                             "isr": info.isr, "log_end_offset": info.log_end_offset,
+                             "high_watermark": info.high_watermark,
+                             "leader_epochs": epochs, "followers": info.followers})
+    finally:
+        state.close()
+    return rows
