@@ -152,6 +152,18 @@ class ProtobufSerde(SchemaSerde):
             return self._decode
         return self._reading(self._dynamic_class(writer, parsed, name), parsed.model.file)
 
+    def message_class_for(self, schema_id: int, indexes: Any = (0,)) -> Any:
+        """A message class built from registered schema `schema_id`: the message at
+        Confluent's index path `indexes` (default the file's first). For readers that
+        hold a registered schema but no generated code (the Spark data source)."""
+        writer, parsed = self.registry.get(schema_id)
+        try:
+            name = message_at(parsed.model.file, list(indexes))
+        except KeyError as exc:
+            raise SerializationError(f"schema {schema_id} has no message at index path "
+                                     f"{list(indexes)}") from exc
+        return self._dynamic_class(writer, parsed, name)
+
     def _dynamic_class(self, writer: Schema, parsed: ParsedSchema, name: str) -> Any:
         pool = self._pool_module.DescriptorPool()
         added: set[str] = set()

@@ -15,8 +15,10 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource
 
-from .options import LogkitSparkError, SourceOptions
-from .reader import LogkitBatchReader, LogkitStreamReader, schema
+from .brokers import broker_for
+from .options import LogkitSparkError, SourceOptions, split_options
+from .reader import LogkitBatchReader, LogkitStreamReader, resolve_typed, schema
+from .typed import arrow_type
 from .writer import LogkitBatchWriter, LogkitStreamWriter, SinkOptions
 
 __all__ = ["DefaultSource", "LogkitDataSource", "LogkitSparkError", "register",
@@ -32,13 +34,20 @@ class LogkitDataSource(DataSource):
 
     def schema(self) -> Any:
         include = str(self.options.get("includeHeaders", "false")).lower() == "true"
-        return schema(include)
+        types = {}
+        if split_options(self.options)[1]:
+            # typed key/value columns: their types come from the schema chosen now
+            options = SourceOptions(self.options, streaming=False)
+            broker = broker_for(options.path)
+            types = {side: arrow_type(broker, spec)
+                     for side, spec in resolve_typed(options).items()}
+        return schema(include, types)
 
     def reader(self, schema: Any) -> LogkitBatchReader:
-        return LogkitBatchReader(SourceOptions(self.options, streaming=False))
+        return LogkitBatchReader(SourceOptions(self.options, streaming=False), schema)
 
     def streamReader(self, schema: Any) -> LogkitStreamReader:
-        return LogkitStreamReader(SourceOptions(self.options, streaming=True))
+        return LogkitStreamReader(SourceOptions(self.options, streaming=True), schema)
 
     def writer(self, schema: Any, overwrite: bool) -> LogkitBatchWriter:
         if overwrite:

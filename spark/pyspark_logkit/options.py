@@ -26,9 +26,14 @@ from typing import Any, Mapping
 import logkit
 
 __all__ = ["LogkitSparkError", "SourceOptions", "checked", "parse_offsets", "EARLIEST",
-           "LATEST"]
+           "LATEST", "TYPED_OPTIONS", "split_options"]
 
 EARLIEST, LATEST = -2, -1
+# The typed-column options (typed.py checks them; they are not in logkit's settings table,
+# which covers the untyped source and sink).
+TYPED_OPTIONS = tuple(f"{side}{what}" for side in ("key", "value")
+                      for what in ("Format", "Schema", "Subject", "SchemaVersion")) \
+    + ("failOnDecodeError",)
 Offsets = dict[str, dict[int, int]]
 
 
@@ -36,13 +41,27 @@ class LogkitSparkError(logkit.LogkitError, ValueError):
     """A bad option or state of the logkit Spark data source."""
 
 
+def split_options(given: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the other options, the typed-column ones keyed by lower-cased name). Spark's
+    option names ignore case."""
+    wanted = {name.lower() for name in TYPED_OPTIONS}
+    rest, typed = {}, {}
+    for key, value in given.items():
+        if key.lower() in wanted:
+            typed[key.lower()] = value
+        else:
+            rest[key] = value
+    return rest, typed
+
+
 def checked(options: Mapping[str, str], *, write: bool = False) -> dict[str, Any]:
     """Every read (or write) option, typed and defaulted by logkit's settings table;
     LogkitSparkError naming the option otherwise. Keys are spelled as in the table
-    (`maxOffsetsPerTrigger`), whatever case Spark passed them in."""
+    (`maxOffsetsPerTrigger`), whatever case Spark passed them in. The typed-column
+    options (TYPED_OPTIONS) are left to typed.py."""
     try:
         return logkit.resolve_config("spark write" if write else "spark read",
-                                     dict(options.items()))
+                                     split_options(options)[0])
     except logkit.ConfigError as exc:
         raise LogkitSparkError(f"logkit: {exc}") from None
 
@@ -129,6 +148,15 @@ class SourceOptions:
         self.max_offsets_per_trigger: int | None = options["maxOffsetsPerTrigger"]
         self.min_partitions: int | None = options["minPartitions"]
         self.max_records_per_partition: int | None = options["maxRecordsPerPartition"]
+        self.typed_options = split_options(given)[1]
+
+    def single_topic(self) -> str | None:
+        """The one topic this source reads (names the default subject), else None."""
+        if self.subscribe is not None and len(self.subscribe) == 1:
+            return self.subscribe[0]
+        if self.assign is not None and len(self.assign) == 1:
+            return next(iter(self.assign))
+        return None
 
     def partitions(self, broker: logkit.Broker) -> list[logkit.TopicPartition]:
         """The topic partitions this source reads, as of now."""

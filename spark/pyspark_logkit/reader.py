@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType,
@@ -24,30 +25,39 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, Str
 
 import logkit
 
+from . import typed as typed_columns
 from .brokers import broker_for
 from .options import EARLIEST, LATEST, LogkitSparkError, SourceOptions
 
-__all__ = ["schema", "LogkitBatchReader", "LogkitStreamReader"]
+__all__ = ["schema", "resolve_typed", "LogkitBatchReader", "LogkitStreamReader"]
 
 log = logging.getLogger(__name__)
 
 CHUNK_RECORDS = 20_000          # records decoded per Arrow batch on a worker
 
 
-def schema(include_headers: bool) -> StructType:
-    fields = [StructField("key", BinaryType()), StructField("value", BinaryType()),
-              StructField("topic", StringType()), StructField("partition", IntegerType()),
-              StructField("offset", LongType()), StructField("timestamp", TimestampType()),
-              StructField("timestampType", IntegerType())]
+def schema(include_headers: bool, types: dict[str, pa.DataType] | None = None
+           ) -> StructType:
+    """Spark's Kafka source schema; `types` gives typed key/value columns their Arrow
+    type (their Spark type is pyspark's mapping of it)."""
+    types = types or {}
+    fields = [StructField(side, from_arrow_type(types[side]) if side in types
+                          else BinaryType()) for side in ("key", "value")]
+    fields += [StructField("topic", StringType()), StructField("partition", IntegerType()),
+               StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+               StructField("timestampType", IntegerType())]
     if include_headers:
         fields.append(StructField("headers", ArrayType(StructType([
             StructField("key", StringType()), StructField("value", BinaryType())]))))
     return StructType(fields)
 
 
-def _arrow_schema(include_headers: bool) -> pa.Schema:
-    fields = [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
-              ("partition", pa.int32()), ("offset", pa.int64()),
+def _arrow_schema(include_headers: bool, types: dict[str, pa.DataType] | None = None
+                  ) -> pa.Schema:
+    types = types or {}
+    fields = [("key", types.get("key", pa.binary())),
+              ("value", types.get("value", pa.binary())),
+              ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
               ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32())]
     if include_headers:
         fields.append(("headers", pa.list_(pa.struct([("key", pa.string()),
@@ -66,13 +76,16 @@ class OffsetRange(InputPartition):
     end: int
     include_headers: bool
     fail_on_data_loss: bool
+    typed: dict[str, typed_columns.Typed]
 
     def __init__(self, path: str, topic: str, partition: int, start: int, end: int,
-                 include_headers: bool, fail_on_data_loss: bool) -> None:
+                 include_headers: bool, fail_on_data_loss: bool,
+                 typed: dict[str, typed_columns.Typed] | None = None) -> None:
         super().__init__((topic, partition, start, end))
         self.path, self.topic, self.partition = path, topic, partition
         self.start, self.end = start, end
         self.include_headers, self.fail_on_data_loss = include_headers, fail_on_data_loss
+        self.typed = typed or {}
 
 
 def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -81,9 +94,11 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
         return      # PySpark reads one placeholder partition when partitions() is empty
     broker = broker_for(part.path)
     partition = broker.topic(part.topic).partition(part.partition)
-    arrow_schema = _arrow_schema(part.include_headers)
+    types = {side: typed_columns.arrow_type(broker, spec)
+             for side, spec in part.typed.items()}
+    arrow_schema = _arrow_schema(part.include_headers, types)
     offset = _past_lost(partition, part, part.start)
-    if not part.include_headers:
+    if not part.include_headers and not part.typed:
         yield from _read_columns(partition, part, offset, arrow_schema)
         return
     while offset < part.end:
@@ -100,8 +115,8 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
         # One C-level transpose of the Record tuples, then one Arrow array per column.
         _, _, offsets, timestamps, keys, values, headers = zip(*records)
         columns = [
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
+            _typed(broker, part, "key", offsets, keys),
+            _typed(broker, part, "value", offsets, values),
             _repeat(part.topic, pa.string(), count),
             _repeat(part.partition, pa.int32(), count),
             pa.array(offsets, pa.int64()),
@@ -113,6 +128,16 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
             columns.append(pa.array([[{"key": k, "value": v} for k, v in h] for h in headers],
                                     arrow_schema.field("headers").type))
         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
+
+
+def _typed(broker: logkit.Broker, part: OffsetRange, side: str, offsets: tuple,
+           data: tuple) -> pa.Array:
+    """The key or value column: bytes, or decoded into its typed column."""
+    spec = part.typed.get(side)
+    if spec is None:
+        return pa.array(data, pa.binary())
+    return typed_columns.decode_column(broker, spec, part.topic, part.partition, offsets,
+                                       list(data))
 
 
 def _repeat(value: Any, type_: pa.DataType, count: int) -> pa.Array:
@@ -214,9 +239,32 @@ def _resolve(spec: Any, tps: list[logkit.TopicPartition], broker: logkit.Broker,
     return out
 
 
+def resolve_typed(options: SourceOptions, declared: StructType | None = None
+                  ) -> dict[str, typed_columns.Typed]:
+    """The typed key/value columns of a read (driver); with `declared`, the schema Spark
+    planned with, which they must still give (a new registered version between planning
+    and reading would change it)."""
+    broker = broker_for(options.path)
+    chosen = typed_columns.resolve(broker, options.typed_options, options.single_topic(),
+                                   write=False)
+    if declared is not None:
+        planned = {f.name: f.dataType for f in declared.fields}
+        for side, spec in chosen.items():
+            wanted = from_arrow_type(typed_columns.arrow_type(broker, spec))
+            if side in planned and planned[side] != wanted:
+                raise LogkitSparkError(
+                    f"logkit: the {side} column's schema changed while the query was "
+                    f"planned ({spec.subject} has a new version?): planned "
+                    f"{planned[side].simpleString()}, now {wanted.simpleString()}; run "
+                    f"it again, or pin {side}SchemaVersion")
+    return chosen
+
+
 class LogkitBatchReader(DataSourceReader):
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, declared: StructType | None = None
+                 ) -> None:
         self.options = options
+        self.typed = resolve_typed(options, declared)
         broker = broker_for(options.path)
         tps = options.partitions(broker)
         self.starts = _resolve(options.starting, tps, broker, default=EARLIEST,
@@ -226,14 +274,14 @@ class LogkitBatchReader(DataSourceReader):
 
     def partitions(self) -> list[OffsetRange]:
         return _ranges(self.options, [(tp, self.starts[tp], self.ends[tp])
-                                      for tp in sorted(self.starts)])
+                                      for tp in sorted(self.starts)], self.typed)
 
     def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
         return read_range(partition)
 
 
-def _ranges(o: SourceOptions,
-            spans: list[tuple[logkit.TopicPartition, int, int]]) -> list[OffsetRange]:
+def _ranges(o: SourceOptions, spans: list[tuple[logkit.TopicPartition, int, int]],
+            typed: dict[str, typed_columns.Typed]) -> list[OffsetRange]:
     """Input partitions for [start, end) spans: one per topic partition, as Spark's Kafka
     source, unless `minPartitions` / `maxRecordsPerPartition` ask for more, in which case
     the larger spans are cut into equal contiguous pieces (Kafka's rule: a span gets
@@ -250,7 +298,7 @@ def _ranges(o: SourceOptions,
             pieces = max(pieces, -(-size // o.max_records_per_partition))
         cuts = [start + size * i // pieces for i in range(pieces)] + [end]
         out.extend(OffsetRange(o.path, tp.topic, tp.partition, lo, hi, o.include_headers,
-                               o.fail_on_data_loss)
+                               o.fail_on_data_loss, typed)
                    for lo, hi in zip(cuts, cuts[1:]) if hi > lo)
     return out
 
@@ -270,8 +318,12 @@ def _from_json(offsets: dict[str, dict[str, int]]) -> dict[logkit.TopicPartition
 class LogkitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader. Offsets are Spark-checkpointed as {"topic": {"0": n}}."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, declared: StructType | None = None
+                 ) -> None:
         self.options = options
+        # the reader schema is chosen once, when the query starts: records written with
+        # later (compatible) versions are read into it by their own schema ids
+        self.typed = resolve_typed(options, declared)
         self._target: dict[logkit.TopicPartition, int] | None = None
 
     def initialOffset(self) -> dict:
@@ -313,7 +365,7 @@ class LogkitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         spans = [(tp, begin[tp] if tp in begin else
                   broker.topic(tp.topic).partition(tp.partition).log_start_offset, stop)
                  for tp, stop in sorted(finish.items())]
-        return _ranges(self.options, spans)
+        return _ranges(self.options, spans, self.typed)
 
     def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
         return read_range(partition)

@@ -51,8 +51,9 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, StringType, S
 
 import logkit
 
+from . import typed as typed_columns
 from .brokers import broker_for
-from .options import LogkitSparkError, checked
+from .options import LogkitSparkError, checked, split_options
 
 __all__ = ["LogkitBatchWriter", "LogkitStreamWriter", "SinkOptions"]
 
@@ -76,7 +77,6 @@ class SinkOptions:
             raise LogkitSparkError("logkit: option 'path' is required: the broker directory")
         self.path = os.path.abspath(self.path)
         self.topic = options.get("topic")
-        _check_columns(schema)
         if self.topic is None and "topic" not in schema.fieldNames():
             raise LogkitSparkError("logkit: set the 'topic' option or add a 'topic' column")
         broker = broker_for(self.path)
@@ -86,6 +86,10 @@ class SinkOptions:
             except logkit.LogkitError as exc:
                 raise LogkitSparkError(f"logkit: cannot write to topic {self.topic!r}: "
                                        f"{exc}") from None
+        # typed key/value columns: encoded with the subject's schema, Confluent-framed
+        self.typed = typed_columns.resolve(broker, split_options(options)[1], self.topic,
+                                           write=True)
+        _check_columns(schema, self.typed)
         self.sink_id = options.get("sinkId")
         self.checkpoint = options.get("checkpointLocation")
         self.query_name = options.get("queryName")
@@ -127,10 +131,11 @@ _HEADERS = ArrayType(StructType([StructField("key", StringType()),
                                  StructField("value", BinaryType())]))
 
 
-def _check_columns(schema: StructType) -> None:
+def _check_columns(schema: StructType, typed: Mapping[str, Any] | None = None) -> None:
     """The DataFrame's columns, checked on the driver before any task runs: `value`
-    (and `key`) binary or string, `topic` string, `partition` int, `headers` as the
-    source's headers column. Other columns are ignored, as Spark's Kafka sink does."""
+    (and `key`) binary or string (or, typed, whatever the schema encodes), `topic`
+    string, `partition` int, `headers` as the source's headers column. Other columns are
+    ignored, as Spark's Kafka sink does."""
     types = {field.name: field.dataType for field in schema.fields}
     if "value" not in types:
         raise LogkitSparkError("logkit: the DataFrame needs a 'value' column (binary or "
@@ -138,7 +143,7 @@ def _check_columns(schema: StructType) -> None:
     wanted = {"key": "binary or string", "value": "binary or string", "topic": "string",
               "partition": "int", "headers": "array<struct<key:string,value:binary>>"}
     for name, kind in wanted.items():
-        if name not in types:
+        if name not in types or name in (typed or {}):
             continue
         data_type = types[name]
         ok = (isinstance(data_type, (BinaryType, StringType)) if kind == "binary or string"
@@ -220,8 +225,22 @@ class _Slots:
             self.emit(slot)
 
 
+def _encoded(broker: logkit.Broker, batch: pa.RecordBatch, side: str,
+             typed: Mapping[str, Any], topic: str | None, first_row: int) -> list | None:
+    """The key or value column as bytes: typed ones encoded by their schema."""
+    spec = typed.get(side)
+    if spec is None:
+        return _column(batch, side)
+    index = batch.schema.get_field_index(side)
+    if index < 0:
+        return None
+    return typed_columns.encode_column(broker, spec, topic or "spark", batch.column(index),
+                                       first_row)
+
+
 def stage(path: str, writer_id: str, default_topic: str | None,
-          batches: Iterator[pa.RecordBatch]) -> StagedFile:
+          batches: Iterator[pa.RecordBatch],
+          typed: Mapping[str, Any] | None = None) -> StagedFile:
     """Encode rows as Kafka batches into one staging file (runs on a Spark worker).
     Keyed rows go to murmur2(key) like the producer; null keys stick to one random
     partition per topic for this task, like the producer's sticky partitioner."""
@@ -237,8 +256,9 @@ def stage(path: str, writer_id: str, default_topic: str | None,
         slots = _Slots(out)
         for batch in batches:
             count = batch.num_rows
-            keys = _column(batch, "key") or [None] * count
-            values = _column(batch, "value")
+            keys = _encoded(broker, batch, "key", typed or {}, default_topic, total) \
+                or [None] * count
+            values = _encoded(broker, batch, "value", typed or {}, default_topic, total)
             names = _column(batch, "topic") if default_topic is None else None
             partitions = _column(batch, "partition")
             headers = _column(batch, "headers")
@@ -359,7 +379,8 @@ class _StagingWriter:
         self.writer_id = writer_id
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
-        return stage(self.options.path, self.writer_id, self.options.topic, iterator)
+        return stage(self.options.path, self.writer_id, self.options.topic, iterator,
+                     self.options.typed)
 
     def _commit(self, messages: list[StagedFile | None], *, sink_id: str | None,
                 batch_id: int | None) -> None:
