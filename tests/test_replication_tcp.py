@@ -87,6 +87,28 @@ def test_a_tcp_follower_copies_every_partition_byte_for_byte(leader, tmp_path):
     assert_same_logs(leader.path, tmp_path / "f", "orders", 3)
 
 
+def test_a_tcp_follower_is_in_the_isr_and_acks_all_waits_for_it(leader, tmp_path):
+    """The leader's ISR counts a TCP follower as a directory one (its progress and
+    caught-up times arrive through the server), so acks="all" with
+    min.insync.replicas=2 completes; the replication factor reaches the copy."""
+    topic = leader.create_topic("t", 1, replication_factor=2,
+                                config={"min.insync.replicas": 2})
+    p = topic.partition(0)
+    with leader.serve_replication(secret=SECRET) as server:
+        source = logkit.TcpSource(server.host, server.port, secret=SECRET)
+        with logkit.Follower(tmp_path / "f", source, config=FAST) as follower:
+            wait_until(lambda: len(p.in_sync_replicas()) == 2, 30, "the follower in the ISR")
+            producer = leader.producer(acks="all", request_timeout_ms=30000)
+            futures = [producer.send("t", b"%d" % i, partition=0) for i in range(300)]
+            assert [f.result(timeout=60).offset for f in futures] == list(range(300))
+            assert p.high_watermark == 300
+            producer.close()
+            follower.catch_up(timeout=30)
+    with logkit.Broker(tmp_path / "f", read_only=True) as copy:
+        assert copy.topic("t").replication_factor == 2
+        assert copy.topic("t").partition(0).log_end_offset == 300
+
+
 def test_a_wrong_secret_stops_the_follower_with_an_error_that_says_so(leader, tmp_path):
     leader.create_topic("t", 1)
     with leader.serve_replication(secret=SECRET) as server:

@@ -287,7 +287,8 @@ class TcpSource(ReplicaSource):
 
     def topics(self) -> dict[str, TopicInfo]:
         answer = self._json(TOPICS, {})
-        return {name: TopicInfo(name, t["partitions"], t["config"], t["topic_id"])
+        return {name: TopicInfo(name, t["partitions"], t["config"], t["topic_id"],
+                                t.get("replication_factor", 1))
                 for name, t in answer["topics"].items()}
 
     def partition(self, topic: str, partition: int) -> PartitionInfo:
@@ -314,9 +315,12 @@ class TcpSource(ReplicaSource):
 
     def report_progress(self, follower_id: str,
                         log_end_offsets: Mapping[TopicPartition, int]) -> None:
+        caught = getattr(log_end_offsets, "caught_up_ms", {})   # leader.Progress
         self._json(REPORT, {"follower_id": follower_id,
                             "log_end_offsets": [[tp.topic, tp.partition, end]
-                                                for tp, end in log_end_offsets.items()]})
+                                                for tp, end in log_end_offsets.items()],
+                            "caught_up_ms": [[tp.topic, tp.partition, ms]
+                                             for tp, ms in caught.items()]})
 
     def wait(self, timeout_s: float) -> None:
         """Long poll: the server holds the request until the leader's doorbell moves

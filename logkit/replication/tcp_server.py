@@ -46,6 +46,7 @@ from ..notify import Doorbell
 from ..segment import DELETED_SUFFIX
 from ..topic import TopicPartition
 from .directory import DirectorySource
+from .leader import Progress
 from .tcp import (AUTH, AUTH_OK, BATCHES, COMMITTED, ERROR, FETCH, HELLO, MAC_BYTES, MAGIC,
                   MAX_FETCH_BYTES, MAX_REQUEST_BYTES, MAX_WAIT_MS, NONCE_BYTES, PARTITION,
                   REPORT, REQUEST_KINDS, RESULT, SIZE, TOPICS, WAIT, client_proof, frame,
@@ -101,6 +102,23 @@ def _str(body: dict[str, Any], key: str) -> str:
 
 
 _MAX_OFFSET = (1 << 63) - 1
+_MAX_REPORTED = 1 << 16                # partitions in one report_progress
+
+
+def _offsets(body: dict[str, Any], key: str) -> dict[TopicPartition, int]:
+    """A list of [topic, partition, number] as {TopicPartition: number}."""
+    entries = body.get(key)
+    if not isinstance(entries, list) or len(entries) > _MAX_REPORTED:
+        raise _Refused(f"{key} must be a list of at most {_MAX_REPORTED} "
+                       "[topic, partition, number]")
+    out = {}
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise _Refused(f"{key} must be a list of [topic, partition, number]")
+        item = dict(zip(("topic", "partition", "number"), entry))
+        out[TopicPartition(_str(item, "topic"), _int(item, "partition", 0, 1 << 31))] = \
+            _int(item, "number", 0, _MAX_OFFSET)
+    return out
 
 
 class ReplicationServer:
@@ -349,7 +367,9 @@ class ReplicationServer:
         with self._source_lock:
             topics = self._source.topics()
         return {"topics": {name: {"partitions": t.partitions, "config": t.config,
-                                  "topic_id": t.topic_id} for name, t in topics.items()}}
+                                  "topic_id": t.topic_id,
+                                  "replication_factor": t.replication_factor}
+                           for name, t in topics.items()}}
 
     def _partition(self, request: dict[str, Any]) -> dict[str, Any]:
         topic, number = _str(request, "topic"), _int(request, "partition", 0, 1 << 31)
@@ -412,21 +432,13 @@ class ReplicationServer:
                            for group, offsets in groups.items()}}
 
     def _report(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The follower's log end offsets and last caught-up times (leader.Progress),
+        written by the DirectorySource where the leader's ISR reads them."""
         follower_id = _str(request, "follower_id")
-        ends = request.get("log_end_offsets")
-        if not isinstance(ends, list) or len(ends) > 1 << 16:
-            raise _Refused("log_end_offsets must be a list of [topic, partition, offset]")
-        progress = {}
-        for entry in ends:
-            if not (isinstance(entry, list) and len(entry) == 3):
-                raise _Refused("log_end_offsets must be a list of [topic, partition, "
-                               "offset]")
-            item = dict(zip(("topic", "partition", "offset"), entry))
-            progress[TopicPartition(_str(item, "topic"),
-                                    _int(item, "partition", 0, 1 << 31))] = \
-                _int(item, "offset", 0, _MAX_OFFSET)
+        ends = _offsets(request, "log_end_offsets")
+        caught = _offsets(request, "caught_up_ms") if "caught_up_ms" in request else {}
         with self._source_lock:
-            self._source.report_progress(follower_id, progress)
+            self._source.report_progress(follower_id, Progress(ends, caught))
         return {}
 
     def _wait(self, request: dict[str, Any]) -> dict[str, Any]:
