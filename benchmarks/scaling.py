@@ -187,19 +187,29 @@ def _create_floor(root: str, files: list[str]) -> float:
 
 
 def _batch_sizes(data: str) -> tuple[float, float]:
-    """Mean records per batch over the topic, and the share of batches under 10."""
+    """Mean records per batch over the topic, and the share of batches under 10 among
+    those appended while the producer was saturated: each partition's first and last
+    batch are left out of the share (the sender takes the first records before the
+    loop is running at full speed, and flush() appends whatever is left)."""
     from logkit.records import iter_batches
     counts: list[int] = []
+    middle: list[int] = []
     for d, _, names in os.walk(data):
-        for n in names:
-            if n.endswith(".log") and os.path.basename(d).startswith(TOPIC + "-"):
+        if not os.path.basename(d).startswith(TOPIC + "-"):
+            continue
+        partition: list[int] = []
+        for n in sorted(names):
+            if n.endswith(".log"):
                 with open(os.path.join(d, n), "rb") as f:
                     buf = f.read()
-                counts += [h.last_offset_delta + 1
-                           for _, h in iter_batches(buf, 0, len(buf), n)]
+                partition += [h.last_offset_delta + 1
+                              for _, h in iter_batches(buf, 0, len(buf), n)]
+        counts += partition
+        middle += partition[1:-1]
     if not counts:
         return 0.0, 0.0
-    return sum(counts) / len(counts), sum(c < 10 for c in counts) / len(counts)
+    return (sum(counts) / len(counts),
+            sum(c < 10 for c in middle) / len(middle) if middle else 0.0)
 
 
 def _per_partition_batches(ks: list[bytes], owner: list[int], partitions: int

@@ -11,9 +11,19 @@ that lets one thread at a time append a partition's sealed batches.
 Does not: encode, append or resolve futures (the sender side, `Producer._append`), choose
 partitions (`Producer._choose`), validate records (`Producer._send_general`).
 
-Buffer accounting is Kafka's: each open batch reserves `min(batch_size, buffer_memory)`
-bytes (more for one record bigger than that) until it is appended; a record that needs
-a new batch and finds no room waits up to `max_block_ms`, then `LogkitTimeoutError`.
+Buffer accounting: each batch reserves bytes of `buffer_memory` until it is appended.
+While less than half the buffer is reserved, a new batch reserves a whole `batch_size`
+(Kafka's rule; more for one record bigger than that). Past half, it reserves
+`batch_size / RESERVE_STEPS` and grows its reservation (doubling, up to `batch_size`)
+as records fill it — so 3,000 partitions with a few records each do not hold 3,000
+whole batches and exhaust 32 MiB; a batch whose reservation cannot grow is sealed and
+appended as it is. A record that needs a new batch and finds no room waits up to
+`max_block_ms`, then `LogkitTimeoutError`.
+
+The send hot paths (here, `Producer.send` and logkit/_sendpath.c) compare `Batch.size`
+with `batch_size` lock-free; a batch holding less than a whole batch_size carries that
+difference in `size` as `bias` (`size = estimated bytes + bias`), so the same compare
+sends a record that would pass the reservation to `add`, which grows it or seals.
 Appends are local, so the buffer fills only when appends stall (another process holding
 the partition lock, a slow disk); while a sender waits for room, every open batch is
 due at once (linger is ignored), as it is when the producer closes.
@@ -45,6 +55,7 @@ from .records import RECORDS_OFFSET, RecordMetadata
 __all__ = ["Batch", "TopicBatches", "RecordAccumulator"]
 
 SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
+RESERVE_STEPS = 8                   # past half the buffer, batches reserve batch_size / 8
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +67,12 @@ class Batch:
     rename one here and the C file must change too (then rebuild it)."""
 
     __slots__ = ("state", "partition", "inbox", "sealed", "rows", "size", "reserved",
-                 "created", "done",
+                 "bias", "created", "done",
                  "base_offset", "timestamp_ms", "error", "callbacks", "_index",
                  "outcomes")
 
-    def __init__(self, state: "TopicBatches", partition: int, reserved: int) -> None:
+    def __init__(self, state: "TopicBatches", partition: int, reserved: int,
+                 bias: int = 0) -> None:
         self.state = state
         self.partition = partition
         # send() appends rows to `inbox` without the lock (deque.append is atomic);
@@ -69,8 +81,10 @@ class Batch:
         self.inbox: collections.deque[tuple] = collections.deque()  # read by _sendpath.c
         self.sealed = False                                          # read by _sendpath.c
         self.rows: list[tuple] = []             # the rows encoded, once sealed
-        self.size = RECORDS_OFFSET   # estimated encoded bytes so far; read by _sendpath.c
+        # estimated encoded bytes so far plus `bias`; read by _sendpath.c
+        self.size = RECORDS_OFFSET + bias
         self.reserved = reserved            # buffer_memory held until appended
+        self.bias = bias                    # batch_size - reserved, while that is > 0
         self.created = time.monotonic()
         self.done = threading.Event()
         self.base_offset = -1
@@ -156,26 +170,50 @@ class RecordAccumulator:
                 raise ClosedError("producer is closed")
             sealed = False
             batch = state.open[p]
-            if batch is not None and batch.size + size > self.batch_size and batch.inbox:
+            if batch is not None and batch.size + size > self.batch_size and batch.inbox \
+                    and not self._grow(batch, size):
                 self.seal(state, p)
                 sealed, batch = True, None
             if batch is None:
-                reserve = max(self.batch_size, size + RECORDS_OFFSET)
+                whole = max(self.batch_size, size + RECORDS_OFFSET)
+                reserve = whole if self.reserved + whole <= self.buffer_memory // 2 else \
+                    max(self.batch_size // RESERVE_STEPS, size + RECORDS_OFFSET)
                 if self.reserved + reserve > self.buffer_memory and self.reserved:
                     if not sealed:            # appending ours first frees space
                         self._wait_for_space(deadline)
                     return None, sealed
-                batch = state.open[p] = Batch(state, p, reserve)
+                batch = state.open[p] = Batch(state, p, reserve,
+                                              max(0, self.batch_size - reserve))
                 self.reserved += reserve
                 self.open_count += 1
                 if self.sender_idle or not self.linger_s:
                     self.wake.notify()        # else it wakes for an older batch
             batch.inbox.append(row)
             batch.size += size
-            if batch.size >= self.batch_size:
+            if batch.size - batch.bias >= self.batch_size:
                 self.seal(state, p)
                 sealed = True
             return batch, sealed
+
+    def _grow(self, batch: Batch, size: int) -> bool:
+        """Grow an open batch's reservation (lock held) so a `size`-byte record fits:
+        doubled, at most batch_size, if the buffer has room. False when the batch is
+        full (a whole batch_size) or the buffer has no room: the caller seals it."""
+        bias = batch.bias
+        if not bias:
+            return False
+        needed = batch.size - bias + size
+        if needed > self.batch_size:
+            return False
+        grown = min(self.batch_size, max(2 * batch.reserved, needed))
+        extra = grown - batch.reserved
+        if self.reserved + extra > self.buffer_memory:
+            return False
+        self.reserved += extra
+        batch.reserved = grown
+        batch.bias = self.batch_size - grown
+        batch.size -= bias - batch.bias     # racing lock-free adds may undercount: harmless
+        return True
 
     def take_back(self, batch: Batch, row: tuple) -> bool:
         """`row` was appended to `batch` while it was being sealed: True when it was

@@ -65,3 +65,47 @@ def test_index_reservations_follow_the_entries_past_one_step(tmp_path):
         partition = broker.topic("t").partition(0)
         assert partition.read(step_entries + 7)[0].offset == step_entries + 7
         assert partition.high_watermark == count
+
+
+def test_open_batches_past_half_the_buffer_reserve_in_steps_and_grow(tmp_path):
+    """A producer with more partitions than buffer_memory holds whole batches: past half
+    the buffer each new batch reserves batch_size / 8 and grows as records fill it, so
+    every partition keeps one open batch (no send blocks, none is sealed early) and each
+    partition's records go out as one batch, not a flurry of small ones."""
+    from logkit.accumulator import RESERVE_STEPS
+    batch_size, buffer_memory, partitions, per_partition = 16384, 256 * 1024, 36, 20
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic = broker.create_topic("t", partitions=partitions)
+        producer = broker.producer(batch_size=batch_size, buffer_memory=buffer_memory,
+                                   linger_ms=5000, max_block_ms=200)
+        for n in range(per_partition):
+            for p in range(partitions):
+                producer.send("t", b"v" * 100, partition=p)
+            metrics = producer.metrics()
+            assert metrics["open_batches"] == partitions, (n, metrics)
+            assert metrics["buffer_reserved_bytes"] <= buffer_memory, (n, metrics)
+        whole = buffer_memory // 2 // batch_size
+        assert producer.metrics()["buffer_reserved_bytes"] < \
+            whole * batch_size + (partitions - whole) * batch_size // RESERVE_STEPS * 4
+        producer.flush()
+        producer.close()
+        for p in range(partitions):
+            headers = topic.partition(p).batch_headers(0)
+            assert [h.last_offset_delta + 1 for h in headers] == [per_partition], p
+
+
+def test_a_batch_whose_reservation_cannot_grow_is_sealed_not_blocked(tmp_path):
+    """When the buffer has no room to grow a stepped batch, that batch is sealed and
+    appended as it is; every record is stored once, in order."""
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic = broker.create_topic("t", partitions=8)
+        producer = broker.producer(batch_size=16384, buffer_memory=40 * 1024,
+                                   linger_ms=5000, max_block_ms=2000)
+        futures = [producer.send("t", b"%05d" % n + b"v" * 200, partition=n % 8)
+                   for n in range(2000)]
+        producer.flush()
+        producer.close()
+        assert all(f.get(timeout=10).offset >= 0 for f in futures)
+        for p in range(8):
+            got = topic.partition(p).read(0, max_records=1000)
+            assert [int(r.value[:5]) for r in got] == list(range(p, 2000, 8))
