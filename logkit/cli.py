@@ -7,7 +7,7 @@ few public library calls and prints what they return; it uses only the public na
 beyond what they expose. Every command's help carries an example (tests/test_cli.py
 checks that); docs/cli.md is generated from the same help (tools/cli_docs.py).
 
-    logkit topics list|create|delete|describe|alter-config DIR ...   kafka-topics, kafka-configs
+    logkit topics list|create|delete|describe|alter|alter-config DIR ...   kafka-topics, kafka-configs
     logkit produce DIR TOPIC                       kafka-console-producer: lines from stdin
     logkit consume DIR TOPIC                       kafka-console-consumer (--follow: tail -f)
     logkit groups list|describe|reset-offsets|delete DIR ...         kafka-consumer-groups
@@ -304,6 +304,15 @@ def cmd_topics_describe(args: argparse.Namespace) -> int:
             for t in described for r in t["partitions"]]
     print_table(["TOPIC", "PARTITION", "LOG-START-OFFSET", "LOG-END-OFFSET",
                  "HIGH-WATERMARK", "SIZE-BYTES"], rows)
+    return 0
+
+
+def cmd_topics_alter(args: argparse.Namespace) -> int:
+    with _broker(args.directory, write=True) as broker:
+        before = broker.topic(args.topic).num_partitions
+        topic = broker.create_partitions(args.topic, args.partitions)
+    print(f"Topic {topic.name} now has {topic.num_partitions} partition(s) (was {before}); "
+          "keyed records map by the new count from now on.")
     return 0
 
 
@@ -1132,6 +1141,13 @@ def add_topics_describe(cmd: argparse.ArgumentParser, *, optional_topic: bool = 
     _json(cmd)
 
 
+def add_topics_alter(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("topic", metavar="TOPIC")
+    cmd.add_argument("--partitions", type=int, metavar="N", required=True,
+                     help="the new total number of partitions (more than it has)")
+
+
 def add_topics_alter_config(cmd: argparse.ArgumentParser) -> None:
     _directory(cmd)
     cmd.add_argument("topic", metavar="TOPIC")
@@ -1244,6 +1260,10 @@ TOPICS = (
             add_topics_delete, cmd_topics_delete),
     Command("describe", "offsets and sizes of each partition (or --configs: the settings)",
             "logkit topics describe data/ orders", add_topics_describe, cmd_topics_describe),
+    Command("alter", "grow a topic to --partitions N (Kafka's kafka-topics --alter "
+            "--partitions): partitions are added, never removed; keyed records map by the "
+            "new count from then on", "logkit topics alter data/ orders --partitions 6",
+            add_topics_alter, cmd_topics_alter),
     Command("alter-config", "change a topic's config overrides (Kafka's kafka-configs "
             "--alter); brokers already open keep the old values until they reopen it",
             "logkit topics alter-config data/ orders --add-config retention.ms=3600000",

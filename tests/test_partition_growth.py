@@ -513,3 +513,19 @@ def test_a_follower_copies_a_topic_grown_on_the_leader_with_its_new_records(tmp_
     with logkit.Broker(tmp_path / "f", read_only=True) as copy:
         assert copy.topic("orders").num_partitions == 4
         assert [r.value for r in copy.topic("orders").partition(3).read(0)] == [b"new"]
+
+
+# ---- step 5: the command line -------------------------------------------------------------
+
+def test_logkit_topics_alter_grows_a_topic_and_refuses_a_smaller_count(tmp_path, capsys):
+    from logkit import cli
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("orders", 2)
+    assert cli.main(["topics", "alter", str(tmp_path), "orders", "--partitions", "5"]) == 0
+    assert "now has 5 partition(s) (was 2)" in capsys.readouterr().out
+    assert cli.main(["topics", "alter", str(tmp_path), "orders", "--partitions", "3"]) == 1
+    assert "has 5 partition(s)" in capsys.readouterr().err
+    assert cli.main(["topics", "alter", str(tmp_path), "missing", "--partitions", "3"]) == 1
+    assert cli.main(["topics", "alter", str(tmp_path), "orders"]) == 2   # no --partitions
+    with logkit.Broker(tmp_path, read_only=True) as broker:
+        assert broker.topic("orders").num_partitions == 5
