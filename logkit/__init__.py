@@ -18,7 +18,7 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      OffsetOutOfRangeError, RecordTooLargeError, TopicExistsError,
                      UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
                      ForkedProcessError, ReadOnlyError, SerializationError,
-                     ArgumentTypeError)
+                     ArgumentTypeError, NotLeaderError)
 from .mirroring import mirror
 from .murmur2 import murmur2
 from .log import RecoveryReport
@@ -41,5 +41,5 @@ __all__ = [
     "LogkitTimeoutError", "ClosedError", "CodecUnavailableError",
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
-    "ReadOnlyError", "SerializationError", "ArgumentTypeError",
+    "ReadOnlyError", "SerializationError", "ArgumentTypeError", "NotLeaderError",
 ]

@@ -233,7 +233,9 @@ class Broker:
         except OSError as exc:
             raise storage_error(exc, "open root", self.path) from exc
         _check_format(self.path)
-        self.meta = MetaStore(os.path.join(self.path, "meta"))
+        from .replication.lease import LeaderMeta, LeaseKeeper    # a cycle at import
+        self._lease: LeaseKeeper | None = LeaseKeeper(self.path, self.config)
+        self.meta = LeaderMeta(os.path.join(self.path, "meta"), lease=self._lease)
         try:
             self.doorbell = Doorbell(self.path)
         except BaseException:
@@ -256,6 +258,7 @@ class Broker:
             self._scheduler = threading.Thread(target=self._run_scheduler,
                                                name="logkit-scheduler", daemon=True)
             self._scheduler.start()
+            self._lease.start()
 
     def _open_read_only(self) -> None:
         if not os.path.isfile(os.path.join(self.path, FORMAT_FILE)):
@@ -263,6 +266,7 @@ class Broker:
                               "a read-only open creates nothing")
         _check_format(self.path)
         self.meta = MetaStore(os.path.join(self.path, "meta"), read_only=True)
+        self._lease = None
         self.doorbell = None
         self._topics: dict[str, Topic] = {}
         self._replica_state: Any = None           # replication/leader.py, on first use
@@ -276,6 +280,8 @@ class Broker:
         self._check_open()
         if self.read_only:
             raise ReadOnlyError(f"{what}: broker {self.path!r} is open read-only")
+        if self._lease is not None:
+            self._lease.check()                 # NotLeaderError: another replica leads
 
     def __repr__(self) -> str:
         return f"Broker({self.path!r})"
@@ -553,8 +559,13 @@ class Broker:
         if not os.path.isdir(directory) and self._tombstones(topic_id):
             # renamed away by an interrupted delete: report it as deleted
             raise UnknownTopicError(f"topic {name!r} is being deleted")
-        partition_log = PartitionLog(directory, name, number, config,
-                                     doorbell=self.doorbell, read_only=self.read_only)
+        if self._lease is None:
+            partition_log = PartitionLog(directory, name, number, config,
+                                         doorbell=self.doorbell, read_only=True)
+        else:                                   # appends ask the lease first
+            from .replication.lease import LeaderLog
+            partition_log = LeaderLog(directory, name, number, config,
+                                      doorbell=self.doorbell, lease=self._lease)
         if on_disk is None and not self.read_only:
             try:
                 write_topic_id(directory, topic_id)    # directories made before ids
@@ -723,7 +734,8 @@ class Broker:
                             partition.maybe_flush()
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + retention_s
-                    self.enforce_retention()
+                    if not (self._lease is not None and self._lease.fenced):
+                        self.enforce_retention()
             except ClosedError:
                 return
             except (LogkitError, OSError) as exc:  # an operating error: the next run retries
@@ -780,6 +792,8 @@ class Broker:
         self._stop.set()
         if self._scheduler is not None and self._scheduler is not threading.current_thread():
             self._scheduler.join(timeout=10)
+        if self._lease is not None:
+            self._lease.close()                 # releases a lease it renewed
         with self._lock:
             for topic in self._topics.values():
                 try:

@@ -134,6 +134,12 @@ class ReadOnlyError(LogkitError):
     """A write through a Broker opened with `read_only=True`."""
 
 
+class NotLeaderError(LogkitError):
+    """A write to a broker that is not the leader of its replica set: another replica
+    holds the lease in a newer epoch, its own lease was not renewed in time, or a
+    promotion found another holder's lease still valid (docs/replication.md)."""
+
+
 class SerializationError(LogkitError, ValueError):
     """A value that does not match its schema (`field`: the dotted path), or stored bytes
     that do not decode (unknown magic byte or schema id). `topic`, `partition` and

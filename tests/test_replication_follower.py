@@ -109,6 +109,7 @@ def test_a_consumer_group_goes_on_from_its_commit_on_the_promoted_copy(leader, t
     consumer.close()
     follower = logkit.Follower(tmp_path / "f", logkit.DirectorySource(leader.path))
     follower.catch_up(timeout=30)
+    leader.close()                      # gone: a lease it held is released
     follower.promote()
     with logkit.Broker(tmp_path / "f") as new_leader:
         consumer = new_leader.consumer("t", group_id="g", enable_auto_commit=False)
@@ -158,6 +159,7 @@ def test_promote_takes_the_next_epoch_and_the_directory_opens_as_the_leader(lead
     follower = logkit.Follower(tmp_path / "f", logkit.DirectorySource(leader.path))
     with follower:
         follower.catch_up(timeout=30)
+    leader.close()                      # gone: a lease it held is released
     follower.promote()
     with logkit.Broker(tmp_path / "f") as new_leader:
         for q in new_leader.topic("t").partitions:
@@ -174,7 +176,7 @@ def test_a_stale_leader_rejoins_by_truncating_where_the_epochs_part(tmp_path):
     told) writes on in epoch 0, B writes in epoch 1. A follows B: its unreplicated tail
     goes, and then it is a byte-identical copy of B."""
     a_path, b_path = tmp_path / "a", tmp_path / "b"
-    with logkit.Broker(a_path) as a:
+    with logkit.Broker(a_path, background=False) as a:    # keeps no lease: not told
         a.create_topic("t", 1, config=SMALL)
         produce(a, "t", 300, key_mod=1)
         follower = logkit.Follower(b_path, logkit.DirectorySource(a_path))

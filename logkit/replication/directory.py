@@ -14,9 +14,12 @@ read makes the read start over). What it cannot do is repair: a tail left torn b
 leader killed mid-update, or a partition that needs recovery, raises until the leader
 is opened read-write again; the follower retries after `replica.fetch.backoff.ms`.
 
-Invariant: nothing here writes to the leader's data; the only file written under the
-leader's root is `replicas/<follower id>.json` (atomically: temporary name, rename),
-and only when `report_progress=True`.
+Also the leader's lease (`leader.lease` in its root, lease.py): read for automatic
+promotion, and taken by a promotion's conditional write.
+
+Invariant: nothing here writes to the leader's data; the only files written under the
+leader's root are `replicas/<follower id>.json` (atomically: temporary name, rename),
+only when `report_progress=True`, and the lease (and its lock file) by `take_lease()`.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from ..broker import Broker
 from ..config import resolve_config
-from ..errors import ConfigError, StorageError, UnknownTopicError
+from ..errors import ConfigError, NotLeaderError, StorageError, UnknownTopicError
 from ..notify import DOORBELL_FILE, Doorbell
 from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
+from .lease import Lease, read_lease, replica_id, take_next
 from .leader import progress_body
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
@@ -205,6 +209,31 @@ class DirectorySource(ReplicaSource):
         doorbell = self._open_doorbell()
         if doorbell is not None:
             doorbell.ring()
+
+    def lease(self) -> Lease | None:
+        """The lease in the leader's root when it names that root's own replica (a lease
+        naming another replica means leadership moved there: nothing to take over)."""
+        current = read_lease(self.path)
+        if current is None or current.holder != replica_id(self.path, create=False):
+            return None
+        return current
+
+    def take_lease(self, holder: str, *, ttl_ms: int, min_epoch: int) -> Lease:
+        """Take the lease in the leader's root (lease.take_next, under its lock).
+        NotLeaderError while another holder's lease is valid, or when it names a
+        replica other than this leader and `holder` (leadership moved: follow the new
+        leader instead); StorageError when the root is not a reachable logkit root."""
+        if not os.path.isfile(os.path.join(self.path, "logkit.json")):
+            raise StorageError(f"{self.path} is not reachable as a logkit root (no "
+                               "logkit.json)", operation="take lease", path=self.path)
+        current = read_lease(self.path)
+        if current is not None and current.holder not in (
+                holder, replica_id(self.path, create=False)):
+            raise NotLeaderError(
+                f"{self.path} is no longer the leader: its lease names replica "
+                f"{current.holder} (epoch {current.epoch}); follow that replica, and "
+                "promote against it")
+        return take_next(self.path, holder, ttl_ms=ttl_ms, min_epoch=min_epoch)
 
     def wait(self, timeout_s: float) -> None:
         """Sleep on the leader's doorbell (rung after every append) until it rings or

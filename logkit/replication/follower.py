@@ -11,7 +11,12 @@ partitionLeaderEpoch kept, segments rolled where the leader's roll), and keeping
 partition's `leader-epoch-checkpoint` equal to the leader's over the copied prefix.
 Also `follower.json` (its id, the leader's topic ids and configs it applied, the newest
 leader epoch seen per partition) and `follower.lock` (an exclusive flock: one follower
-per directory) in the root, and `promote()`.
+per directory) in the root, and `promote()`: it takes the leader's lease at the
+source first (lease.py; NotLeaderError while another holder's is valid, so of two
+racing promotions one wins), then stamps the next epoch. A running follower promotes
+itself the same way once the leader's lease goes unrenewed for its TTL while the
+follower is in sync (caught up within `replica.lag.time.max.ms`), unless
+`auto_promote=False`; `follower.promoted` (an Event) is set then.
 
 Invariant: each partition's log is a prefix of the leader's, batch for batch, whenever
 the follower's lock is released — a SIGKILL at any moment leaves a prefix (appends are
@@ -45,13 +50,16 @@ from typing import Any, Mapping
 from ..broker import Broker
 from ..config import resolve_broker_config, resolve_config
 from ..errors import (ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
-                      LogkitTimeoutError, OffsetOutOfRangeError, UnknownTopicError)
+                      LogkitTimeoutError, NotLeaderError, OffsetOutOfRangeError,
+                      UnknownTopicError)
 from ..records import iter_batches
 from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import (EpochEntry, assign, divergence_offset, epochs_from_headers,
                      read_checkpoint, truncate_from_end, write_checkpoint)
 from .leader import Progress
+from .lease import renew as renew_lease
+from .lease import read_lease, replica_id
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
 __all__ = ["Follower", "STATE_FILE", "LOCK_FILE", "MAX_CORRUPT_FETCHES"]
@@ -65,6 +73,7 @@ METADATA_INTERVAL_S = 1.0          # topics, configs and group offsets re-read t
 REPORT_INTERVAL_S = 1.0            # progress: at once when it moves; when idle, at
                                    # least every replica.fetch.wait.max.ms, capped here
 STOP_CHECK_S = 0.1                 # the longest wait between two looks at stop()
+LEASE_CHECK_S = 0.1                # the longest wait between two looks at the lease
 _DEFAULTS = resolve_config("topic", None)
 
 
@@ -88,7 +97,8 @@ class Follower:
     had when it was called; `promote()` turns the directory into the leader."""
 
     def __init__(self, path: str | os.PathLike[str], source: ReplicaSource, *,
-                 config: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, Any] | None = None,
+                 auto_promote: bool = True) -> None:
         if not isinstance(source, ReplicaSource):
             raise ConfigError(f"Follower takes a logkit.ReplicaSource (DirectorySource, "
                               f"...), got {type(source).__name__}")
@@ -105,6 +115,10 @@ class Follower:
         self._error: BaseException | None = None     # what stopped the loop
         self._last_error: BaseException | None = None  # the latest retried failure
         self._warned: set[str] = set()
+        self.auto_promote = auto_promote
+        self.promoted = threading.Event()            # set by an automatic promotion
+        self._lease_check_s = min(LEASE_CHECK_S,
+                                  self.config["broker.session.timeout.ms"] / 10000)
         self._reset_run_state()
 
     def _reset_run_state(self) -> None:
@@ -119,6 +133,9 @@ class Follower:
         self._next_metadata = 0.0
         self._reported: dict[TopicPartition, int] = {}
         self._reported_at = 0.0
+        self._leader_ends: dict[TopicPartition, int] = {}
+        self._caught_up_at: float | None = None      # monotonic: last cycle at the leader's end
+        self._next_lease_check = 0.0
         self._caught_up_ms: dict[TopicPartition, int] = {}   # Kafka's lastCaughtUpTimeMs
 
     def __repr__(self) -> str:
@@ -208,6 +225,8 @@ class Follower:
     def _open(self) -> None:
         """Open the follower's broker and take the directory's follower lock."""
         broker = Broker(self.path, config=self.config)
+        assert broker._lease is not None
+        broker._lease.follow()            # a follower's broker writes what the leader wrote
         try:
             fd = os.open(os.path.join(self.path, LOCK_FILE),
                          os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -224,7 +243,7 @@ class Follower:
         self._broker, self._lock_fd = broker, fd
         self._reset_run_state()
         state = self._read_state()
-        state.setdefault("follower_id", uuid.uuid4().hex[:16])
+        state.setdefault("follower_id", replica_id(self.path) or uuid.uuid4().hex[:16])
         for key in ("topics", "configs", "leader_epochs"):
             state.setdefault(key, {})
         state.setdefault("groups", [])
@@ -289,6 +308,8 @@ class Follower:
         backoff_s = self.config["replica.fetch.backoff.ms"] / 1000
         wait_s = min(self.config["replica.fetch.wait.max.ms"] / 1000, STOP_CHECK_S)
         while not self._stopping.is_set():
+            if self._promoted_itself():
+                return
             try:
                 with self._driver:
                     if self._broker is None:       # stopped meanwhile
@@ -298,10 +319,67 @@ class Follower:
                 if self._fatal(exc):
                     raise
                 self._retrying(exc)
-                self._stopping.wait(backoff_s)
+                self._pause(backoff_s)
                 continue
             if not copied:
                 self.source.wait(wait_s)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait `seconds` (a backoff), looking at stop() and, with auto-promotion, at
+        the lease in between: an expired one ends the wait."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stopping.wait(min(left, self._lease_check_s)):
+                return
+            if self.auto_promote and self._lease_expired() is not None:
+                return
+
+    def _lease_expired(self) -> Any:
+        """The leader's lease when it has expired (None otherwise, or when the source
+        keeps none or cannot be read just now)."""
+        try:
+            lease = self.source.lease()
+        except (LogkitError, OSError) as exc:
+            log.debug("%s: the leader's lease cannot be read: %s", self.path, exc)
+            return None
+        if lease is None or lease.valid() or lease.holder == self._state.get("follower_id"):
+            return None
+        return lease
+
+    def _promoted_itself(self) -> bool:
+        """Automatic promotion (at most every LEASE_CHECK_S): the leader's lease has
+        gone unrenewed for its TTL and this follower is in sync, so promote as
+        promote() does. Returns True when it did (the loop ends; `promoted` is set);
+        a promotion another replica won leaves this one following."""
+        now = time.monotonic()
+        if not self.auto_promote or now < self._next_lease_check:
+            return False
+        self._next_lease_check = now + self._lease_check_s
+        lease = self._lease_expired()
+        if lease is None:
+            return False
+        lag_s = self.config.get("replica.lag.time.max.ms", 30000) / 1000
+        if self._caught_up_at is None or now - self._caught_up_at > lag_s:
+            self._warn_once("out of sync", "%s: the leader's lease expired but this "
+                            "follower was not caught up within replica.lag.time.max.ms: "
+                            "not promoting itself", self.path)
+            return False
+        log.warning("%s: the leader's lease (replica %s, epoch %d) went unrenewed for "
+                    "broker.session.timeout.ms=%d: promoting this follower", self.path,
+                    lease.holder, lease.epoch, lease.ttl_ms)
+        with self._driver:
+            self._close()
+            try:
+                self._promote_locked(unclean=False)
+            except (LogkitError, OSError) as exc:
+                log.warning("%s: automatic promotion failed, following on: %s",
+                            self.path, exc)
+                self._open()
+                return False
+        self._stopping.set()
+        self.promoted.set()
+        return True
 
     def _fatal(self, exc: BaseException) -> bool:
         return isinstance(exc, (IllegalStateError, ConfigError)) or (
@@ -341,6 +419,9 @@ class Follower:
                     raise
                 self._retrying(exc)
         self._report()
+        if all(self._ends.get(tp, -1) >= self._leader_ends.get(tp, 1 << 62)
+               for tp in self._partitions):
+            self._caught_up_at = time.monotonic()       # in sync, as this follower sees it
         with self._cond:
             self._cond.notify_all()
         return copied
@@ -491,6 +572,7 @@ class Follower:
             self._epochs[tp] = self._load_epochs(p)
         asked_ms = int(time.time() * 1000)         # the leader's log end as of now:
         info = self.source.partition(tp.topic, tp.partition)
+        self._leader_ends[tp] = info.log_end_offset
         self._note_leader_epoch(tp, info)
         end = self._align(tp, p, info)
         if tp not in self._checked:
@@ -729,33 +811,75 @@ class Follower:
         return LogkitTimeoutError(f"{self!r} did not catch up in time: "
                                   f"{shown or 'metadata not copied yet'}{last}")
 
-    def promote(self) -> None:
+    def promote(self, *, unclean: bool = False) -> None:
         """Make this directory the leader: stop following (a running follower stops
-        first), then in every partition stamp later appends with the next leader
-        epoch — one above every epoch it holds or has seen from the leader — and write
-        `(that epoch, log end)` to its leader-epoch-checkpoint. `Broker(path)` then
-        opens it as the leader. Takes the directory's follower lock (IllegalStateError
-        while another Follower holds it)."""
+        first), take the leader's lease at the source by its conditional write, then in
+        every partition stamp later appends with the next leader epoch — one above every
+        epoch it holds or has seen from the leader — and write `(that epoch, log end)`
+        to its leader-epoch-checkpoint, and hold the lease of this root. `Broker(path)`
+        then opens it as the leader.
+
+        Raises NotLeaderError, changing nothing, while another replica's lease is valid
+        (of two racing promotions, one wins), or when the source cannot be reached to
+        take the lease: `unclean=True` promotes anyway (like Kafka's
+        `unclean.leader.election.enable`: an old leader that is still alive is then not
+        fenced). A source that keeps no lease promotes unfenced. Takes the directory's
+        follower lock (IllegalStateError while another Follower holds it)."""
         self.stop()
         with self._driver:
-            self._open()
-            try:
-                broker = self._require_broker()
-                seen = self._state["leader_epochs"]
-                for name in broker.topics():
-                    for p in broker.topic(name).partitions:
-                        entries = self._load_epochs(p)
-                        newest = max([e.epoch for e in entries]
-                                     + [p.leader_epoch,
-                                        seen.get(_tp_name(p.topic_partition), -1)])
-                        epoch = newest + 1
-                        p.set_leader_epoch(epoch)        # first: a kill leaves no
-                        write_checkpoint(p.directory,    # entry the log does not use
-                                         assign(entries, epoch, p.log_end_offset))
-                        log.info("%s: %s promoted: leader epoch %d from offset %d",
-                                    self.path, _tp_name(p.topic_partition), epoch,
-                                    p.log_end_offset)
-                self._state["role"] = "leader"
-                self._save_state()
-            finally:
-                self._close()
+            self._promote_locked(unclean=unclean)
+
+    def _promote_locked(self, *, unclean: bool) -> None:
+        self._open()
+        try:
+            broker = self._require_broker()
+            seen = self._state["leader_epochs"]
+            plan = []
+            for name in broker.topics():
+                for p in broker.topic(name).partitions:
+                    entries = self._load_epochs(p)
+                    newest = max([e.epoch for e in entries]
+                                 + [p.leader_epoch,
+                                    seen.get(_tp_name(p.topic_partition), -1)])
+                    plan.append((p, entries, newest + 1))
+            own = read_lease(self.path)
+            lease_epoch = self._take_lease(
+                max([epoch for _, _, epoch in plan] + [own.epoch + 1 if own else 1]),
+                unclean)
+            for p, entries, epoch in plan:
+                p.set_leader_epoch(epoch)        # first: a kill leaves no
+                write_checkpoint(p.directory,    # entry the log does not use
+                                 assign(entries, epoch, p.log_end_offset))
+                log.info("%s: %s promoted: leader epoch %d from offset %d",
+                         self.path, _tp_name(p.topic_partition), epoch, p.log_end_offset)
+            renew_lease(self.path, self._state["follower_id"], lease_epoch,
+                        ttl_ms=self.config["broker.session.timeout.ms"])
+            self._state["role"] = "leader"
+            self._save_state()
+        finally:
+            self._close()
+
+    def _take_lease(self, min_epoch: int, unclean: bool) -> int:
+        """The source's lease for this replica; returns the lease epoch."""
+        me = self._state["follower_id"]
+        try:
+            taken = self.source.take_lease(
+                me, ttl_ms=self.config["broker.session.timeout.ms"], min_epoch=min_epoch)
+        except NotLeaderError:
+            raise
+        except (LogkitError, OSError) as exc:
+            if not unclean:
+                raise NotLeaderError(
+                    f"{self.path}: cannot take the leader's lease at "
+                    f"{self.source.describe()} ({exc}); with the old leader's side out "
+                    "of reach a promotion may leave two leaders: promote(unclean=True) "
+                    "(`logkit promote --unclean`) takes over anyway") from exc
+            log.warning("%s: unclean promotion: the lease at %s cannot be taken (%s); "
+                        "the old leader is not fenced", self.path, self.source.describe(),
+                        exc)
+            return min_epoch
+        if taken is None:
+            log.info("%s: %s keeps no lease: promoting without fencing the old leader",
+                     self.path, self.source.describe())
+            return min_epoch
+        return taken.epoch

@@ -12,6 +12,7 @@ methods return (`TopicInfo`, `PartitionInfo`). A source answers for one leader:
 | `committed_offsets()` | every consumer group's committed offsets |
 | `report_progress(follower_id, ends)` | the follower's log end offsets, for the ISR |
 | `wait(timeout_s)` | returns when the leader may have new data, or after the timeout |
+| `lease()`, `take_lease(...)` | the leader's lease, and a promotion's conditional write of it (optional: the default keeps no lease) |
 
 Invariant for implementers: `fetch` returns bytes exactly as the leader stores them
 (batches whole, never a partial one), so a follower's files can be byte-identical to
@@ -31,6 +32,7 @@ from typing import Any, Mapping, NamedTuple
 
 from ..topic import TopicPartition
 from .epochs import EpochEntry
+from .lease import Lease
 
 __all__ = ["ReplicaSource", "TopicInfo", "PartitionInfo"]
 
@@ -84,6 +86,20 @@ class ReplicaSource(abc.ABC):
                         log_end_offsets: Mapping[TopicPartition, int]) -> None:
         """Tell the leader how far this follower has copied (its ISR is built from
         these). A source that cannot tell the leader anything does nothing."""
+
+    def lease(self) -> Lease | None:
+        """The lease of the leader this source reads (logkit/replication/lease.py), for
+        automatic promotion: None when the source keeps no lease, when the leader never
+        took one, or when it names another replica (leadership moved elsewhere)."""
+        return None
+
+    def take_lease(self, holder: str, *, ttl_ms: int, min_epoch: int) -> Lease | None:
+        """A promotion's conditional write at the source: `holder` leads from the next
+        epoch (at least `min_epoch`). NotLeaderError while another holder's lease is
+        valid; another LogkitError or OSError when the source cannot be reached. The
+        default returns None: this source keeps no lease, so a promotion through it
+        cannot fence the old leader."""
+        return None
 
     def wait(self, timeout_s: float) -> None:
         """Return when the leader may have appended, or after `timeout_s`. The default

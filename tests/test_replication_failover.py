@@ -1,0 +1,287 @@
+"""Failover with fencing (DESIGN §8, docs/replication.md "Leases and failover"): the
+leader's lease, a Broker fenced by a newer holder, promote() taking the lease by a
+conditional write (two racing processes: exactly one wins), automatic promotion of a
+running follower when the leader is SIGKILLed, and the old leader coming back: it
+refuses writes, rejoins as a follower and converges byte for byte."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import logkit
+from logkit.replication.epochs import read_checkpoint
+from logkit.replication.lease import (read_lease, release, renew, replica_id,
+                                      take_next)
+from tests.helpers.procs import ROOT_DIR
+
+HELPER = os.path.join(os.path.dirname(__file__), "helpers", "failover_proc.py")
+FAST = {"broker.session.timeout.ms": 1000}
+RACE_ROUNDS = 200 if os.environ.get("LOGKIT_SLOW") == "1" else 25
+
+
+def start(*args, stdin=None):
+    proc = subprocess.Popen([sys.executable, HELPER, *map(str, args)],
+                            stdin=stdin, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT_DIR})
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def wait_for(condition, what, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen"
+        time.sleep(0.02)
+
+
+def produce(broker, count, prefix=b"v"):
+    producer = broker.producer(linger_ms=0)
+    for i in range(count):
+        producer.send("t", prefix + b"%d" % i, partition=0)
+    producer.flush()
+    producer.close()
+
+
+def copy_of(leader_path, follower_path, **options):
+    follower = logkit.Follower(follower_path, logkit.DirectorySource(leader_path),
+                               config=FAST, **options)
+    follower.catch_up(timeout=30)
+    return follower
+
+
+def test_a_replicated_leader_takes_its_lease_and_renews_it(tmp_path):
+    with logkit.Broker(tmp_path / "L", config=FAST) as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 10)
+        assert read_lease(leader.path) is None                 # not replicated yet
+        copy_of(leader.path, tmp_path / "F")                   # reports progress
+        wait_for(lambda: read_lease(leader.path) is not None, "the first lease")
+        first = read_lease(leader.path)
+        assert first.holder == replica_id(leader.path) and first.epoch == 0
+        assert first.ttl_ms == 1000 and first.valid()
+        wait_for(lambda: read_lease(leader.path).renewed_ms > first.renewed_ms,
+                 "a renewal")
+    released = read_lease(tmp_path / "L")
+    assert released.holder == first.holder and not released.valid()   # closed: released
+
+
+def test_a_broker_whose_lease_names_a_newer_holder_refuses_every_write(tmp_path):
+    root = tmp_path / "old"
+    with logkit.Broker(root) as broker:
+        broker.create_topic("t", 1)
+        produce(broker, 5)
+    take_next(root, "new-leader", ttl_ms=1000, min_epoch=1)
+    with logkit.Broker(root) as broker:
+        p = broker.topic("t").partition(0)
+        assert [r.value for r in p.read(0)] == [b"v%d" % i for i in range(5)]   # reads
+        with pytest.raises(logkit.NotLeaderError, match="new-leader"):
+            broker.create_topic("u", 1)
+        with pytest.raises(logkit.NotLeaderError):
+            broker.producer()
+        with pytest.raises(logkit.NotLeaderError):
+            p.append([(None, b"stale", None, None)])
+        with pytest.raises(logkit.NotLeaderError):
+            broker.alter_topic_config("t", {"retention.ms": 1000})
+        consumer = broker.consumer(group_id="g", enable_auto_commit=False,
+                                   auto_offset_reset="earliest")
+        consumer.assign([logkit.TopicPartition("t", 0)])
+        assert len(consumer.poll(timeout_ms=500)) == 5
+        with pytest.raises(logkit.NotLeaderError):
+            consumer.commit()
+        consumer.close()
+        assert p.log_end_offset == 5
+        p.check()
+
+
+def test_a_running_leader_fences_itself_once_a_newer_holder_takes_its_lease(tmp_path):
+    with logkit.Broker(tmp_path / "L", config=FAST) as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 10)
+        copy_of(leader.path, tmp_path / "F")
+        wait_for(lambda: read_lease(leader.path) is not None, "the first lease")
+        renew(leader.path, "elsewhere", 5, ttl_ms=1000)       # a promotion elsewhere
+        producer = leader.producer(linger_ms=0)
+
+        def refused():
+            try:
+                producer.send("t", b"late", partition=0).result()
+            except logkit.NotLeaderError:
+                return True
+            return False
+        wait_for(refused, "the leader fencing itself")
+        end = leader.topic("t").partition(0).log_end_offset
+        with pytest.raises(logkit.NotLeaderError, match="elsewhere"):
+            leader.topic("t").partition(0).append([(None, b"x", None, None)])
+        assert leader.topic("t").partition(0).log_end_offset == end
+    assert read_lease(tmp_path / "L").holder == "elsewhere"   # not released by the fenced
+
+
+def test_promote_refuses_while_the_leaders_lease_is_valid_and_changes_nothing(tmp_path):
+    with logkit.Broker(tmp_path / "L", config=FAST) as leader:
+        leader.create_topic("t", 2)
+        produce(leader, 20)
+        follower = copy_of(leader.path, tmp_path / "F")
+        wait_for(lambda: read_lease(leader.path) is not None, "the first lease")
+        with pytest.raises(logkit.NotLeaderError, match="valid"):
+            follower.promote()
+        with logkit.Broker(tmp_path / "F", read_only=True) as copy:
+            for q in copy.topic("t").partitions:
+                assert q.leader_epoch == 0
+                assert all(e.epoch == 0 for e in read_checkpoint(q.directory) or [])
+        assert read_lease(leader.path).holder == replica_id(leader.path)
+    follower.promote()                                        # the leader is gone
+    lease = read_lease(tmp_path / "L")
+    assert lease.holder == follower.follower_id and lease.epoch == 1
+    own = read_lease(tmp_path / "F")
+    assert (own.holder, own.epoch) == (follower.follower_id, 1)
+    with logkit.Broker(tmp_path / "F") as new_leader:
+        new_leader.topic("t").partition(0).append([(None, b"new", None, None)])
+    with logkit.Broker(tmp_path / "L") as old:
+        with pytest.raises(logkit.NotLeaderError):
+            old.topic("t").partition(0).append([(None, b"stale", None, None)])
+
+
+def test_promote_from_an_unreachable_source_needs_unclean(tmp_path):
+    with logkit.Broker(tmp_path / "L") as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 5)
+    follower = copy_of(tmp_path / "L", tmp_path / "F")
+    os.rename(tmp_path / "L", tmp_path / "gone")              # the leader's disk is away
+    with pytest.raises(logkit.NotLeaderError, match="unclean"):
+        follower.promote()
+    with logkit.Broker(tmp_path / "F", read_only=True) as copy:
+        assert copy.topic("t").partition(0).leader_epoch == 0
+    follower.promote(unclean=True)
+    with logkit.Broker(tmp_path / "F") as new_leader:
+        p = new_leader.topic("t").partition(0)
+        assert p.leader_epoch == 1
+        p.append([(None, b"new", None, None)])
+
+
+def test_two_processes_racing_to_promote_exactly_one_wins_every_round(tmp_path):
+    leader_path = tmp_path / "L"
+    with logkit.Broker(leader_path) as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 50)
+    followers = [tmp_path / "F1", tmp_path / "F2"]
+    for path in followers:
+        copy_of(leader_path, path)
+    leader_id = replica_id(leader_path)
+    procs = [start("promote", path, leader_path, stdin=subprocess.PIPE)
+             for path in followers]
+    wins = [0, 0]
+    try:
+        for _ in range(RACE_ROUNDS):
+            current = read_lease(leader_path)
+            epoch = current.epoch + 1 if current else 0
+            renew(leader_path, leader_id, epoch, ttl_ms=1000)   # the old leader again,
+            release(leader_path, leader_id, epoch)              # and now gone
+            epochs_before = [_epochs(path) for path in followers]
+            for proc in procs:
+                proc.stdin.write("go\n")
+            for proc in procs:
+                proc.stdin.flush()
+            results = [proc.stdout.readline().split() for proc in procs]
+            assert sorted(r[0] for r in results) == ["lost", "won"], results
+            loser = [r[0] for r in results].index("lost")
+            assert results[loser][1] == "NotLeaderError"
+            assert _epochs(followers[loser]) == epochs_before[loser]   # untouched
+            winner = 1 - loser
+            wins[winner] += 1
+            assert read_lease(leader_path).holder == replica_id(followers[winner])
+            assert _epochs(followers[winner])[-1] > epochs_before[winner][-1]
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    assert sum(wins) == RACE_ROUNDS
+
+
+def _epochs(root):
+    with logkit.Broker(root, read_only=True) as b:
+        p = b.topic("t").partition(0)
+        return [p.leader_epoch] + [e.epoch for e in read_checkpoint(p.directory) or []]
+
+
+def kill(proc):
+    proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return out
+
+
+def acked_lines(out, writer_id):
+    acked = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2:                           # a line cut by the kill has fewer
+            acked[int(parts[0])] = b"%s-%s" % (writer_id, parts[1].encode())
+    return acked
+
+
+def test_a_follower_promotes_itself_when_the_leader_dies_and_the_old_leader_rejoins(
+        tmp_path):
+    """Real processes: the leader writes (acks=1) and renews its lease; a running
+    follower copies; the leader is SIGKILLed; the follower promotes itself once the
+    lease lapses; the new leader takes writes; the old leader, restarted, refuses
+    writes, rejoins as a follower, and ends byte-identical to the new leader."""
+    old_path, new_path = tmp_path / "L", tmp_path / "F"
+    writer = start("lead", old_path, 1000, "w")
+    follower = logkit.Follower(new_path, logkit.DirectorySource(old_path), config=FAST)
+    follower.start()
+    wait_for(lambda: read_lease(old_path) is not None, "the leader's first lease")
+    wait_for(lambda: sum(follower.log_end_offsets().values()) > 200, "copying")
+    out = kill(writer)
+    assert follower.promoted.wait(30), follower.error
+    follower.stop()
+    assert read_lease(old_path).holder == follower.follower_id
+    acked = acked_lines(out, b"w")
+    with logkit.Broker(new_path) as new_leader:               # the follower's own prefix
+        p = new_leader.topic("t").partition(0)
+        common = p.log_end_offset
+        assert p.leader_epoch == 1
+        values = {r.offset: r.value for r in p.read(0, max_records=10 ** 6)}
+        assert all(acked[o] == v for o, v in values.items() if o in acked)
+        produce(new_leader, 30, prefix=b"new")
+        new_end = p.log_end_offset
+    with logkit.Broker(old_path, background=False) as old:    # recovers, then refuses
+        q = old.topic("t").partition(0)
+        q.check()
+        assert q.log_end_offset >= common
+        with pytest.raises(logkit.NotLeaderError):
+            q.append([(None, b"stale", None, None)])
+        with pytest.raises(logkit.NotLeaderError):
+            old.producer()
+    rejoin = logkit.Follower(old_path, logkit.DirectorySource(new_path), config=FAST)
+    rejoin.catch_up(timeout=60)
+    with logkit.Broker(old_path, read_only=True) as old, \
+            logkit.Broker(new_path, read_only=True) as new:
+        q, p = old.topic("t").partition(0), new.topic("t").partition(0)
+        assert q.log_end_offset == p.log_end_offset == new_end
+        q.check()
+        for name in sorted(n for n in os.listdir(q.directory) if n.endswith(".log")):
+            assert filecmp.cmp(os.path.join(q.directory, name),
+                               os.path.join(p.directory, name), shallow=False), name
+        assert [r.value for r in q.read(0, max_records=10 ** 6)] == \
+            [r.value for r in p.read(0, max_records=10 ** 6)]
+
+
+def test_a_follower_with_auto_promotion_off_stays_a_follower(tmp_path):
+    with logkit.Broker(tmp_path / "L", config=FAST) as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 10)
+        follower = copy_of(leader.path, tmp_path / "F", auto_promote=False)
+        wait_for(lambda: read_lease(leader.path) is not None, "the first lease")
+        follower.start()
+    assert not read_lease(tmp_path / "L").valid()              # released at close
+    time.sleep(1.0)                                            # ten looks at the lease
+    assert follower.running and not follower.promoted.is_set()
+    follower.stop()
+    assert read_lease(tmp_path / "L").holder != follower.follower_id
