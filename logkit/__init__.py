@@ -25,6 +25,7 @@ from .log import RecoveryReport
 from .records import BatchHeader, Record, RecordMetadata
 from .topic import Partition, Topic, TopicPartition
 from .replication import DirectorySource, Follower, ReplicaSource, TcpSource
+from .replication.objectstore import ObjectStoreSource
 
 __version__ = "0.1.0"
 
@@ -34,7 +35,7 @@ __all__ = [
     "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config", "mirror",
     "Columns", "BatchHeader", "RecoveryReport", "BatchBuilder", "stamp_producer",
     "SegmentBatch", "iter_segment_batches", "Follower", "ReplicaSource", "DirectorySource",
-    "TcpSource",
+    "TcpSource", "ObjectStoreSource",
     "LogkitError", "ConfigError", "InvalidTopicError", "TopicExistsError",
     "UnknownTopicError", "OffsetOutOfRangeError", "CorruptRecordError",
     "RecordTooLargeError", "CommitFailedError", "NotEnoughReplicasError",

@@ -47,6 +47,7 @@ MAX_REPLICATION_FACTOR = 32767                # Kafka's: a replica count is an i
 
 if TYPE_CHECKING:                  # imported when first used
     from .protocol import KafkaServer
+    from .replication.objectstore import Shipper
     from .replication.tcp_server import ReplicationServer
     from .registry_http import RegistryServer
     from .schema_registry import SchemaRegistry
@@ -872,3 +873,19 @@ class Broker:
                                    ssl_context=ssl_context, **options)
         self._clients.append(server)
         return server
+
+    # ---- object store replication (logkit/replication/objectstore.py) ----------------
+
+    def ship(self, url: str, *, storage_options: Mapping[str, Any] | None = None
+             ) -> Shipper:
+        """Ship this broker to an object store (any fsspec URL, e.g. `s3://bucket/p`,
+        `file:///backup`) from a background thread: rolled segments once as whole
+        objects, the active segment's new batches every `ship.interval.ms`, then a
+        manifest (docs/replication.md). The handle has `.url`, `flush()`, `close()`
+        (ships a last time; safe twice); a context manager; closed with the broker.
+        `storage_options` go to fsspec (else its configuration and environment)."""
+        from .replication.objectstore import Shipper
+        self._check_open()
+        shipper = Shipper(self, url, storage_options=storage_options)
+        self._clients.append(shipper)
+        return shipper

@@ -15,6 +15,7 @@ checks that); docs/cli.md is generated from the same help (tools/cli_docs.py).
     logkit follow SOURCE DIR                       copy a leader (a directory or tcp://) into DIR
     logkit describe DIR TOPIC                      the partitions of one topic
     logkit dump SEGMENT.log                        the batches (and records) of a segment file
+    logkit restore URL DIR                         a directory rebuilt from broker.ship(url)
     logkit bench [BENCHMARK ...]                   the benchmark suite (benchmarks/ of a checkout)
     logkit completion bash                         a bash completion script
 
@@ -45,8 +46,8 @@ import sys
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence, TextIO
 
-from . import (Broker, ConfigError, LogkitError, Record, SerializationError,
-               TopicPartition, iter_segment_batches, mirror)
+from . import (Broker, ConfigError, LogkitError, ObjectStoreSource, Record,
+               SerializationError, TopicPartition, iter_segment_batches, mirror)
 
 __all__ = ["main", "build_parser", "COMMANDS", "FORMATS", "format_record"]
 
@@ -468,10 +469,18 @@ def add_follow(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--config", action="append", metavar="KEY=VALUE",
                      help="a broker setting, Kafka's names, e.g. "
                      "replica.fetch.max.bytes=4194304 (repeatable)")
+    _storage_option(cmd)
 
 
 def _follow_source(args: argparse.Namespace) -> Any:
     from . import DirectorySource, TcpSource
+    if "://" in args.source and not args.source.startswith("tcp://"):
+        if args.secret_file or args.tls_cafile:
+            raise UsageError("--secret-file and --tls-cafile are for a tcp:// source")
+        return ObjectStoreSource(args.source,
+                                 storage_options=_storage_options(args.storage_option))
+    if args.storage_option:
+        raise UsageError("--storage-option is for an object store URL (s3://, file://, ...)")
     if not args.source.startswith("tcp://"):
         if args.secret_file or args.tls_cafile:
             raise UsageError("--secret-file and --tls-cafile are for a tcp:// source")
@@ -543,6 +552,48 @@ def cmd_mirror(args: argparse.Namespace) -> int:
         print(f"{topic}: {sum(partitions.values())} record(s) copied")
     for group, count in sorted(report["offsets"].items()):
         print(f"group {group}: {count} committed offset(s) copied")
+    return 0
+
+
+# ---- restore (an object store that broker.ship() fills) ---------------------------------
+
+def _storage_option(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="for an object store URL: an fsspec storage option, the value as "
+                     "JSON when it parses (endpoint_url=http://127.0.0.1:9000, anon=true); "
+                     "repeatable; default: fsspec's configuration and the environment")
+
+
+def _storage_options(items: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--storage-option takes KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def add_restore(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("url", metavar="URL", help="where the leader ships (any fsspec URL: "
+                     "s3://bucket/prefix, file:///backups/data)")
+    cmd.add_argument("directory", metavar="DIR",
+                     help="the broker directory to write (missing or empty)")
+    _storage_option(cmd)
+    cmd.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                     help="give up after S seconds (default 600)")
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    options = _storage_options(args.storage_option)
+    with ObjectStoreSource(args.url, storage_options=options) as source:
+        summary = source.restore(args.directory, timeout=args.timeout)
+    print(f"restored {summary['topics']} topic(s), {summary['partitions']} partition(s), "
+          f"{summary['groups']} group(s) from manifest generation "
+          f"{summary['generation']} into {args.directory}")
     return 0
 
 
@@ -1305,9 +1356,10 @@ COMMANDS: list[Command] = [
             "logkit serve data/ --port 9092 --schema-registry-port 8081",
             add_serve, cmd_serve),
     Command("follow", "copy a leader broker into DIR and keep copying (a replica), until "
-            "SIGINT/SIGTERM; SOURCE is the leader's directory or tcp://HOST:PORT of its "
-            "broker.serve_replication()",
+            "SIGINT/SIGTERM; SOURCE is the leader's directory, tcp://HOST:PORT of its "
+            "broker.serve_replication(), or the object store URL of its broker.ship()",
             "logkit follow /mnt/leader/data replica/\n"
+            "logkit follow s3://backups/data replica/\n"
             "LOGKIT_REPLICATION_SECRET=... logkit follow tcp://10.0.0.5:9093 replica/\n"
             "logkit follow tcp://leader:9093 replica/ --secret-file /etc/logkit/secret "
             "--tls-cafile ca.pem", add_follow, cmd_follow),
@@ -1320,6 +1372,11 @@ COMMANDS: list[Command] = [
             "end and lag (extra: copying beyond the replication factor); the ISR as "
             "judged with replica.lag.time.max.ms's default", "logkit replicas data/ --json",
             add_replicas, cmd_replicas),
+    Command("restore", "rebuild a broker directory from an object store that "
+            "broker.ship() fills (every object checked; exit 1 on a damaged one)",
+            "logkit restore s3://backups/data restored/\n"
+            "logkit restore file:///mnt/backup/data restored/ --timeout 120",
+            add_restore, cmd_restore),
     Command("describe", "offsets and sizes of each partition of a topic (as topics "
             "describe)", "logkit describe data/ orders", add_describe, cmd_describe),
     Command("dump", "print the batches (and with --records the records) of a .log file, "

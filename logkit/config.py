@@ -239,6 +239,9 @@ _ROWS: tuple[Setting, ...] = (
             minimum=0, unit="ms"),
     _broker("replica.fetch.backoff.ms", "int", 1000, "how long a logkit.Follower waits "
             "after its source failed before trying again", minimum=0, unit="ms"),
+    _broker("ship.interval.ms", "int", 1000, "how often broker.ship(url) uploads the "
+            "active segment's new batches and a new manifest (rolled segments go as soon "
+            "as a pass sees them)", minimum=10, unit="ms"),
     _broker("broker.session.timeout.ms", "int", 10000, "the leader's lease: a replicated "
             "leader renews it every third of this; a follower promotes itself once it "
             "goes unrenewed this long (docs/replication.md)", minimum=1000, unit="ms"),

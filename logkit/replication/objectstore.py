@@ -1,0 +1,809 @@
+"""Replication through an object store: the leader ships its files to any fsspec URL,
+followers and `logkit restore` read them back (DESIGN §8, docs/replication.md).
+
+Owns: the layout under the URL, the `Shipper` behind `broker.ship(url)`, the
+`ObjectStoreSource` a `logkit.Follower` copies through, and `restore()` behind
+`logkit restore URL DIR`.
+
+The layout (keys relative to the URL; `<tid>` is the topic id, so a topic deleted and
+re-created under the same name never shares a key with its predecessor — the naming
+of Kafka's tiered storage, KIP-405):
+
+| key | what |
+|---|---|
+| `<topic>-<tid>/<p>/<base:020>.log` | a rolled segment, whole, its bytes those of the leader's file; uploaded once |
+| `<topic>-<tid>/<p>/<base:020>.log.tail.<end:020>` | the active segment's batches below offset `end`; a new one each `ship.interval.ms` the log moved, the one before retired |
+| `manifest.json` | written last: topics (partitions, config overrides, ids), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries) and the objects in offset order with their size and SHA-256 |
+
+Invariant: readers trust only the manifest, and an object only after its size and
+SHA-256 equal the manifest's record and every batch in it passed its CRC. The
+manifest names an object only after the object's upload completed and its size was
+read back, so a half-uploaded object is never taken as data; a mismatch is a
+CorruptRecordError (path, expected, actual). Objects are never rewritten under a key a
+live manifest names (tails carry their end offset); objects that leave the manifest
+are deleted after `RETIRE_GRACE_S`, so a reader holding the previous manifest still
+finds them (a reader later than that re-reads the manifest). Offset indexes are not
+shipped: appending the batches rebuilds them.
+
+Threads: a `Shipper` ships from its own thread (and from `flush()`/`close()` in the
+caller's), one pass at a time. An `ObjectStoreSource` is used from one follower thread
+at a time, like every source. `restore()` runs in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import mmap
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Callable, Mapping, NamedTuple, TypeVar
+
+from ..broker import Broker
+from ..config import resolve_config
+from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
+                      OffsetOutOfRangeError, StorageError, UnknownTopicError)
+from ..records import iter_batches
+from ..topic import Partition, Topic, TopicPartition
+from .directory import _Epochs
+from .epochs import EpochEntry
+from .follower import Follower
+from .source import PartitionInfo, ReplicaSource, TopicInfo
+
+__all__ = ["ObjectStoreSource", "Shipper", "restore", "MANIFEST_KEY", "MANIFEST_FORMAT"]
+
+log = logging.getLogger(__name__)
+
+MANIFEST_KEY = "manifest.json"
+MANIFEST_FORMAT = "logkit-objectstore-1"
+MANIFEST_MAX_BYTES = 256 << 20       # a bigger manifest is refused as corrupt
+UPLOAD_CHUNK_BYTES = 4 << 20         # bytes read from a partition per upload write
+DOWNLOAD_CHUNK_BYTES = 4 << 20
+IN_MEMORY_OBJECT_BYTES = 16 << 20    # larger objects are spooled to a temporary file
+RETIRE_GRACE_MIN_S = 5.0             # an object left out of the manifest lives this long,
+RETIRE_GRACE_INTERVALS = 3           # ... or this many ship intervals if longer
+MAX_BACKOFF_S = 30.0                 # the longest wait after failed passes
+MANIFEST_POLL_S = 0.2                # a waiting source re-reads the manifest this often
+MANIFEST_TRIES = 3                   # restore(): reads of an unreadable manifest
+_KEY = re.compile(r"[A-Za-z0-9._-]+/[0-9]{1,10}/[0-9]{20}\.log(\.tail\.[0-9]{20})?")
+_DEFAULTS = resolve_config("topic", None)
+_T = TypeVar("_T")
+
+
+# ---- fsspec -----------------------------------------------------------------------------
+
+def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """(fsspec filesystem, root path) for `url`. Options not given come from fsspec's
+    configuration and the environment (FSSPEC_S3_ENDPOINT_URL, AWS_* ...)."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"an object store URL is a non-empty string, got {url!r}")
+    try:
+        import fsspec
+    except ImportError:
+        raise ConfigError("object store replication needs fsspec (and s3fs for s3://): "
+                          "pip install 'logkit[objectstore]'") from None
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"cannot open object store URL {url!r}: {exc}") from exc
+    return fs, root.rstrip("/")
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocol or "local" in protocol
+
+
+def _io(what: str, path: str, fn: Callable[[], _T]) -> _T:
+    """`fn()`, with a third-party library's non-OSError failure (botocore, aiohttp)
+    turned into a StorageError naming the operation; OSErrors pass as they are."""
+    try:
+        return fn()
+    except (LogkitError, OSError):
+        raise
+    except Exception as exc:
+        raise StorageError(f"object store: {what} {path} failed: {type(exc).__name__}: "
+                           f"{exc}", operation=what, path=path) from exc
+
+
+def _read_manifest(fs: Any, root: str) -> dict[str, Any] | None:
+    """The parsed manifest under `root`, None when there is none. A manifest that does
+    not parse or lacks its fields raises CorruptRecordError."""
+    path = f"{root}/{MANIFEST_KEY}"
+    try:
+        raw = _io("read", path, lambda: fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise CorruptRecordError("manifest too large", path=path, position=0,
+                                 expected=MANIFEST_MAX_BYTES, actual=len(raw))
+    try:
+        body = json.loads(raw)
+        if body["format"] != MANIFEST_FORMAT:
+            raise CorruptRecordError(f"unknown manifest format {body['format']!r}",
+                                     path=path, position=0, expected=MANIFEST_FORMAT)
+        _validate(body)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise CorruptRecordError(f"malformed manifest: {type(exc).__name__}: {exc}",
+                                 path=path, position=0) from None
+    return body
+
+
+def _validate(body: dict[str, Any]) -> None:
+    """Raise (ValueError, KeyError, TypeError) unless the manifest has the shape the
+    readers rely on: ints where offsets are, keys inside the layout."""
+    int(body["generation"])
+    for name, topic in body["topics"].items():
+        str(name), str(topic["topic_id"]), int(topic["partitions"]), dict(topic["config"])
+    for group, rows in body["groups"].items():
+        for topic, partition, offset in rows:
+            str(topic), int(partition), int(offset)
+    for entry in body["partitions"]:
+        str(entry["topic"]), int(entry["partition"])
+        if not 0 <= int(entry["log_start_offset"]) <= int(entry["log_end_offset"]):
+            raise ValueError(f"log start above log end in {entry['topic']}")
+        for epoch, start in entry["epochs"]:
+            int(epoch), int(start)
+        for base in entry["segment_base_offsets"]:
+            int(base)
+        end = None
+        for obj in entry["objects"]:
+            if not _KEY.fullmatch(obj["key"]):
+                raise ValueError(f"object key {obj['key']!r} outside the layout")
+            first, last, size = int(obj["first_offset"]), int(obj["end_offset"]), \
+                int(obj["size"])
+            if not (first < last and size > 0 and len(obj["sha256"]) == 64):
+                raise ValueError(f"object {obj['key']!r}: bad offsets, size or checksum")
+            if end is not None and first != end:
+                raise ValueError(f"object {obj['key']!r} does not follow the one before")
+            end = last
+            _Object(**obj)
+        objects = entry["objects"]
+        if (end if objects else int(entry["log_start_offset"])) != \
+                int(entry["log_end_offset"]) or \
+                (objects and int(objects[0]["first_offset"]) > int(entry["log_start_offset"])):
+            raise ValueError(f"{entry['topic']}-{entry['partition']}: the objects do not "
+                             "cover the log start to the log end")
+
+
+class _Object(NamedTuple):
+    """One shipped object as the manifest records it."""
+
+    key: str
+    segment: int            # base offset of the leader's segment it belongs to
+    first_offset: int       # base offset of its first batch
+    end_offset: int         # one past its last batch's last offset
+    size: int
+    sha256: str
+
+    def record(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+# ---- the leader side --------------------------------------------------------------------
+
+class Shipper:
+    """Ships one broker to one object store URL (made by `broker.ship(url)`).
+
+    Each pass, per partition: rolled segments not yet in the bucket are uploaded whole,
+    the active segment's batches as a new tail object when the log end moved; then the
+    manifest, last. A pass runs every `ship.interval.ms`; failed passes are retried
+    with doubling waits up to MAX_BACKOFF_S, each new kind of failure logged at
+    WARNING. `flush()` ships now and raises what fails; `close()` ships a last time,
+    stops, and is safe twice. A context manager. One shipper per URL: two writing the
+    same manifest would retire each other's objects."""
+
+    def __init__(self, broker: Broker, url: str, *,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        self.interval_ms = int(broker.config["ship.interval.ms"])
+        self._broker = broker
+        self._fs, self._root = _filesystem(url, storage_options)
+        self._local = _is_local(self._fs)
+        self._pass_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._closed = False
+        self._manifest: dict[str, Any] | None = None     # the last one written or found
+        self._epochs: dict[TopicPartition, _Epochs] = {}
+        self._handles: dict[str, Topic] = {}             # topics of the last pass
+        self._referenced: set[str] = set()               # keys the manifest names
+        self._retired: dict[str, float] = {}             # key -> when it left the manifest
+        self._swept = False
+        self._warned: set[str] = set()
+        self.generation = 0
+        self.last_shipped_ms: int | None = None          # wall time of the last manifest
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"logkit-ship {url}")
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"Shipper({self._broker.path!r} -> {self.url!r})"
+
+    def __enter__(self) -> "Shipper":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def flush(self) -> None:
+        """Ship everything the broker holds now; raises what fails (StorageError,
+        OSError)."""
+        if self._closed:
+            raise IllegalStateError(f"{self!r} is closed")
+        if self._broker.closed:
+            raise ClosedError(f"{self!r}: the broker is closed")
+        self._ship_once()
+
+    def close(self) -> None:
+        """Stop the thread and ship a last time (a failure is logged at WARNING, not
+        raised: the broker's close goes on). Safe twice.
+
+        Called by the broker's close (after it stopped taking calls, before it closes
+        its partitions), the last shipment holds every partition's batches but the
+        topics and group offsets of the pass before: close the shipper first (`with
+        broker.ship(url):` inside the broker's `with`) to ship those too."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        try:
+            self._ship_once()
+        except Exception as exc:
+            log.warning("%r: the last shipment before close failed: %s: %s", self,
+                        type(exc).__name__, exc)
+
+    # ---- the loop --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        interval_s = self.interval_ms / 1000
+        delay_s, failures = 0.0, 0
+        while not self._stop.wait(delay_s):
+            try:
+                self._ship_once()
+            except Exception as exc:
+                # Shipping must outlive a flaky store: retry with backoff. An error of a
+                # kind not seen before is logged once at WARNING (with the traceback
+                # when it is not an I/O or logkit error: that is a bug to report).
+                failures += 1
+                delay_s = min(max(interval_s, 0.05) * 2 ** failures, MAX_BACKOFF_S)
+                kind = f"{type(exc).__name__}: {exc}"
+                if kind not in self._warned and len(self._warned) < 100:
+                    self._warned.add(kind)
+                    log.warning("%r: shipping failed, retrying in %.1f s: %s", self,
+                                delay_s, kind,
+                                exc_info=not isinstance(exc, (LogkitError, OSError)))
+                continue
+            if failures:
+                log.warning("%r: shipping works again after %d failed pass(es)", self,
+                            failures)
+            delay_s, failures = interval_s, 0
+
+    def _ship_once(self) -> None:
+        with self._pass_lock:
+            if self._manifest is None:
+                self._manifest = _read_manifest(self._fs, self._root)
+                if self._manifest is not None:
+                    self.generation = int(self._manifest["generation"])
+                    self._referenced = _keys(self._manifest)
+            body = self._snapshot()
+            if self._manifest is not None and _same(body, self._manifest):
+                self._retire_due()
+                return
+            self.generation += 1
+            body["generation"] = self.generation
+            body["written_ms"] = int(time.time() * 1000)
+            self._write_manifest(body)
+            self._manifest = body
+            now = time.monotonic()
+            keys = _keys(body)
+            for key in self._referenced - keys:
+                self._retired.setdefault(key, now)
+            self._referenced = keys
+            self.last_shipped_ms = body["written_ms"]
+            if not self._swept:
+                self._sweep()
+            self._retire_due()
+
+    # ---- one snapshot ----------------------------------------------------------------
+
+    def _snapshot(self) -> dict[str, Any]:
+        """Upload what is missing and return the manifest body that names it."""
+        broker = self._broker
+        previous = {(e["topic"], e["partition"], e["topic_id"]): e
+                    for e in (self._manifest or {}).get("partitions", ())}
+        closing = broker.closed        # the last pass, from the broker's close()
+        topics: dict[str, Any] = {}
+        partitions = []
+        handles = dict(self._handles) if closing else {}
+        for name in sorted(handles) if closing else broker.topics():
+            try:
+                topic = handles[name] if closing else broker.topic(name)
+            except UnknownTopicError:                  # deleted meanwhile
+                continue
+            handles[name] = topic
+            overrides = {k: v for k, v in topic.config.items() if _DEFAULTS.get(k) != v}
+            topics[name] = {"topic_id": topic.topic_id, "partitions": topic.num_partitions,
+                            "config": overrides}
+            for p in topic.partitions:
+                before = previous.get((name, p.partition, topic.topic_id))
+                partitions.append(self._ship_partition(name, topic.topic_id, p, before))
+        self._handles = handles
+        groups = dict((self._manifest or {}).get("groups", {})) if closing else {}
+        for group in () if closing else broker.groups():
+            committed = broker.group(group).committed()
+            groups[group] = sorted([tp.topic, tp.partition, offset]
+                                   for tp, offset in committed.items())
+        return {"format": MANIFEST_FORMAT, "generation": 0, "written_ms": 0,
+                "ship_interval_ms": self.interval_ms, "topics": topics, "groups": groups,
+                "partitions": partitions}
+
+    def _ship_partition(self, topic: str, topic_id: str, p: Partition,
+                        before: dict[str, Any] | None) -> dict[str, Any]:
+        """The manifest entry of one partition, uploading its new objects. A segment
+        retired by retention while it was read leaves the previous entry in place
+        (its objects are still in the bucket); the next pass ships the new state."""
+        for _ in range(3):           # a roll between the reads: read again
+            bases = p.segment_base_offsets()
+            start, end = p.log_start_offset, p.log_end_offset
+            if p.segment_base_offsets() == bases:
+                break
+        prefix = f"{topic}-{topic_id}/{p.partition}"
+        known = {o["key"]: _Object(**o) for o in (before or {}).get("objects", ())}
+        objects: list[_Object] = []
+        try:
+            for i, base in enumerate(bases):
+                rolled = i + 1 < len(bases)
+                upto = bases[i + 1] if rolled else end
+                low = max(base, start)
+                if low >= upto:
+                    continue                          # an empty segment
+                key = f"{prefix}/{base:020d}.log" if rolled else \
+                    f"{prefix}/{base:020d}.log.tail.{upto:020d}"
+                old = known.get(key)
+                if old is not None and old.end_offset == upto and old.first_offset <= low:
+                    objects.append(old)
+                else:
+                    objects.append(self._upload(p, key, base, low, upto))
+        except OffsetOutOfRangeError as exc:
+            log.debug("%s-%d: changed while shipping (%s); shipped next pass", topic,
+                      p.partition, exc)
+            if before is not None:
+                return before
+            objects = []
+        tp = p.topic_partition
+        cache = self._epochs.setdefault(tp, _Epochs())
+        shipped_end = objects[-1].end_offset if objects else start
+        epochs = [[e.epoch, e.start_offset] for e in cache.get(p, start, end)
+                  if e.start_offset <= shipped_end]
+        return {"topic": topic, "partition": p.partition, "topic_id": topic_id,
+                "log_start_offset": min(start, shipped_end),
+                "log_end_offset": shipped_end, "epochs": epochs,
+                "segment_base_offsets": sorted({o.segment for o in objects}),
+                "objects": [o.record() for o in objects]}
+
+    def _upload(self, p: Partition, key: str, segment: int, low: int, upto: int) -> _Object:
+        """Upload the batches of `p` from the one holding `low` to `upto` under `key`,
+        read back its size, and return its record (the manifest is written later)."""
+        path = f"{self._root}/{key}"
+        digest, size, first, pos = hashlib.sha256(), 0, None, low
+        if self._local:
+            self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+
+        def write() -> None:
+            nonlocal size, first, pos
+            with self._fs.open(path, "wb") as f:
+                while pos < upto:
+                    data = p.batches_since(pos, upto=upto, max_bytes=UPLOAD_CHUNK_BYTES)
+                    if not data:
+                        break
+                    last = None
+                    for _, header in iter_batches(data, 0, len(data), key):
+                        if first is None:
+                            first = header.base_offset
+                        last = header
+                    assert last is not None
+                    pos = last.last_offset + 1
+                    f.write(data)
+                    digest.update(data)
+                    size += len(data)
+        _io("upload", path, write)
+        if pos != upto or first is None:
+            raise OffsetOutOfRangeError(f"{key}: the log ended at {pos} while shipping "
+                                        f"up to {upto}")
+        stored = _io("stat", path, lambda: self._fs.size(path))
+        if stored != size:
+            raise StorageError(f"object store: {path} holds {stored} bytes after an upload "
+                               f"of {size}", operation="upload", path=path)
+        self._retired.pop(key, None)
+        log.debug("shipped %s: offsets %d-%d, %d bytes", key, first, upto - 1, size)
+        return _Object(key, segment, first, upto, size, digest.hexdigest())
+
+    # ---- the manifest and retired objects -------------------------------------------
+
+    def _write_manifest(self, body: dict[str, Any]) -> None:
+        path = f"{self._root}/{MANIFEST_KEY}"
+        raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        if self._local:
+            # A local file is written in place; a rename makes the new one whole.
+            tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+            self._fs.makedirs(self._root, exist_ok=True)
+            self._fs.pipe_file(tmp, raw)
+            os.replace(tmp, path)
+        else:                                   # an object store PUT is atomic
+            _io("write", path, lambda: self._fs.pipe_file(path, raw))
+
+    def _sweep(self) -> None:
+        """Once, after the first manifest: objects of the layout that it does not name
+        (left by a shipper that stopped between an upload and its manifest, or retired
+        by one that stopped within the grace) are retired too."""
+        self._swept = True
+        try:
+            found = _io("list", self._root, lambda: self._fs.find(self._root))
+        except FileNotFoundError:
+            return
+        now = time.monotonic()
+        for path in found:
+            key = path[len(self._root) + 1:] if path.startswith(self._root + "/") else ""
+            if _KEY.fullmatch(key) and key not in self._referenced:
+                self._retired.setdefault(key, now)
+
+    def _retire_due(self) -> None:
+        grace_s = max(RETIRE_GRACE_MIN_S, RETIRE_GRACE_INTERVALS * self.interval_ms / 1000)
+        now = time.monotonic()
+        for key, since in list(self._retired.items()):
+            if now - since < grace_s or key in self._referenced:
+                continue
+            path = f"{self._root}/{key}"
+            try:
+                _io("delete", path, lambda: self._fs.rm_file(path))
+            except FileNotFoundError:
+                pass
+            del self._retired[key]
+
+
+def _keys(manifest: Mapping[str, Any]) -> set[str]:
+    return {o["key"] for e in manifest["partitions"] for o in e["objects"]}
+
+
+def _same(body: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
+    """Whether two manifest bodies name the same state (ignoring generation and time)."""
+    skip = ("generation", "written_ms")
+    return ({k: v for k, v in body.items() if k not in skip}
+            == {k: v for k, v in manifest.items() if k not in skip})
+
+
+# ---- the follower side ------------------------------------------------------------------
+
+class _Loaded:
+    """One downloaded object, verified, with its batches' positions."""
+
+    def __init__(self, obj: _Object, buffer: Any, closer: Callable[[], None]) -> None:
+        self.obj = obj
+        self.buffer = buffer
+        self.close = closer
+        self.last_offsets: list[int] = []
+        self.spans: list[tuple[int, int]] = []           # (position, size) per batch
+        for pos, header in iter_batches(buffer, 0, obj.size, obj.key,
+                                        first_offset=obj.first_offset, verify=True):
+            self.last_offsets.append(header.last_offset)
+            self.spans.append((pos, header.size))
+        if not self.last_offsets or self.last_offsets[-1] + 1 != obj.end_offset:
+            raise CorruptRecordError("object ends elsewhere than its manifest records",
+                                     path=obj.key, position=obj.size,
+                                     expected=obj.end_offset,
+                                     actual=(self.last_offsets or [obj.first_offset - 1])
+                                     [-1] + 1)
+
+    def batches(self, offset: int, max_bytes: int) -> bytes:
+        i = bisect.bisect_left(self.last_offsets, offset)
+        if i == len(self.spans):
+            return b""
+        begin = self.spans[i][0]
+        j = i + 1
+        while j < len(self.spans) and self.spans[j][0] + self.spans[j][1] - begin <= max_bytes:
+            j += 1
+        stop = self.spans[j - 1][0] + self.spans[j - 1][1]
+        return bytes(self.buffer[begin:stop])
+
+
+class ObjectStoreSource(ReplicaSource):
+    """`logkit.ObjectStoreSource(url, *, storage_options=None)`: copy from what a
+    leader's `broker.ship(url)` uploads (any fsspec URL).
+
+    Reads the manifest (again after `wait()` and at every `topics()`), then objects
+    whole: an object is used only after its size and SHA-256 equal the manifest's
+    record and each batch passed its CRC (else CorruptRecordError naming the object).
+    `report_progress` does nothing: a leader does not read its bucket, so it cannot
+    count such a follower in its ISR. The newest object read per partition is kept
+    (in memory up to 16 MiB, else in a temporary file)."""
+
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None
+                 ) -> None:
+        self.url = url
+        self._options = dict(storage_options or {})
+        self._fs: Any = None
+        self._root = ""
+        self._manifest: dict[str, Any] | None = None
+        self._partitions: dict[TopicPartition, dict[str, Any]] = {}
+        self._read_at = 0.0
+        self._stale = True
+        self._loaded: dict[TopicPartition, _Loaded] = {}
+
+    def describe(self) -> str:
+        return f"ObjectStoreSource({self.url!r})"
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None:
+            self._fs, self._root = _filesystem(self.url, self._options)
+        return self._fs, self._root
+
+    def manifest(self, *, fresh: bool = False) -> dict[str, Any]:
+        """The manifest in use (read again when `fresh`, or when a wait made it stale).
+        StorageError when the URL holds none yet."""
+        if fresh or self._stale or self._manifest is None:
+            fs, root = self._filesystem()
+            body = _read_manifest(fs, root)
+            if body is None:
+                raise StorageError(f"{self.url}: no {MANIFEST_KEY} (nothing shipped there "
+                                   "yet?)", operation="read", path=self.url)
+            self._manifest = body
+            self._partitions = {TopicPartition(e["topic"], int(e["partition"])): e
+                                for e in body["partitions"]}
+            self._read_at = time.monotonic()
+            self._stale = False
+        return self._manifest
+
+    def _entry(self, topic: str, partition: int) -> dict[str, Any]:
+        self.manifest()
+        entry = self._partitions.get(TopicPartition(topic, partition))
+        if entry is None:
+            raise UnknownTopicError(f"{self.url} holds no partition {topic}-{partition}")
+        return entry
+
+    # ---- ReplicaSource ----------------------------------------------------------------
+
+    def topics(self) -> dict[str, TopicInfo]:
+        body = self.manifest(fresh=True)
+        return {name: TopicInfo(name, int(t["partitions"]), dict(t["config"]),
+                                str(t["topic_id"]))
+                for name, t in body["topics"].items()}
+
+    def partition(self, topic: str, partition: int) -> PartitionInfo:
+        entry = self._entry(topic, partition)
+        return PartitionInfo(int(entry["log_start_offset"]), int(entry["log_end_offset"]),
+                             tuple(EpochEntry(int(e), int(s)) for e, s in entry["epochs"]),
+                             tuple(int(b) for b in entry["segment_base_offsets"]))
+
+    def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int) -> bytes:
+        tp = TopicPartition(topic, partition)
+        for again in (False, True):
+            entry = self._entry(topic, partition)
+            start, end = int(entry["log_start_offset"]), int(entry["log_end_offset"])
+            if offset == end:
+                return b""
+            if not start <= offset < end:
+                raise OffsetOutOfRangeError(f"{topic}-{partition}: offset {offset} is "
+                                            f"outside {start}-{end} at {self.url}")
+            obj = _object_holding(entry, offset)
+            loaded = self._loaded.get(tp)
+            if loaded is None or loaded.obj != obj:
+                try:
+                    loaded = self._load(tp, obj)
+                except FileNotFoundError:
+                    if again:        # the fresh manifest names it too: it is gone
+                        raise CorruptRecordError(
+                            "an object the manifest names is missing",
+                            path=f"{self.url}/{obj.key}", position=0,
+                            expected=obj.size, actual=None) from None
+                    self.manifest(fresh=True)       # retired since: a newer manifest
+                    continue
+            return loaded.batches(offset, max_bytes)
+        raise AssertionError("unreachable")
+
+    def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        body = self.manifest()
+        return {group: {TopicPartition(t, int(p)): int(o) for t, p, o in rows}
+                for group, rows in body["groups"].items()}
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep, then let the next call read the manifest again (at most every
+        MANIFEST_POLL_S)."""
+        super().wait(timeout_s)
+        if time.monotonic() - self._read_at >= MANIFEST_POLL_S:
+            self._stale = True
+
+    def close(self) -> None:
+        loaded, self._loaded = self._loaded, {}
+        for item in loaded.values():
+            item.close()
+        self._manifest = None
+        self._partitions = {}
+        self._stale = True
+
+    # ---- objects ----------------------------------------------------------------------
+
+    def _load(self, tp: TopicPartition, obj: _Object) -> _Loaded:
+        """Download `obj`, check its size and SHA-256 against the manifest, index its
+        batches (CRC-checked); replaces the partition's kept object."""
+        fs, root = self._filesystem()
+        path = f"{root}/{obj.key}"
+        where = f"{self.url}/{obj.key}" if not self.url.endswith("/") else \
+            f"{self.url}{obj.key}"
+        spool = obj.size > IN_MEMORY_OBJECT_BYTES
+        sink: Any = tempfile.TemporaryFile(prefix="logkit-object-") if spool else \
+            bytearray()
+        try:
+            digest, size = hashlib.sha256(), 0
+
+            def read() -> None:
+                nonlocal size
+                # Listings are cached by some filesystems (s3fs keeps ETags, and would
+                # refuse an object changed since): ask the store afresh.
+                fs.invalidate_cache(path)
+                with fs.open(path, "rb") as f:
+                    while True:
+                        chunk = f.read(DOWNLOAD_CHUNK_BYTES)
+                        if not chunk:
+                            return
+                        size += len(chunk)
+                        if size > obj.size:     # never read past what was recorded
+                            return
+                        digest.update(chunk)
+                        if spool:
+                            sink.write(chunk)
+                        else:
+                            sink.extend(chunk)
+            _io("read", path, read)
+            if size != obj.size:
+                raise CorruptRecordError("object size differs from the manifest's record",
+                                         path=where, position=min(size, obj.size),
+                                         expected=obj.size,
+                                         actual=size if size <= obj.size else "more")
+            if digest.hexdigest() != obj.sha256:
+                raise CorruptRecordError("object SHA-256 differs from the manifest's "
+                                         "record", path=where, position=0,
+                                         expected=obj.sha256, actual=digest.hexdigest())
+            if spool:
+                sink.flush()
+                buffer: Any = mmap.mmap(sink.fileno(), obj.size, access=mmap.ACCESS_READ)
+                file = sink
+
+                def closer() -> None:
+                    buffer.close()
+                    file.close()
+            else:
+                buffer, closer = bytes(sink), (lambda: None)
+            try:
+                loaded = _Loaded(obj, buffer, closer)
+            except BaseException:
+                closer()
+                raise
+        except BaseException:
+            if spool and not sink.closed:
+                sink.close()
+            raise
+        old = self._loaded.pop(tp, None)
+        if old is not None:
+            old.close()
+        self._loaded[tp] = loaded
+        return loaded
+
+    def restore(self, directory: str | os.PathLike[str], *, timeout: float = 600.0
+                ) -> dict[str, Any]:
+        """Rebuild a broker root at `directory` from this URL (see `restore()`, which
+        `logkit restore URL DIR` calls through here); returns its summary."""
+        return restore(self.url, directory, storage_options=self._options,
+                       timeout=timeout)
+
+    def verify(self) -> int:
+        """Download and check every object the manifest names (size, SHA-256, CRCs);
+        returns how many bytes were checked. Raises CorruptRecordError on the first
+        object that fails, naming it."""
+        body = self.manifest(fresh=True)
+        checked = 0
+        for entry in body["partitions"]:
+            tp = TopicPartition(entry["topic"], int(entry["partition"]))
+            for record in entry["objects"]:
+                obj = _Object(**record)
+                try:
+                    self._load(tp, obj)
+                except FileNotFoundError:
+                    raise CorruptRecordError(
+                        "an object the manifest names is missing",
+                        path=f"{self.url}/{obj.key}", position=0, expected=obj.size,
+                        actual=None) from None
+                checked += obj.size
+        return checked
+
+
+def _object_holding(entry: Mapping[str, Any], offset: int) -> _Object:
+    """The object whose batches hold `offset` (objects are contiguous from the batch
+    holding the log start to the log end, so one does, for offsets in that range)."""
+    objects = entry["objects"]
+    i = bisect.bisect_right([int(o["end_offset"]) for o in objects], offset)
+    return _Object(**objects[i])
+
+
+# ---- restore ----------------------------------------------------------------------------
+
+def restore(url: str, directory: str | os.PathLike[str], *,
+            storage_options: Mapping[str, Any] | None = None,
+            timeout: float = 600.0) -> dict[str, Any]:
+    """Rebuild a broker root at `directory` from what `broker.ship(url)` uploaded:
+    topics with their configs, every partition's batches, leader epochs and log start,
+    and the groups' committed offsets; then promote it (the next leader epoch), so
+    `Broker(directory)` opens it as a leader.
+
+    Every object is checked first (size, SHA-256, CRCs): a mismatch raises
+    CorruptRecordError naming the object, and nothing is written at `directory`. The
+    copy is built in a temporary sibling and renamed into place only after
+    `Broker.check()` passed. `directory` must be missing or empty (ConfigError).
+    Returns a summary: generation, topics, partitions, records (offsets), bytes."""
+    target = os.path.abspath(os.fspath(directory))
+    if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise ConfigError(f"restore: {target} exists and is not an empty directory")
+    source = ObjectStoreSource(url, storage_options=storage_options)
+    try:
+        body = _manifest_with_retries(source)
+        checked = source.verify()
+        parent, name = os.path.split(target)
+        os.makedirs(parent, exist_ok=True)
+        building = os.path.join(parent, f".{name}.restore-{uuid.uuid4().hex[:12]}")
+        try:
+            follower = Follower(building, source, config={"replica.fetch.backoff.ms": 50})
+            follower.catch_up(timeout=timeout)
+            follower.promote()
+            with Broker(building, background=False) as broker:
+                for topic in broker.topics():
+                    for p in broker.topic(topic).partitions:
+                        p.check()
+            if os.path.isdir(target):
+                os.rmdir(target)                      # empty, checked above
+            os.rename(building, target)
+            _fsync_directory(parent)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+    finally:
+        source.close()
+    ends = sum(int(e["log_end_offset"]) - int(e["log_start_offset"])
+               for e in body["partitions"])
+    log.info("restored %s into %s: generation %s, %d partitions", url, target,
+             body["generation"], len(body["partitions"]))
+    return {"generation": int(body["generation"]), "topics": len(body["topics"]),
+            "partitions": len(body["partitions"]), "offsets": ends, "bytes": checked,
+            "groups": len(body["groups"])}
+
+
+def _manifest_with_retries(source: ObjectStoreSource) -> dict[str, Any]:
+    """The manifest, read up to MANIFEST_TRIES times (a local one can be caught mid-
+    rename); the last failure is raised."""
+    for attempt in range(MANIFEST_TRIES):
+        try:
+            return source.manifest(fresh=True)
+        except (CorruptRecordError, StorageError):
+            if attempt + 1 == MANIFEST_TRIES:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

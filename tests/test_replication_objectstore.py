@@ -1,0 +1,382 @@
+"""Replication through an object store: `broker.ship(url)`, `logkit.ObjectStoreSource`
+and `logkit restore`, against the local filesystem (file:// URLs) and a real S3 API
+server (moto's server mode on 127.0.0.1, its own process; tests/helpers/s3server.py).
+
+Damage is done to the real objects: truncated, bit-flipped, deleted, a stray object
+the manifest does not name, and a manifest naming a half-uploaded object."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import logging
+import os
+
+import pytest
+
+import logkit
+from logkit.cli import main as cli_main
+from logkit.replication import objectstore
+from logkit.replication.objectstore import MANIFEST_KEY
+from tests.helpers.s3server import s3_server  # noqa: F401  (a session fixture)
+
+TOPIC_CONFIG = {"segment.bytes": 4096, "retention.ms": 86400000}
+
+
+def make_store(request, tmp_path, kind):
+    """(url, storage_options, fsspec filesystem, root path) of an empty store."""
+    if kind == "file":
+        import fsspec
+        root = str(tmp_path / "bucket")
+        return f"file://{root}", None, fsspec.filesystem("file"), root
+    server = request.getfixturevalue("s3_server")
+    url = server.bucket() + "/shipped"
+    return url, server.storage_options, server.filesystem(), url[len("s3://"):]
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request, tmp_path):
+    return make_store(request, tmp_path, request.param)
+
+
+@pytest.fixture
+def local_store(tmp_path):
+    import fsspec
+    root = str(tmp_path / "bucket")
+    return f"file://{root}", None, fsspec.filesystem("file"), root
+
+
+def fill(broker, records=300, partitions=2):
+    """A topic with rolled segments and an active one, and a group's commit."""
+    broker.create_topic("orders", partitions, config=TOPIC_CONFIG)
+    with broker.producer() as producer:
+        for i in range(records):
+            producer.send("orders", key=f"k{i}".encode(), value=b"v" * 60 + str(i).encode())
+            if i % 10 == 9:
+                producer.flush()                # small batches: several segments
+    consumer = broker.consumer("orders", group_id="billing", auto_offset_reset="earliest",
+                               enable_auto_commit=False)
+    got = 0
+    while got < records // 3:
+        got += len(consumer.poll(timeout_ms=200))
+    consumer.commit()
+    consumer.close()
+    return broker.group("billing").committed()
+
+
+def manifest(fs, root):
+    return json.loads(fs.cat_file(f"{root}/{MANIFEST_KEY}"))
+
+
+def log_files(root, name):
+    return sorted(f for f in os.listdir(os.path.join(root, name)) if f.endswith(".log"))
+
+
+def assert_same_logs(leader_root, copy_root, partitions=("orders-0", "orders-1")):
+    for name in partitions:
+        assert log_files(leader_root, name) == log_files(copy_root, name)
+        for f in log_files(leader_root, name):
+            assert filecmp.cmp(os.path.join(leader_root, name, f),
+                               os.path.join(copy_root, name, f), shallow=False), (name, f)
+
+
+def shipped_object(fs, root, *, rolled=True):
+    """The key (relative) of one shipped object of orders-0: a rolled segment or a tail."""
+    entry = next(e for e in manifest(fs, root)["partitions"] if e["partition"] == 0)
+    objects = [o for o in entry["objects"] if (".tail." not in o["key"]) == rolled]
+    return objects[0]
+
+
+# ---- the layout and the shipper ----------------------------------------------------------
+
+def test_the_manifest_names_whole_segments_and_a_tail_with_their_size_and_sha256(
+        tmp_path, store):
+    url, options, fs, root = store
+    with logkit.Broker(tmp_path / "leader") as broker:
+        committed = fill(broker)
+        with broker.ship(url, storage_options=options) as shipper:
+            shipper.flush()
+            assert shipper.url == url
+        body = manifest(fs, root)
+        topic_id = broker.topic("orders").topic_id
+        for entry in body["partitions"]:
+            p = broker.topic("orders").partition(entry["partition"])
+            assert entry["log_end_offset"] == p.log_end_offset
+            assert entry["segment_base_offsets"] == p.segment_base_offsets()
+            assert entry["epochs"] == [[0, 0]]
+            rolled = [o for o in entry["objects"] if ".tail." not in o["key"]]
+            tails = [o for o in entry["objects"] if ".tail." in o["key"]]
+            assert len(rolled) == len(p.segment_base_offsets()) - 1 >= 2
+            assert len(tails) == 1
+            for obj in entry["objects"]:
+                assert obj["key"].startswith(f"orders-{topic_id}/{entry['partition']}/")
+                data = fs.cat_file(f"{root}/{obj['key']}")
+                assert len(data) == obj["size"]
+                import hashlib
+                assert hashlib.sha256(data).hexdigest() == obj["sha256"]
+            for obj in rolled:                    # whole objects named like their files
+                name = obj["key"].rsplit("/", 1)[1]
+                with open(os.path.join(p.directory, name), "rb") as f:
+                    assert f.read() == fs.cat_file(f"{root}/{obj['key']}")
+        assert not [k for k in fs.find(root) if k.endswith(".index")]
+        assert body["topics"]["orders"]["config"]["segment.bytes"] == 4096
+        assert {(t, p): o for t, p, o in body["groups"]["billing"]} == \
+            {(tp.topic, tp.partition): o for tp, o in committed.items()}
+
+
+def test_a_new_tail_replaces_the_old_one_which_is_deleted_after_the_grace(
+        tmp_path, local_store, monkeypatch):
+    url, options, fs, root = local_store
+    monkeypatch.setattr(objectstore, "RETIRE_GRACE_MIN_S", 0.0)   # no grace at all
+    monkeypatch.setattr(objectstore, "RETIRE_GRACE_INTERVALS", 0)
+    with logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 10}) as broker:
+        broker.create_topic("t", 1)
+        broker.topic("t").partition(0).append([(None, b"a", [], None)])
+        shipper = broker.ship(url)
+        shipper.flush()
+        first = shipped_object(fs, root, rolled=False)["key"]
+        broker.topic("t").partition(0).append([(None, b"b", [], None)])
+        shipper.flush()
+        second = shipped_object(fs, root, rolled=False)["key"]
+        assert first != second and second.endswith(".tail.00000000000000000002")
+        assert not fs.exists(f"{root}/{first}")
+        assert fs.exists(f"{root}/{second}")
+        shipper.close()
+        shipper.close()                             # safe twice
+
+
+def test_close_ships_a_last_time_and_the_broker_closes_its_shipper(tmp_path, local_store):
+    url, _, fs, root = local_store
+    with logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 60000}) as broker:
+        broker.create_topic("t", 1)
+        shipper = broker.ship(url)
+        shipper.flush()
+        broker.topic("t").partition(0).append([(None, b"late", [], None)])
+    assert shipper.closed
+    assert manifest(fs, root)["partitions"][0]["log_end_offset"] == 1
+
+
+def test_shipping_survives_a_store_that_fails_and_logs_a_warning(request, tmp_path,
+                                                                  caplog):
+    """The bucket does not exist at first (every upload fails); once it is created the
+    shipper's retries succeed."""
+    server = request.getfixturevalue("s3_server")
+    bucket = f"logkit-late-{os.getpid()}"
+    url = f"s3://{bucket}/x"
+    caplog.set_level(logging.WARNING, logger="logkit.replication.objectstore")
+    with logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 20}) as broker:
+        broker.create_topic("t", 1)
+        broker.topic("t").partition(0).append([(None, b"a", [], None)])
+        shipper = broker.ship(url, storage_options=server.storage_options)
+        source = logkit.ObjectStoreSource(url, storage_options=server.storage_options)
+        with pytest.raises((logkit.StorageError, OSError)):
+            shipper.flush()
+        server.filesystem().mkdir(bucket)
+        with logkit.Follower(tmp_path / "follower", source) as follower:
+            follower.catch_up(timeout=30)               # the shipper's own retries
+        assert follower.log_end_offsets()[logkit.TopicPartition("t", 0)] == 1
+        shipper.close()
+    assert any("shipping failed, retrying" in r.getMessage() for r in caplog.records)
+
+
+# ---- the source --------------------------------------------------------------------------
+
+def test_a_follower_through_the_object_store_is_byte_identical(tmp_path, store):
+    url, options, fs, root = store
+    leader_root = str(tmp_path / "leader")
+    with logkit.Broker(leader_root, config={"ship.interval.ms": 20}) as broker:
+        committed = fill(broker)
+        shipper = broker.ship(url, storage_options=options)
+        source = logkit.ObjectStoreSource(url, storage_options=options)
+        with logkit.Follower(tmp_path / "follower", source) as follower:
+            follower.catch_up(timeout=30)
+            with broker.producer() as producer:         # more, shipped by the thread
+                for i in range(200):
+                    producer.send("orders", value=b"w" * 80)
+            shipper.flush()
+            follower.catch_up(timeout=30)
+        shipper.close()
+        broker.flush()
+        assert_same_logs(leader_root, str(tmp_path / "follower"))
+    with logkit.Broker(tmp_path / "follower", read_only=True) as copy:
+        assert copy.group("billing").committed() == committed
+        assert copy.topic("orders").config["segment.bytes"] == 4096
+
+
+def test_the_source_reports_what_the_manifest_holds(tmp_path, local_store):
+    url, _, fs, root = local_store
+    with logkit.Broker(tmp_path / "leader") as broker:
+        fill(broker, records=100, partitions=1)
+        with broker.ship(url) as shipper:
+            shipper.flush()
+        p = broker.topic("orders").partition(0)
+        with logkit.ObjectStoreSource(url) as source:
+            info = source.partition("orders", 0)
+            assert (info.log_start_offset, info.log_end_offset) == (0, p.log_end_offset)
+            assert info.segment_base_offsets == tuple(p.segment_base_offsets())
+            assert source.fetch("orders", 0, p.log_end_offset, max_bytes=1) == b""
+            assert source.fetch("orders", 0, 0, max_bytes=1 << 20) == \
+                p.batches_since(0, upto=p.segment_base_offsets()[1])
+            with pytest.raises(logkit.UnknownTopicError):
+                source.partition("nope", 0)
+            with pytest.raises(logkit.OffsetOutOfRangeError):
+                source.fetch("orders", 0, p.log_end_offset + 1, max_bytes=1)
+            source.report_progress("f1", {})           # a no-op: nothing to assert on
+            assert not [k for k in fs.find(root) if "replicas" in k]
+
+
+def test_a_url_with_nothing_shipped_is_a_storage_error(tmp_path):
+    with logkit.ObjectStoreSource(f"file://{tmp_path}/empty") as source:
+        with pytest.raises(logkit.StorageError, match="no manifest.json"):
+            source.topics()
+
+
+# ---- damage: nothing damaged is taken as data ------------------------------------------
+
+def shipped(tmp_path, store_tuple):
+    url, options, fs, root = store_tuple
+    with logkit.Broker(tmp_path / "leader") as broker:
+        fill(broker, records=200)
+        with broker.ship(url, storage_options=options) as shipper:
+            shipper.flush()
+    return url, options, fs, root
+
+
+def truncate(fs, root, key):
+    data = fs.cat_file(f"{root}/{key}")
+    fs.pipe_file(f"{root}/{key}", data[: len(data) // 2])
+
+
+def flip(fs, root, key):
+    data = bytearray(fs.cat_file(f"{root}/{key}"))
+    data[len(data) // 3] ^= 0x10
+    fs.pipe_file(f"{root}/{key}", bytes(data))
+
+
+def delete(fs, root, key):
+    fs.rm_file(f"{root}/{key}")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (truncate, "size differs"),
+    (flip, "SHA-256 differs"),
+    (delete, "missing"),
+])
+@pytest.mark.parametrize("kind, rolled", [("file", True), ("file", False), ("s3", True)],
+                         ids=["file-rolled", "file-tail", "s3-rolled"])
+def test_restore_refuses_a_damaged_object_and_writes_nothing(request, tmp_path, kind,
+                                                             rolled, damage, message):
+    url, options, fs, root = shipped(tmp_path, make_store(request, tmp_path, kind))
+    key = shipped_object(fs, root, rolled=rolled)["key"]
+    damage(fs, root, key)
+    target = tmp_path / "restored"
+    with pytest.raises(logkit.CorruptRecordError, match=message) as caught:
+        logkit.ObjectStoreSource(url, storage_options=options).restore(target)
+    assert key in str(caught.value)
+    assert not target.exists()
+    assert [p.name for p in tmp_path.iterdir() if "restore" in p.name] == []
+
+
+def test_a_follower_refuses_a_bit_flipped_object_and_stops_with_the_error(tmp_path,
+                                                                          local_store):
+    url, options, fs, root = shipped(tmp_path, local_store)
+    flip(fs, root, shipped_object(fs, root)["key"])
+    follower = logkit.Follower(tmp_path / "follower", logkit.ObjectStoreSource(url),
+                               config={"replica.fetch.backoff.ms": 10})
+    with pytest.raises(logkit.CorruptRecordError, match="SHA-256"):
+        follower.catch_up(timeout=30)
+    with logkit.Broker(tmp_path / "follower", read_only=True) as copy:
+        assert copy.topic("orders").partition(0).log_end_offset == 0
+
+
+def test_a_manifest_naming_a_half_uploaded_object_is_refused(tmp_path, local_store):
+    """An upload cut short: the manifest (written by hand here, as a shipper that did not
+    wait for the upload would) names the full size, the object holds half."""
+    url, options, fs, root = shipped(tmp_path, local_store)
+    body = manifest(fs, root)
+    entry = next(e for e in body["partitions"] if e["partition"] == 0)
+    obj = entry["objects"][-1]
+    assert ".tail." in obj["key"]
+    full = fs.cat_file(f"{root}/{obj['key']}")
+    obj["key"] = obj["key"][:-20] + f"{obj['end_offset'] + 1:020d}"   # a new name
+    fs.pipe_file(f"{root}/{obj['key']}", full[: len(full) // 2])
+    fs.pipe_file(f"{root}/{MANIFEST_KEY}", json.dumps(body).encode())
+    with pytest.raises(logkit.CorruptRecordError, match="size differs"):
+        logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+    assert not (tmp_path / "restored").exists()
+
+
+def test_an_object_the_manifest_does_not_name_is_not_data(tmp_path, local_store):
+    """A stray segment (uploaded by a shipper killed before its manifest) beside the
+    shipped ones: restore and followers never see it."""
+    url, options, fs, root = shipped(tmp_path, local_store)
+    key = shipped_object(fs, root)["key"]
+    stray = key.rsplit("/", 1)[0] + "/00000000000000099999.log"
+    fs.pipe_file(f"{root}/{stray}", fs.cat_file(f"{root}/{key}"))
+    summary = logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+    assert summary["offsets"] == 200
+    assert_same_logs(str(tmp_path / "leader"), str(tmp_path / "restored"))
+
+
+def test_a_malformed_manifest_is_refused(tmp_path, local_store):
+    url, options, fs, root = shipped(tmp_path, local_store)
+    body = manifest(fs, root)
+    body["partitions"][0]["objects"][0]["key"] = "../../etc/passwd"
+    fs.pipe_file(f"{root}/{MANIFEST_KEY}", json.dumps(body).encode())
+    with pytest.raises(logkit.CorruptRecordError, match="outside the layout"):
+        logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+
+
+# ---- restore -----------------------------------------------------------------------------
+
+def test_restore_round_trip_topics_configs_offsets(tmp_path, store):
+    url, options, fs, root = store
+    leader_root = str(tmp_path / "leader")
+    with logkit.Broker(leader_root) as broker:
+        committed = fill(broker)
+        broker.create_topic("audit", 1, config={"retention.bytes": 123456789})
+        broker.topic("audit").partition(0).append([(b"k", b"v", [], None)])
+        with broker.ship(url, storage_options=options) as shipper:
+            shipper.flush()
+    target = str(tmp_path / "restored")
+    summary = logkit.ObjectStoreSource(url, storage_options=options).restore(target)
+    assert summary["topics"] == 2 and summary["groups"] == 1
+    assert_same_logs(leader_root, target)
+    with logkit.Broker(target) as copy:
+        assert copy.topics() == ["audit", "orders"]
+        assert copy.topic("audit").config["retention.bytes"] == 123456789
+        assert copy.group("billing").committed() == committed
+        for name in copy.topics():
+            for p in copy.topic(name).partitions:
+                p.check()
+                assert p.leader_epoch == 1            # restored as the next leader
+        for p in copy.topic("orders").partitions:     # the copy takes writes
+            p.append([(None, b"after restore", [], None)])
+        consumer = copy.consumer("orders", group_id="billing", enable_auto_commit=False)
+        first = {}
+        while len(first) < 2:
+            for record in consumer.poll(timeout_ms=200):
+                first.setdefault(logkit.TopicPartition(record.topic, record.partition),
+                                 record.offset)
+        consumer.close()
+        assert first == committed                      # goes on from the commit
+
+
+def test_restore_refuses_a_non_empty_directory(tmp_path, local_store):
+    url, options, fs, root = shipped(tmp_path, local_store)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("mine")
+    with pytest.raises(logkit.ConfigError, match="not an empty directory"):
+        logkit.ObjectStoreSource(url).restore(tmp_path / "full")
+    assert (tmp_path / "full" / "x").read_text() == "mine"
+
+
+def test_the_restore_command_exits_0_and_1(tmp_path, local_store, capsys):
+    url, options, fs, root = shipped(tmp_path, local_store)
+    assert cli_main(["restore", url, str(tmp_path / "ok")]) == 0
+    assert "restored 1 topic(s), 2 partition(s), 1 group(s)" in capsys.readouterr().out
+    flip(fs, root, shipped_object(fs, root)["key"])
+    assert cli_main(["restore", url, str(tmp_path / "bad")]) == 1
+    assert "SHA-256 differs" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    assert cli_main(["restore", url, str(tmp_path / "x"), "--storage-option", "nokv"]) == 2
