@@ -218,6 +218,8 @@ def test_garbage_unknown_and_oversize_requests_are_refused_and_others_served(lea
         sock.sendall(tcp.frame(tcp.TOPICS, os.urandom(40)))
         kind, body = _answer(sock)
         assert kind == tcp.ERROR and "not JSON" in json.loads(body)["message"]
+        sock.sendall(tcp.frame(tcp.TOPICS, b"[" * 100000 + b"]" * 100000))  # deep
+        assert _answer(sock)[0] == tcp.ERROR
         sock.sendall(tcp.json_frame(tcp.PARTITION, {"topic": "t", "partition": "zero"}))
         assert _answer(sock)[0] == tcp.ERROR
         sock.sendall(tcp.json_frame(tcp.TOPICS, {}))

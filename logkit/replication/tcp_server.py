@@ -320,7 +320,7 @@ class ReplicationServer:
                     raise _Refused(f"unknown request kind {kind}")
                 try:
                     request = json.loads(body)
-                except ValueError:
+                except (ValueError, RecursionError):     # RecursionError: deep nesting
                     raise _Refused(f"the body of a {REQUEST_KINDS[kind]} request is not "
                                    "JSON") from None
                 if not isinstance(request, dict):
