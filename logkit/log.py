@@ -879,17 +879,19 @@ class PartitionLog:
                 in self._batch_spans(tail, offset, upto, max_bytes)]
 
     def _batch_spans(self, tail: Tail, offset: int, upto: int | None,
-                     max_bytes: int) -> list[tuple[LogSegment, int, int, int]]:
+                     max_bytes: int) -> Iterator[tuple[LogSegment, int, int, int]]:
         """(segment, committed size, start, stop) of the runs of whole batches that
-        batches_since() and batch_file_ranges() cover."""
+        batches_since() and batch_file_ranges() cover, one segment at a time: the
+        caller takes what it needs from a span before the next segment is opened,
+        because opening one may close another (MAX_OPEN_SEGMENTS)."""
         self._refresh(tail)
         self._check_in_range(offset, tail, tail.log_end_offset)
         end = tail.high_watermark if upto is None else min(upto, tail.log_end_offset)
         if offset >= end:
-            return []
+            return
         bases = list(self._bases)
         i = self._first_segment(offset, end)
-        spans: list[tuple[LogSegment, int, int, int]] = []
+        spans = 0
         budget = max_bytes
         while i < len(bases):
             segment, size = self._sized(bases[i], tail)
@@ -904,13 +906,17 @@ class PartitionLog:
                 budget -= header.size
                 stop = pos + header.size
                 segment_end = header.last_offset + 1
-            if stop > start:
-                spans.append((segment, size, start, stop))
             i += 1
-            if full or i == len(bases) or (segment_end is not None and segment_end >= end):
+            last = full or i == len(bases) or (segment_end is not None
+                                               and segment_end >= end)
+            following = None if last else self._next_base(segment, size, segment_end,
+                                                          bases[i])
+            if stop > start:
+                spans += 1
+                yield segment, size, start, stop
+            if last:
                 break
-            offset = self._next_base(segment, size, segment_end, bases[i])
-        return spans
+            offset = following
 
     def read_columns(self, offset: int, columns: Any, *, stop_offset: int,
                      max_records: int) -> int:

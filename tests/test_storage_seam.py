@@ -200,3 +200,26 @@ def test_check_names_the_file_and_position_of_a_flipped_byte(tmp_path):
         with pytest.raises(CorruptRecordError) as info:
             p.check()
         assert (info.value.path, info.value.position) == (path, third)
+
+
+def test_batches_since_across_more_segments_than_stay_open(broker):
+    """One answer that spans more segments than a partition keeps open, with the early
+    segments already open (so opening a later one closes the oldest): every byte comes
+    back, none from a closed file (found by a follower fetch: Bad file descriptor)."""
+    from logkit.log import MAX_OPEN_SEGMENTS
+    p = broker.create_topic("t", 1, config={"segment.bytes": 2048}).partition(0)
+    fill(p, 40)
+    logs = [n for n in os.listdir(p.directory) if n.endswith(".log")]
+    assert len(logs) > 2 * MAX_OPEN_SEGMENTS
+    for offset in range(0, 400, 10):                 # open segments in offset order
+        p.read(offset, 1)
+    expected = segment_bytes(p)
+    assert storage(p).batches_since(0, max_bytes=1 << 30) == expected
+    ranges = storage(p).batch_file_ranges(0, max_bytes=1 << 30)
+    assert len(ranges) == len(logs)
+    pieces = []
+    for path, position, length in ranges:
+        with open(path, "rb") as f:
+            f.seek(position)
+            pieces.append(f.read(length))
+    assert b"".join(pieces) == expected
