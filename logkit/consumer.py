@@ -52,7 +52,7 @@ from .config import CONSUMER, resolve
 from .coordinator import ConsumerCoordinator
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
                      LogkitError, NoOffsetForPartitionError, OffsetOutOfRangeError,
-                     SerializationError, storage_error)
+                     SerializationError, UnknownTopicError, storage_error)
 from .group import OffsetAndMetadata
 from .records import Record
 from .subscription import SubscriptionState, as_topic_partition, check_offset
@@ -119,7 +119,19 @@ class Consumer:
         self._key_deserializer: Callable | None = settings["key_deserializer"]
         self._value_deserializer: Callable | None = settings["value_deserializer"]
         self._subscriptions = SubscriptionState(settings["auto_offset_reset"])
-        self._rotation = 0
+        # Where the next fetch starts in the fetchable list: after the partition the
+        # last one read from, so partitions are read in turn.
+        self._next = 0
+        # Partition handles for the fetchable partitions, valid for one version of the
+        # subscription state (a rebalance, assign, pause or resume starts afresh): a
+        # poll costs no topic lookup (LMDB + JSON) per partition.
+        self._handles: dict[TopicPartition, Any] = {}
+        self._handles_version = -1
+        # Partitions found at their log end (tp -> position then) since the doorbell
+        # last showed this value: no process appended since, so they are skipped
+        # without reading their tails. Cleared when the doorbell moves.
+        self._drained: dict[TopicPartition, int] = {}
+        self._drained_bell: int | None = None
         self._buffer: list[Record] = []       # fetched, not yet handed out by __next__
         # A partition whose position is a record that did not deserialize: fetched
         # first until it decodes or is seeked past (see _fetch).
@@ -381,12 +393,12 @@ class Consumer:
                 if self._closed or self._broker.closed:
                     raise ClosedError("consumer closed during poll()" if self._closed
                                       else "broker closed during poll()")
-                seen = 0 if doorbell is None else doorbell.value()
+                seen = None if doorbell is None else doorbell.value()
                 if coordinator is not None:
                     coordinator.last_poll_ms = int(time.time() * 1000)
                     self._sync_group()
                     coordinator.raise_listener_error()   # after the rebalance is complete
-                records = self._fetch(max_records)
+                records = self._fetch(max_records, seen)
                 if records:
                     if coordinator is not None:
                         coordinator.maybe_auto_commit()
@@ -396,66 +408,110 @@ class Consumer:
                     if coordinator is not None:
                         coordinator.maybe_auto_commit()
                     return []
-            if doorbell is None:                   # a read-only broker: nobody rings
+            if doorbell is None or seen is None:   # a read-only broker: nobody rings
                 time.sleep(min(remaining, 0.005))
             else:
                 doorbell.wait(seen, remaining)
 
-    def _fetch(self, max_records: int) -> list[Record]:
+    def _fetch(self, max_records: int, bell: int | None = None) -> list[Record]:
         """Up to max_records from the fetchable partitions, each in turn from its
         position, which moves past what is returned. A record a deserializer cannot
         decode stops the fetch there (DESIGN §12): the records before it are returned
         and the position stays on it; a fetch that would start with it raises (see
         `_decoded`), and that partition is read first until it decodes or is seeked
-        past, so every poll raises until then."""
+        past, so every poll raises until then.
+
+        `bell` is the doorbell's value read before this fetch (None: no doorbell).
+        The work per poll is the partitions read, not the partitions assigned: the
+        fetchable list and partition handles are cached per subscription version, and
+        partitions found drained are skipped until the doorbell moves."""
         if self._buffer:
             out, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
             return out
         fetchable = self._subscriptions.fetchable()
         if not fetchable:
             return []
-        self._rotation = (self._rotation + 1) % len(fetchable)
-        order = fetchable[self._rotation:] + fetchable[:self._rotation]
+        count = len(fetchable)
+        start = self._next % count
+        order = fetchable[start:] + fetchable[:start] if start else list(fetchable)
         stuck, self._stuck = self._stuck, None       # set again if it still fails
         if stuck is not None and stuck in order:     # its error comes before anything
             order.remove(stuck)
             order.insert(0, stuck)
+        if bell is None or bell != self._drained_bell:
+            self._drained.clear()
+            self._drained_bell = bell
+        drained = self._drained
+        self._next = start + 1
         decoding = self._key_deserializer is not None or \
             self._value_deserializer is not None
         out: list[Record] = []
         budget = self.config["fetch_max_bytes"]
         per_partition = self.config["max_partition_fetch_bytes"]
         positions = self._subscriptions.positions
-        for tp in order:
-            position = self._resolve(tp)
-            partition = self._partition(tp)
+        for i, tp in enumerate(order):
+            position = positions.get(tp)
+            if position is None:
+                position = self._resolve(tp)
+            elif drained.get(tp) == position:
+                continue                       # at its log end, and nobody appended since
             try:
-                records = partition.read(position, max_records=max_records - len(out),
-                                         max_bytes=min(per_partition, budget))
+                records = self._read(tp, position, max_records - len(out),
+                                     min(per_partition, budget))
             except OffsetOutOfRangeError:
                 positions[tp] = self._reset(tp)           # retention passed us (Kafka)
                 continue
-            except OSError as exc:                        # the log names its own; a stray
-                if isinstance(exc, LogkitError):          # (LogkitTimeoutError is an OSError)
-                    raise
-                raise storage_error(exc, "fetch", partition.directory) from exc
-            if records:
-                budget -= sum(len(r.value or b"") for r in records)   # the stored bytes
-                if decoding:
-                    records, error = self._decoded(tp, records)
-                    if error is not None:
-                        if records:
-                            positions[tp] = records[-1].offset + 1
-                            out.extend(records)
-                        self._stuck = tp                  # position: the bad record
-                        if not out:
-                            raise error
-                        return out
-                positions[tp] = records[-1].offset + 1
-                out.extend(records)
-                if len(out) >= max_records or budget <= 0:
-                    break
+            if not records:
+                drained[tp] = position
+                continue
+            self._next = start + i + 1
+            budget -= sum(len(r.value or b"") for r in records)   # the stored bytes
+            if decoding:
+                records, error = self._decoded(tp, records)
+                if error is not None:
+                    if records:
+                        positions[tp] = records[-1].offset + 1
+                        out.extend(records)
+                    self._stuck = tp                  # position: the bad record
+                    if not out:
+                        raise error
+                    return out
+            positions[tp] = records[-1].offset + 1
+            out.extend(records)
+            if len(out) >= max_records or budget <= 0:
+                break
         return out
+
+    def _handle(self, tp: TopicPartition) -> Any:
+        """The partition handle of a fetchable partition (cached per subscription
+        version; see `_fetch`)."""
+        version = self._subscriptions.version
+        if self._handles_version != version:
+            self._handles.clear()
+            self._handles_version = version
+        partition = self._handles.get(tp)
+        if partition is None:
+            partition = self._handles[tp] = self._partition(tp)
+        return partition
+
+    def _read(self, tp: TopicPartition, position: int, max_records: int,
+              max_bytes: int) -> list[Record]:
+        """`Partition.read` through the cached handle; a handle that went stale (its
+        topic deleted, perhaps re-created, or closed) is looked up again once."""
+        partition = self._handle(tp)
+        try:
+            try:
+                return partition.read(position, max_records=max_records,
+                                      max_bytes=max_bytes)
+            except (UnknownTopicError, ClosedError):
+                self._handles.pop(tp, None)
+                partition = self._handle(tp)        # raises if it is really gone
+                return partition.read(position, max_records=max_records,
+                                      max_bytes=max_bytes)
+        except OSError as exc:                        # the log names its own; a stray
+            if isinstance(exc, LogkitError):          # (LogkitTimeoutError is an OSError)
+                raise
+            raise storage_error(exc, "fetch", partition.directory) from exc
 
     def _decoded(self, tp: TopicPartition, records: list[Record]
                  ) -> tuple[list[Record], LogkitError | None]:

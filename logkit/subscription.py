@@ -14,7 +14,9 @@ partitions in the group record.
 
 Invariant: owned ⊆ assigned; paused ⊆ assigned; positions has a key for each assigned
 partition and for no other; a partition's position is the offset of the next record
-`poll()` returns for it.
+`poll()` returns for it. `version` grows with every change of assigned, owned or paused,
+so a poll reuses the sorted fetchable list (and the consumer its partition handles)
+until one of them changes.
 
 Thread-safety: none of its own — it belongs to the thread that uses the consumer (the
 consumer's lock orders a `close()` from another thread against it).
@@ -67,6 +69,8 @@ class SubscriptionState:
         self.owned: set[TopicPartition] = set()     # fetchable now (held in the group)
         self.paused: set[TopicPartition] = set()
         self.positions: dict[TopicPartition, int | None] = {}
+        self.version = 0                            # grows with assigned/owned/paused
+        self._fetchable: tuple[int, list[TopicPartition]] = (-1, [])
 
     # ---- subscription ----------------------------------------------------------------
 
@@ -105,12 +109,14 @@ class SubscriptionState:
         self.assigned = set(tps)
         self.owned = set(tps) if owned else self.owned & tps
         self.paused &= tps
+        self.version += 1
 
     def revoke(self, tps: set[TopicPartition]) -> None:
         """Released in the group record: no longer fetched, positions forgotten."""
         self.owned -= tps
         for tp in tps:
             self.positions.pop(tp, None)
+        self.version += 1
 
     def acquired(self, tps: set[TopicPartition]) -> None:
         """Now held in the group record: fetchable from their (kept or unresolved)
@@ -118,10 +124,12 @@ class SubscriptionState:
         for tp in tps:
             self.positions[tp] = self.positions.get(tp)
         self.owned |= tps
+        self.version += 1
 
     def lose_all(self) -> set[TopicPartition]:
         """Evicted from the group: nothing is owned any more; what was."""
         lost, self.owned = self.owned, set()
+        self.version += 1
         return lost
 
     def require_assigned(self, tp: Any) -> TopicPartition:
@@ -132,8 +140,13 @@ class SubscriptionState:
         return tp
 
     def fetchable(self) -> list[TopicPartition]:
-        """Owned and not paused, sorted."""
-        return [tp for tp in sorted(self.owned) if tp not in self.paused]
+        """Owned and not paused, sorted; computed once per `version` (do not change the
+        list returned)."""
+        version, cached = self._fetchable
+        if version != self.version:
+            cached = [tp for tp in sorted(self.owned) if tp not in self.paused]
+            self._fetchable = (self.version, cached)
+        return cached
 
     # ---- positions -------------------------------------------------------------------
 
@@ -151,7 +164,9 @@ class SubscriptionState:
     def pause(self, tp: Any) -> TopicPartition:
         tp = self.require_assigned(tp)
         self.paused.add(tp)
+        self.version += 1
         return tp
 
     def resume(self, tp: Any) -> None:
         self.paused.discard(as_topic_partition(tp))
+        self.version += 1

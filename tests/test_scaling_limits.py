@@ -109,3 +109,69 @@ def test_a_batch_whose_reservation_cannot_grow_is_sealed_not_blocked(tmp_path):
         for p in range(8):
             got = topic.partition(p).read(0, max_records=1000)
             assert [int(r.value[:5]) for r in got] == list(range(p, 2000, 8))
+
+
+class _Counting:
+    """Counts calls through a method, passing each on unchanged (not a mock: the real
+    method does the work)."""
+
+    def __init__(self, monkeypatch, owner, name):
+        self.calls = 0
+        real = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+
+def test_a_poll_reads_only_partitions_that_may_have_data(tmp_path, monkeypatch):
+    """Once every partition is drained, polls read no partition and look no topic up
+    until some process appends; then one poll finds the new record; the fetchable list
+    is computed once per assignment, not sorted on every poll."""
+    from logkit.topic import Partition
+    partitions = 50
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic = broker.create_topic("t", partitions=partitions)
+        for p in range(partitions):
+            topic.partition(p).append([(None, b"%d" % p, [], None)])
+        consumer = broker.consumer("t", group_id="g", auto_offset_reset="earliest",
+                                   enable_auto_commit=False)
+        seen = []
+        while len(seen) < partitions:
+            seen += consumer.poll(timeout_ms=1000)
+        assert sorted(int(r.value) for r in seen) == list(range(partitions))
+        assert consumer.poll(timeout_ms=0) == []     # finds each at its log end, once
+        fetchable = consumer._subscriptions.fetchable()
+        reads = _Counting(monkeypatch, Partition, "read")
+        lookups = _Counting(monkeypatch, broker, "topic")
+        for _ in range(5):
+            assert consumer.poll(timeout_ms=0) == []
+        assert reads.calls == 0 and lookups.calls == 0
+        assert consumer._subscriptions.fetchable() is fetchable      # not re-sorted
+        topic.partition(7).append([(None, b"new", [], None)])
+        got = consumer.poll(timeout_ms=1000)
+        assert [(r.partition, r.value) for r in got] == [(7, b"new")]
+        assert reads.calls <= partitions and lookups.calls == 0
+        consumer.pause(logkit.TopicPartition("t", 3))
+        assert consumer._subscriptions.fetchable() is not fetchable
+        assert logkit.TopicPartition("t", 3) not in consumer._subscriptions.fetchable()
+        consumer.close()
+
+
+def test_a_consumer_follows_a_topic_deleted_and_created_again(tmp_path):
+    """A cached partition handle that went stale (its topic deleted and created again
+    under the same name) is looked up afresh: the consumer reads the new topic."""
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        broker.create_topic("t", partitions=1).partition(0).append(
+            [(None, b"old", [], None)])
+        consumer = broker.consumer(auto_offset_reset="earliest")
+        consumer.assign([logkit.TopicPartition("t", 0)])
+        assert [r.value for r in consumer.poll(timeout_ms=1000)] == [b"old"]
+        broker.delete_topic("t")
+        broker.create_topic("t", partitions=1).partition(0).append(
+            [(None, b"a", [], None), (None, b"b", [], None)])
+        consumer.seek(logkit.TopicPartition("t", 0), 1)
+        assert [r.value for r in consumer.poll(timeout_ms=1000)] == [b"b"]
+        consumer.close()
