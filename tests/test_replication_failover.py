@@ -285,3 +285,45 @@ def test_a_follower_with_auto_promotion_off_stays_a_follower(tmp_path):
     assert follower.running and not follower.promoted.is_set()
     follower.stop()
     assert read_lease(tmp_path / "L").holder != follower.follower_id
+
+
+def test_automatic_promotion_uses_the_leaders_isr_a_follower_beyond_the_factor_waits(
+        tmp_path):
+    """Replication factor 2: the first follower to report is assigned, the second copies
+    beyond the factor. When the leader goes, only the assigned one promotes itself."""
+    with logkit.Broker(tmp_path / "L", config=FAST) as leader:
+        leader.create_topic("t", 2, replication_factor=2)
+        assigned = copy_of(leader.path, tmp_path / "A")
+        extra = copy_of(leader.path, tmp_path / "B")
+        leader.topic("t").partition(0).append([(None, b"x", None, None)])
+        assigned.catch_up(timeout=30)
+        extra.catch_up(timeout=30)
+        isr = leader.topic("t").partition(0).in_sync_replicas()
+        assert isr == ["leader", assigned.follower_id]
+        wait_for(lambda: read_lease(leader.path) is not None, "the first lease")
+        assert assigned._isr_rank() == (0, "")
+        rank, why = extra._isr_rank()
+        assert rank is None and "not among the assigned replicas" in why
+        extra.start()
+        assigned.start()
+    assert assigned.promoted.wait(30), assigned.error
+    assert read_lease(tmp_path / "L").holder == assigned.follower_id
+    extra.stop()
+    assert not extra.promoted.is_set()
+    with logkit.Broker(tmp_path / "B", read_only=True) as copy:
+        assert copy.topic("t").partition(0).leader_epoch == 0       # still a copy
+
+
+def test_an_assigned_follower_out_of_the_isr_does_not_promote_itself(tmp_path):
+    config = {**FAST, "replica.lag.time.max.ms": 1000}
+    with logkit.Broker(tmp_path / "L", config=config) as leader:
+        leader.create_topic("t", 1, replication_factor=2)
+        follower = logkit.Follower(tmp_path / "F", logkit.DirectorySource(leader.path),
+                                   config=config)
+        follower.catch_up(timeout=30)
+        wait_for(lambda: read_lease(leader.path) is not None, "the first lease")
+        produce(leader, 5)                  # acks=1: the follower, stopped, falls behind
+        p = leader.topic("t").partition(0)
+        wait_for(lambda: p.in_sync_replicas() == ["leader"], "the follower leaving the ISR")
+        rank, why = follower._isr_rank()
+        assert rank is None and "not in the ISR of t-0" in why

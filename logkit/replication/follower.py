@@ -15,8 +15,9 @@ per directory) in the root, and `promote()`: it takes the leader's lease at the
 source first (lease.py; NotLeaderError while another holder's is valid, so of two
 racing promotions one wins), then stamps the next epoch. A running follower promotes
 itself the same way once the leader's lease goes unrenewed for its TTL while the
-follower is in sync (caught up within `replica.lag.time.max.ms`), unless
-`auto_promote=False`; `follower.promoted` (an Event) is set then.
+follower is in the leader's ISR as leader.py defines it (an assigned replica caught up
+within `replica.lag.time.max.ms`; with several, the first in assignment order goes
+first), unless `auto_promote=False`; `follower.promoted` (an Event) is set then.
 
 Invariant: each partition's log is a prefix of the leader's, batch for batch, whenever
 the follower's lock is released — a SIGKILL at any moment leaves a prefix (appends are
@@ -57,7 +58,8 @@ from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import (EpochEntry, assign, divergence_offset, epochs_from_headers,
                      read_checkpoint, truncate_from_end, write_checkpoint)
-from .leader import Progress
+from .directory import DirectorySource
+from .leader import Progress, ReplicaState, in_sync_replicas
 from .lease import renew as renew_lease
 from .lease import read_lease, replica_id
 from .source import PartitionInfo, ReplicaSource, TopicInfo
@@ -133,8 +135,6 @@ class Follower:
         self._next_metadata = 0.0
         self._reported: dict[TopicPartition, int] = {}
         self._reported_at = 0.0
-        self._leader_ends: dict[TopicPartition, int] = {}
-        self._caught_up_at: float | None = None      # monotonic: last cycle at the leader's end
         self._next_lease_check = 0.0
         self._caught_up_ms: dict[TopicPartition, int] = {}   # Kafka's lastCaughtUpTimeMs
 
@@ -349,9 +349,10 @@ class Follower:
 
     def _promoted_itself(self) -> bool:
         """Automatic promotion (at most every LEASE_CHECK_S): the leader's lease has
-        gone unrenewed for its TTL and this follower is in sync, so promote as
-        promote() does. Returns True when it did (the loop ends; `promoted` is set);
-        a promotion another replica won leaves this one following."""
+        gone unrenewed for its TTL and this follower is in the leader's ISR
+        (`_isr_rank`), so promote as promote() does. Returns True when it did (the
+        loop ends; `promoted` is set); a promotion another replica won leaves this one
+        following."""
         now = time.monotonic()
         if not self.auto_promote or now < self._next_lease_check:
             return False
@@ -359,11 +360,14 @@ class Follower:
         lease = self._lease_expired()
         if lease is None:
             return False
-        lag_s = self.config.get("replica.lag.time.max.ms", 30000) / 1000
-        if self._caught_up_at is None or now - self._caught_up_at > lag_s:
+        rank, why = self._isr_rank()
+        if rank is None:
             self._warn_once("out of sync", "%s: the leader's lease expired but this "
-                            "follower was not caught up within replica.lag.time.max.ms: "
-                            "not promoting itself", self.path)
+                            "follower does not promote itself: %s", self.path, why)
+            return False
+        # Kafka's preferred order: the k-th assigned follower in the ISR lets the ones
+        # before it try first (k x TTL/2 more); the lease's lock decides a race anyway.
+        if int(time.time() * 1000) < lease.expires_ms + rank * lease.ttl_ms // 2:
             return False
         log.warning("%s: the leader's lease (replica %s, epoch %d) went unrenewed for "
                     "broker.session.timeout.ms=%d: promoting this follower", self.path,
@@ -380,6 +384,47 @@ class Follower:
         self._stopping.set()
         self.promoted.set()
         return True
+
+    def _isr_rank(self) -> tuple[int | None, str]:
+        """This follower's place among the in-sync followers of the leader's ISR, by the
+        leader's own definition (leader.in_sync_replicas over the progress files and the
+        replica assignment in the leader's root): (rank, "") when it is in the ISR of
+        every partition, else (None, why). A topic with a replication factor above 1
+        counts only its assigned followers (one beyond the factor never promotes
+        itself); for a topic of factor 1 (no assignment: every copy is extra) the
+        follower counts as its only candidate. The rank is its highest position
+        among the in-sync assigned followers of any partition."""
+        if not isinstance(self.source, DirectorySource):
+            return None, f"{self.source.describe()} keeps no ISR this follower can read"
+        me = self._state["follower_id"]
+        lag_ms = self.config["replica.lag.time.max.ms"]
+        state = ReplicaState(self.source.path, lag_time_max_ms=lag_ms, writable=False)
+        rank = 0
+        try:
+            topics = self.source.topics()
+            reports = state.reports()
+            now_ms = int(time.time() * 1000)
+            for name, info in sorted(topics.items()):
+                assigned = [me] if info.replication_factor <= 1 else \
+                    state.assigned(name, info.topic_id, info.replication_factor)
+                if me not in assigned:
+                    return None, (f"it is not among the assigned replicas of topic {name} "
+                                  f"(replication factor {info.replication_factor}: "
+                                  f"{assigned})")
+                for n in range(info.partitions):
+                    end = self.source.partition(name, n).log_end_offset
+                    isr = in_sync_replicas(assigned, reports, f"{name}-{n}", end, now_ms,
+                                           lag_ms)
+                    if me not in isr:
+                        return None, (f"it is not in the ISR of {name}-{n} (not caught "
+                                      f"up to the leader's log end {end} within "
+                                      f"replica.lag.time.max.ms={lag_ms})")
+                    rank = max(rank, [f for f in assigned if f in isr].index(me))
+        except (LogkitError, OSError) as exc:
+            return None, f"the leader's ISR cannot be read ({exc})"
+        finally:
+            state.close()
+        return rank, ""
 
     def _fatal(self, exc: BaseException) -> bool:
         return isinstance(exc, (IllegalStateError, ConfigError)) or (
@@ -419,9 +464,6 @@ class Follower:
                     raise
                 self._retrying(exc)
         self._report()
-        if all(self._ends.get(tp, -1) >= self._leader_ends.get(tp, 1 << 62)
-               for tp in self._partitions):
-            self._caught_up_at = time.monotonic()       # in sync, as this follower sees it
         with self._cond:
             self._cond.notify_all()
         return copied
@@ -572,7 +614,6 @@ class Follower:
             self._epochs[tp] = self._load_epochs(p)
         asked_ms = int(time.time() * 1000)         # the leader's log end as of now:
         info = self.source.partition(tp.topic, tp.partition)
-        self._leader_ends[tp] = info.log_end_offset
         self._note_leader_epoch(tp, info)
         end = self._align(tp, p, info)
         if tp not in self._checked:
