@@ -362,6 +362,41 @@ def test_restore_round_trip_topics_configs_offsets(tmp_path, store):
         assert first == committed                      # goes on from the commit
 
 
+def test_the_replication_factor_is_shipped_and_kept_by_followers_and_restore(
+        tmp_path, local_store):
+    url, options, fs, root = local_store
+    with logkit.Broker(tmp_path / "leader") as broker:
+        broker.create_topic("replicated", 1, replication_factor=2)
+        broker.create_topic("single", 1)
+        broker.topic("replicated").partition(0).append([(None, b"x", [], None)])
+        with broker.ship(url) as shipper:
+            shipper.flush()
+    assert {name: t["replication_factor"] for name, t in
+            manifest(fs, root)["topics"].items()} == {"replicated": 2, "single": 1}
+    with logkit.ObjectStoreSource(url) as source:
+        assert source.topics()["replicated"].replication_factor == 2
+        with logkit.Follower(tmp_path / "follower", source) as follower:
+            follower.catch_up(timeout=30)
+    with logkit.Broker(tmp_path / "follower", read_only=True) as copy:
+        assert copy.topic("replicated").replication_factor == 2
+        assert copy.topic("single").replication_factor == 1
+    logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+    with logkit.Broker(tmp_path / "restored") as copy:
+        assert copy.topic("replicated").replication_factor == 2
+        assert copy.topic("single").replication_factor == 1
+
+
+def test_a_manifest_without_replication_factors_reads_as_factor_1(tmp_path, local_store):
+    """Manifests shipped before the factor was recorded still restore."""
+    url, options, fs, root = shipped(tmp_path, local_store)
+    body = manifest(fs, root)
+    for topic in body["topics"].values():
+        del topic["replication_factor"]
+    fs.pipe_file(f"{root}/{MANIFEST_KEY}", json.dumps(body).encode())
+    with logkit.ObjectStoreSource(url) as source:
+        assert source.topics()["orders"].replication_factor == 1
+
+
 def test_restore_refuses_a_non_empty_directory(tmp_path, local_store):
     url, options, fs, root = shipped(tmp_path, local_store)
     (tmp_path / "full").mkdir()

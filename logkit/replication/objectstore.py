@@ -13,7 +13,7 @@ of Kafka's tiered storage, KIP-405):
 |---|---|
 | `<topic>-<tid>/<p>/<base:020>.log` | a rolled segment, whole, its bytes those of the leader's file; uploaded once |
 | `<topic>-<tid>/<p>/<base:020>.log.tail.<end:020>` | the active segment's batches below offset `end`; a new one each `ship.interval.ms` the log moved, the one before retired |
-| `manifest.json` | written last: topics (partitions, config overrides, ids), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries) and the objects in offset order with their size and SHA-256 |
+| `manifest.json` | written last: topics (partitions, config overrides, ids, replication factor), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries) and the objects in offset order with their size and SHA-256 |
 
 Invariant: readers trust only the manifest, and an object only after its size and
 SHA-256 equal the manifest's record and every batch in it passed its CRC. The
@@ -142,6 +142,8 @@ def _validate(body: dict[str, Any]) -> None:
     int(body["generation"])
     for name, topic in body["topics"].items():
         str(name), str(topic["topic_id"]), int(topic["partitions"]), dict(topic["config"])
+        if int(topic.get("replication_factor", 1)) < 1:
+            raise ValueError(f"topic {name}: replication factor below 1")
     for group, rows in body["groups"].items():
         for topic, partition, offset in rows:
             str(topic), int(partition), int(offset)
@@ -336,7 +338,8 @@ class Shipper:
             handles[name] = topic
             overrides = {k: v for k, v in topic.config.items() if _DEFAULTS.get(k) != v}
             topics[name] = {"topic_id": topic.topic_id, "partitions": topic.num_partitions,
-                            "config": overrides}
+                            "config": overrides,
+                            "replication_factor": topic.replication_factor}
             for p in topic.partitions:
                 before = previous.get((name, p.partition, topic.topic_id))
                 partitions.append(self._ship_partition(name, topic.topic_id, p, before))
@@ -578,7 +581,7 @@ class ObjectStoreSource(ReplicaSource):
     def topics(self) -> dict[str, TopicInfo]:
         body = self.manifest(fresh=True)
         return {name: TopicInfo(name, int(t["partitions"]), dict(t["config"]),
-                                str(t["topic_id"]))
+                                str(t["topic_id"]), int(t.get("replication_factor", 1)))
                 for name, t in body["topics"].items()}
 
     def partition(self, topic: str, partition: int) -> PartitionInfo:
