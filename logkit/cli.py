@@ -521,6 +521,54 @@ def cmd_follow(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- promote (Follower.promote: a replica becomes the leader) ----------------------------
+
+def add_promote(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("directory", metavar="DIR",
+                     help="a follower's directory (one `logkit follow` or logkit.Follower "
+                     "filled; its follower must be stopped)")
+    cmd.add_argument("--unclean", action="store_true",
+                     help="promote even when the leader's directory cannot be reached to "
+                     "take its lease (Kafka's unclean.leader.election.enable: a leader "
+                     "still alive there is then not fenced)")
+
+
+def _promote_source(directory: str) -> Any:
+    """The DirectorySource that DIR's follower.json names: the lease lives there."""
+    import ast
+
+    from . import DirectorySource
+    from .replication.follower import STATE_FILE
+    path = os.path.join(directory, STATE_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            described = json.load(f)["source"]
+    except FileNotFoundError:
+        raise UsageError(f"{directory} is not a follower's directory (no {STATE_FILE})") \
+            from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path} does not name the leader ({exc})") from None
+    prefix = "DirectorySource("
+    if not (isinstance(described, str) and described.startswith(prefix)
+            and described.endswith(")")):
+        raise UsageError(f"{directory} follows {described}, which keeps no lease to take; "
+                         "stop its follower and promote it in Python: "
+                         "logkit.Follower(DIR, source).promote()")
+    return DirectorySource(ast.literal_eval(described[len(prefix):-1]))
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from . import Follower
+    from .replication.lease import read_lease
+    source = _promote_source(args.directory)
+    Follower(args.directory, source, auto_promote=False).promote(unclean=args.unclean)
+    lease = read_lease(args.directory)
+    epoch = f" in lease epoch {lease.epoch}" if lease is not None else ""
+    print(f"{args.directory} is the leader{epoch} (was following {source.path}); open it "
+          "with logkit.Broker or `logkit serve`", flush=True)
+    return 0
+
+
 # ---- mirror (logkit.mirror: the way out to a Kafka cluster) -------------------------------
 
 def add_mirror(cmd: argparse.ArgumentParser) -> None:
@@ -1363,6 +1411,11 @@ COMMANDS: list[Command] = [
             "LOGKIT_REPLICATION_SECRET=... logkit follow tcp://10.0.0.5:9093 replica/\n"
             "logkit follow tcp://leader:9093 replica/ --secret-file /etc/logkit/secret "
             "--tls-cafile ca.pem", add_follow, cmd_follow),
+    Command("promote", "make a stopped follower's DIR the leader: take the leader's "
+            "lease at its directory (exit 1 while that lease is valid), then stamp the "
+            "next leader epoch", "logkit promote replica/\n"
+            "logkit promote replica/ --unclean        (the leader's disk is gone)",
+            add_promote, cmd_promote),
     Command("mirror", "copy topics (and --groups: committed offsets) to a Kafka cluster; "
             "run again to resume, without duplicates",
             "logkit mirror data/ --to kafka1:9092 --topics orders,payments --groups",

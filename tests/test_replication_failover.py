@@ -327,3 +327,38 @@ def test_an_assigned_follower_out_of_the_isr_does_not_promote_itself(tmp_path):
         wait_for(lambda: p.in_sync_replicas() == ["leader"], "the follower leaving the ISR")
         rank, why = follower._isr_rank()
         assert rank is None and "not in the ISR of t-0" in why
+
+
+def test_the_promote_command(tmp_path, capsys):
+    from logkit.cli import main
+    with logkit.Broker(tmp_path / "L", config=FAST) as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 5)
+        follower = copy_of(leader.path, tmp_path / "F")
+        wait_for(lambda: read_lease(leader.path) is not None, "the first lease")
+        assert main(["promote", str(tmp_path / "F")]) == 1          # the lease is held
+        assert "valid" in capsys.readouterr().err
+        with logkit.Broker(tmp_path / "F", read_only=True) as copy:
+            assert copy.topic("t").partition(0).leader_epoch == 0
+    assert main(["promote", str(tmp_path / "F")]) == 0
+    out = capsys.readouterr().out
+    assert "is the leader in lease epoch 1" in out
+    assert read_lease(tmp_path / "L").holder == follower.follower_id
+    with logkit.Broker(tmp_path / "F") as new_leader:
+        assert new_leader.topic("t").partition(0).leader_epoch == 1
+    assert main(["promote", str(tmp_path / "L")]) == 2          # not a follower's
+    assert "not a follower's directory" in capsys.readouterr().err
+
+
+def test_the_promote_command_unclean(tmp_path, capsys):
+    from logkit.cli import main
+    with logkit.Broker(tmp_path / "L") as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 5)
+    copy_of(tmp_path / "L", tmp_path / "F")
+    os.rename(tmp_path / "L", tmp_path / "gone")
+    assert main(["promote", str(tmp_path / "F")]) == 1
+    assert "--unclean" in capsys.readouterr().err
+    assert main(["promote", str(tmp_path / "F"), "--unclean"]) == 0
+    with logkit.Broker(tmp_path / "F") as new_leader:
+        assert new_leader.topic("t").partition(0).leader_epoch == 1
