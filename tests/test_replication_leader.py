@@ -254,8 +254,10 @@ def test_a_follower_beyond_the_replication_factor_does_not_count(tmp_path):
             assert p.in_sync_replicas() == ["leader", first.id]
             first.pause()
             produce(broker, "t", 4)
-            eventually(lambda: broker.replica_state.reports()[second.id].ends["t-0"] == 4,
-                       "the second follower copied")
+            def second_copied():
+                report = broker.replica_state.reports().get(second.id)
+                return report is not None and report.ends.get("t-0") == 4
+            eventually(second_copied, "the second follower copied")
             assert p.high_watermark == 0
             assert p.in_sync_replicas() == ["leader", first.id]
             first.resume()

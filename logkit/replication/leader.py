@@ -19,9 +19,11 @@ The rules, as Kafka's: the ISR of a partition is the leader plus each assigned
 follower whose last caught-up time is within `replica.lag.time.max.ms`; the high
 watermark is the minimum log end offset over the ISR, published only upwards (except
 down to the log end after a truncation). Any process may compute and publish it — the
-inputs are all files — so the leader's process, a follower's DirectorySource right
-after it reports, and readers all advance it, whichever comes first; whoever advances
-it rings the root's doorbell, waking consumers and acks="all" waiters.
+inputs are all files — so the leader's processes (the producer's acks waiter, readers)
+advance it whenever they read it and records wait above it. Wake-ups: a follower rings
+the root's doorbell after each report, so every waiter reads the report that moved it;
+a move caused by time alone (a follower aged out of the ISR) is rung by the process
+that published it.
 
 Costs: an unreplicated topic (replication factor 1) never reaches this module: its
 partitions are plain `Partition`s, the high watermark the log end, as before. A
@@ -63,7 +65,7 @@ REPLICAS_DIR = "replicas"                 # <root>/replicas/<follower id>.json
 ASSIGNMENT_FILE = "replica-assignment"    # <root>/replicas/replica-assignment (JSON)
 ASSIGNMENT_LOCK = "replica-assignment.lock"
 HW_FILE = "high-watermark"                # <partition dir>/high-watermark
-LISTING_MAX_AGE_S = 1.0                   # re-list replicas/ at least this often
+LISTING_MAX_AGE_S = 1.0                   # replicas/ is re-listed this often (new followers)
 ACK_POLL_S = 0.05                         # an acks waiter looks again at least this often
 
 # high-watermark layout (little-endian, 32 bytes): written under an flock of the file,
@@ -244,9 +246,10 @@ class ReplicaState:
         self._ring = ring
         self._lock = threading.RLock()
         self._listed_at = -1.0
-        self._dir_key: tuple[int, int] | None = None
+        self._version = 0                 # bumped whenever a report changes
         self._file_keys: dict[str, tuple[int, int, int]] = {}
         self._reports: dict[str, _Report] = {}
+        self._isr_cache: dict[str, tuple[int, int, int, dict[str, int]]] = {}
         self._assignment_key: tuple[int, int, int] | None = None
         self._assignment: dict[str, dict[str, Any]] = {}
         self._hw_files: dict[str, HighWatermarkFile | None] = {}
@@ -261,22 +264,23 @@ class ReplicaState:
             return dict(self._reports)
 
     def _refresh_reports(self) -> None:
+        """Re-read the progress files that changed (a report replaces its file, so a
+        new inode): every known file is stat'ed on every call (a process woken by a
+        follower's ring must see its report), and the directory is listed for new
+        followers every LISTING_MAX_AGE_S."""
         now = time.monotonic()
-        try:
-            st = os.stat(self.directory)
-        except FileNotFoundError:
-            self._reports.clear()
-            self._file_keys.clear()
-            return
-        dir_key = (st.st_ino, st.st_mtime_ns)
-        if dir_key != self._dir_key or now - self._listed_at > LISTING_MAX_AGE_S:
-            names = [n[:-5] for n in os.listdir(self.directory) if n.endswith(".json")]
-            for gone in set(self._reports) - set(names):
+        if now - self._listed_at > LISTING_MAX_AGE_S:
+            try:
+                names = [n[:-5] for n in os.listdir(self.directory) if n.endswith(".json")]
+            except FileNotFoundError:
+                names = []
+            for gone in set(self._file_keys) - set(names):
                 self._reports.pop(gone, None)
                 self._file_keys.pop(gone, None)
+                self._version += 1
             for name in names:
                 self._file_keys.setdefault(name, (0, 0, 0))
-            self._dir_key, self._listed_at = dir_key, now
+            self._listed_at = now
         for name in list(self._file_keys):
             path = os.path.join(self.directory, f"{name}.json")
             try:
@@ -284,6 +288,7 @@ class ReplicaState:
             except FileNotFoundError:
                 self._file_keys.pop(name, None)
                 self._reports.pop(name, None)
+                self._version += 1
                 continue
             key = (fst.st_ino, fst.st_mtime_ns, fst.st_size)
             if key == self._file_keys[name]:
@@ -298,6 +303,7 @@ class ReplicaState:
                 self._warn(path, "ignoring replica progress file %s: a symbolic link")
                 continue
             self._file_keys[name] = key
+            self._version += 1
             if report is None:
                 self._warn(path, "ignoring replica progress file %s: not a progress body")
                 self._reports.pop(name, None)
@@ -409,11 +415,28 @@ class ReplicaState:
         """The assigned followers now in the ISR of `partition`, with their log ends."""
         if log_end is None:
             log_end = Partition.log_end_offset.fget(partition)  # type: ignore[attr-defined]
+        key = _tp_key(partition.topic_partition)
+        now_ms = _now_ms()
         with self._lock:
             assigned = self.assigned(partition.topic, topic_id, replication_factor)
-            return in_sync_replicas(assigned, self._reports,
-                                    _tp_key(partition.topic_partition), log_end,
-                                    _now_ms(), self.lag_time_max_ms)
+            cached = self._isr_cache.get(key)
+            if cached is not None and cached[:2] == (self._version, log_end) \
+                    and now_ms < cached[2]:
+                return cached[3]
+            isr = in_sync_replicas(assigned, self._reports, key, log_end, now_ms,
+                                   self.lag_time_max_ms)
+            # valid until a report changes, the log end moves, or the first member's
+            # caught-up time ages past replica.lag.time.max.ms
+            expiry = min([now_ms + LISTING_MAX_AGE_S * 1000] + [
+                self._caught_up(name, key, log_end) + self.lag_time_max_ms
+                for name in isr])
+            self._isr_cache[key] = (self._version, log_end, int(expiry), isr)
+            return isr
+
+    def _caught_up(self, name: str, key: str, log_end: int) -> int:
+        report = self._reports[name]
+        caught = report.caught_up_ms.get(key)
+        return report.time_ms if caught is None else caught
 
     def high_watermark(self, partition: Partition, topic_id: str,
                        replication_factor: int) -> int:
@@ -430,7 +453,12 @@ class ReplicaState:
             if hw_file is None or not self.writable:
                 return max(min(published, log_end), candidate)
             value, moved = hw_file.publish(candidate, log_end)
-        if moved and self._ring is not None:
+            shrunk = len(isr) < len(self.assigned(partition.topic, topic_id,
+                                                   replication_factor))
+        # A move caused by a report needs no ring: the follower rang after writing it,
+        # and whoever woke reads it. One caused by time (a follower aged out of the
+        # ISR, or none assigned yet) does: nobody else rang.
+        if moved and shrunk and self._ring is not None:
             self._ring()
         return value
 
