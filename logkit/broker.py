@@ -487,6 +487,10 @@ class Broker:
     def topic(self, name: str) -> Topic:
         """Open an existing topic (UnknownTopicError if there is none)."""
         self._check_open()
+        return self._topic(name)
+
+    def _topic(self, name: str) -> Topic:
+        """topic() without the open check, for a shipper's last pass inside close()."""
         validate_topic_name(name)
         with self._lock:
             record = self.meta.get_topic(name)
@@ -781,7 +785,10 @@ class Broker:
         if self._pid != _fork.owner_pid():
             return
         errors: list[BaseException] = []
-        for client in reversed(self._clients):
+        # Shippers close last, with topics and metadata still open: their last pass
+        # ships what the other clients' closes flush and commit.
+        for client in sorted(reversed(self._clients),
+                             key=lambda c: bool(getattr(c, "close_last", False))):
             try:
                 client.close()
             except (LogkitError, OSError) as exc:    # closing goes on to release the files

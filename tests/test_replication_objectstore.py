@@ -156,6 +156,42 @@ def test_close_ships_a_last_time_and_the_broker_closes_its_shipper(tmp_path, loc
     assert manifest(fs, root)["partitions"][0]["log_end_offset"] == 1
 
 
+def test_the_broker_closes_its_shipper_last_so_its_last_pass_ships_everything(
+        tmp_path, local_store):
+    """Made before the shipper, a producer with a batch lingering and a consumer that
+    commits as it closes are closed before it all the same; a topic created and an
+    offset committed after the last timed pass ship too."""
+    url, _, fs, root = local_store
+    broker = logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 3600000})
+    broker.create_topic("t", 1)
+    broker.topic("t").partition(0).append([(None, b"%d" % i, [], None) for i in range(5)])
+    producer = broker.producer(linger_ms=3600000)
+    consumer = broker.consumer("t", group_id="on-close", auto_offset_reset="earliest")
+    shipper = broker.ship(url)
+    shipper.flush()
+    assert manifest(fs, root)["groups"] == {"on-close": []}      # joined, no commit yet
+    broker.create_topic("late", 2, config={"retention.bytes": 7654321})
+    producer.send("t", value=b"lingering")
+    got = 0
+    while got < 5:
+        got += len(consumer.poll(timeout_ms=200))
+    manual = broker.consumer(group_id="explicit")
+    manual.assign([logkit.TopicPartition("t", 0)])
+    manual.commit({logkit.TopicPartition("t", 0): 3})
+    broker.close()
+    assert shipper.closed
+    body = manifest(fs, root)
+    assert body["topics"]["late"]["partitions"] == 2
+    assert body["partitions"][-1]["log_end_offset"] == 6          # t-0, with the lingerer
+    summary = logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+    assert summary["groups"] == 2
+    with logkit.Broker(tmp_path / "restored") as copy:
+        assert copy.topic("late").config["retention.bytes"] == 7654321
+        assert copy.group("explicit").committed() == {logkit.TopicPartition("t", 0): 3}
+        assert copy.group("on-close").committed() == {logkit.TopicPartition("t", 0): 5}
+        assert copy.topic("t").partition(0).read(5)[0].value == b"lingering"
+
+
 def test_shipping_survives_a_store_that_fails_and_logs_a_warning(request, tmp_path,
                                                                   caplog):
     """The bucket does not exist at first (every upload fails); once it is created the

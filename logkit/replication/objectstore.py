@@ -50,8 +50,9 @@ from ..broker import Broker
 from ..config import resolve_config
 from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       OffsetOutOfRangeError, StorageError, UnknownTopicError)
+from ..group import committed_offsets, list_groups
 from ..records import iter_batches
-from ..topic import Partition, Topic, TopicPartition
+from ..topic import Partition, TopicPartition
 from .directory import _Epochs
 from .epochs import EpochEntry
 from .follower import Follower
@@ -202,6 +203,8 @@ class Shipper:
     stops, and is safe twice. A context manager. One shipper per URL: two writing the
     same manifest would retire each other's objects."""
 
+    close_last = True      # the broker's close() closes it after its other clients
+
     def __init__(self, broker: Broker, url: str, *,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url
@@ -214,7 +217,6 @@ class Shipper:
         self._closed = False
         self._manifest: dict[str, Any] | None = None     # the last one written or found
         self._epochs: dict[TopicPartition, _Epochs] = {}
-        self._handles: dict[str, Topic] = {}             # topics of the last pass
         self._referenced: set[str] = set()               # keys the manifest names
         self._retired: dict[str, float] = {}             # key -> when it left the manifest
         self._swept = False
@@ -251,10 +253,10 @@ class Shipper:
         """Stop the thread and ship a last time (a failure is logged at WARNING, not
         raised: the broker's close goes on). Safe twice.
 
-        Called by the broker's close (after it stopped taking calls, before it closes
-        its partitions), the last shipment holds every partition's batches but the
-        topics and group offsets of the pass before: close the shipper first (`with
-        broker.ship(url):` inside the broker's `with`) to ship those too."""
+        The broker's close() closes its shippers after its other clients and before
+        its topics and metadata (`close_last`), so the last shipment holds the batches
+        producers flushed and the offsets consumers committed as they closed, and the
+        topics and groups as they are then."""
         if self._closed:
             return
         self._closed = True
@@ -326,16 +328,18 @@ class Shipper:
         broker = self._broker
         previous = {(e["topic"], e["partition"], e["topic_id"]): e
                     for e in (self._manifest or {}).get("partitions", ())}
-        closing = broker.closed        # the last pass, from the broker's close()
+        # The last pass runs inside the broker's close(), after its other clients
+        # closed (their last batches flushed, their offsets committed) and before its
+        # topics and metadata close: it reads them past the broker's open check.
+        closing = broker.closed
+        names = sorted(broker.meta.topic_names()) if closing else broker.topics()
         topics: dict[str, Any] = {}
         partitions = []
-        handles = dict(self._handles) if closing else {}
-        for name in sorted(handles) if closing else broker.topics():
+        for name in names:
             try:
-                topic = handles[name] if closing else broker.topic(name)
+                topic = broker._topic(name) if closing else broker.topic(name)
             except UnknownTopicError:                  # deleted meanwhile
                 continue
-            handles[name] = topic
             overrides = {k: v for k, v in topic.config.items() if _DEFAULTS.get(k) != v}
             topics[name] = {"topic_id": topic.topic_id, "partitions": topic.num_partitions,
                             "config": overrides,
@@ -343,12 +347,11 @@ class Shipper:
             for p in topic.partitions:
                 before = previous.get((name, p.partition, topic.topic_id))
                 partitions.append(self._ship_partition(name, topic.topic_id, p, before))
-        self._handles = handles
-        groups = dict((self._manifest or {}).get("groups", {})) if closing else {}
-        for group in () if closing else broker.groups():
-            committed = broker.group(group).committed()
-            groups[group] = sorted([tp.topic, tp.partition, offset]
-                                   for tp, offset in committed.items())
+        groups = {}
+        for group in list_groups(broker.meta):
+            committed = committed_offsets(broker.meta, group)
+            groups[group] = sorted([tp.topic, tp.partition, om.offset]
+                                   for tp, om in committed.items())
         return {"format": MANIFEST_FORMAT, "generation": 0, "written_ms": 0,
                 "ship_interval_ms": self.interval_ms, "topics": topics, "groups": groups,
                 "partitions": partitions}
