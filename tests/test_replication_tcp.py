@@ -26,6 +26,7 @@ import pytest
 import logkit
 from logkit.replication import ReplicationAuthError
 from logkit.replication import tcp
+from logkit.replication.lease import read_lease, release, replica_id
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.procs import wait_until
 
@@ -107,6 +108,47 @@ def test_a_tcp_follower_is_in_the_isr_and_acks_all_waits_for_it(leader, tmp_path
     with logkit.Broker(tmp_path / "f", read_only=True) as copy:
         assert copy.topic("t").replication_factor == 2
         assert copy.topic("t").partition(0).log_end_offset == 300
+
+
+def test_the_leaders_lease_is_read_and_taken_through_the_server(tmp_path):
+    """lease() and take_lease() cross the wire: a promotion through a TcpSource is
+    refused with NotLeaderError while the leader's lease is valid, and once the leader
+    steps down it takes the lease at the leader, which then refuses every write."""
+    fast = {"broker.session.timeout.ms": 1000}
+    with logkit.Broker(tmp_path / "leader", config=fast) as leader:
+        leader.create_topic("t", 1)
+        produce(leader, "t", 20)
+        with leader.serve_replication(secret=SECRET) as server:
+            source = logkit.TcpSource(server.host, server.port, secret=SECRET)
+            follower = logkit.Follower(tmp_path / "f", source, config={**FAST, **fast})
+            follower.catch_up(timeout=30)
+            wait_until(lambda: source.lease() is not None, 30, "the leader's lease")
+            lease = source.lease()
+            assert lease.holder == replica_id(leader.path) and lease.valid()
+            with pytest.raises(logkit.NotLeaderError, match="valid"):
+                follower.promote()
+
+            def stepped_down_and_promoted():
+                release(leader.path, lease.holder, lease.epoch)   # a clean handover
+                try:                         # (unless the leader renewed meanwhile)
+                    follower.promote()
+                except logkit.NotLeaderError:
+                    return False
+                return True
+            wait_until(stepped_down_and_promoted, 30, "a promotion through the server")
+            taken = read_lease(leader.path)
+            assert (taken.holder, taken.epoch) == (follower.follower_id, lease.epoch + 1)
+            assert source.lease() is None               # it names another replica now
+            producer = leader.producer(linger_ms=0)
+
+            def fenced():
+                try:
+                    producer.send("t", b"stale", partition=0).result()
+                except logkit.NotLeaderError:
+                    return True
+                return False
+            wait_until(fenced, 30, "the old leader refusing writes")
+            source.close()
 
 
 def test_a_wrong_secret_stops_the_follower_with_an_error_that_says_so(leader, tmp_path):

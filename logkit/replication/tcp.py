@@ -52,6 +52,7 @@ from .. import errors
 from ..errors import ConfigError, LogkitError, LogkitTimeoutError
 from ..topic import TopicPartition
 from .epochs import EpochEntry
+from .lease import Lease
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
 if TYPE_CHECKING:                  # ssl is imported by whoever makes a context
@@ -73,9 +74,10 @@ SERVER_LABEL = b"logkit-replication/1 server proof"
 
 # request kinds (client -> server)
 AUTH = 0x10
-TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT = 1, 2, 3, 4, 5, 6
+TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE, TAKE_LEASE = range(1, 9)
 REQUEST_KINDS = {TOPICS: "topics", PARTITION: "partition", FETCH: "fetch",
-                 COMMITTED: "committed_offsets", REPORT: "report_progress", WAIT: "wait"}
+                 COMMITTED: "committed_offsets", REPORT: "report_progress", WAIT: "wait",
+                 LEASE: "lease", TAKE_LEASE: "take_lease"}
 # answer kinds (server -> client)
 RESULT, BATCHES, ERROR, HELLO, AUTH_OK = 0x80, 0x81, 0x82, 0x83, 0x84
 
@@ -146,6 +148,17 @@ def error_from_answer(body: bytes) -> LogkitError:
         return cls(message)
     except TypeError:                              # a class with required arguments
         return LogkitError(f"{name}: {message}")
+
+
+def lease_body(lease: Lease | None) -> dict[str, Any] | None:
+    return None if lease is None else lease._asdict()
+
+
+def _lease(body: Any) -> Lease | None:
+    if body is None:
+        return None
+    return Lease(str(body["holder"]), int(body["epoch"]), int(body["ttl_ms"]),
+                 int(body["renewed_ms"]))
 
 
 # ---- the source ----------------------------------------------------------------------
@@ -321,6 +334,19 @@ class TcpSource(ReplicaSource):
                                                 for tp, end in log_end_offsets.items()],
                             "caught_up_ms": [[tp.topic, tp.partition, ms]
                                              for tp, ms in caught.items()]})
+
+    def lease(self) -> Lease | None:
+        """The leader's lease, as its DirectorySource reads it (None: no lease, or one
+        naming another replica)."""
+        return _lease(self._json(LEASE, {})["lease"])
+
+    def take_lease(self, holder: str, *, ttl_ms: int, min_epoch: int) -> Lease | None:
+        """A promotion's conditional write of the leader's lease, done by the server
+        (NotLeaderError while another holder's lease is valid). With the leader's
+        process gone there is no server to ask: the call raises, and promote() needs
+        unclean=True, as for any source that cannot be reached."""
+        return _lease(self._json(TAKE_LEASE, {"holder": holder, "ttl_ms": ttl_ms,
+                                              "min_epoch": min_epoch})["lease"])
 
     def wait(self, timeout_s: float) -> None:
         """Long poll: the server holds the request until the leader's doorbell moves

@@ -47,10 +47,10 @@ from ..segment import DELETED_SUFFIX
 from ..topic import TopicPartition
 from .directory import DirectorySource
 from .leader import Progress
-from .tcp import (AUTH, AUTH_OK, BATCHES, COMMITTED, ERROR, FETCH, HELLO, MAC_BYTES, MAGIC,
-                  MAX_FETCH_BYTES, MAX_REQUEST_BYTES, MAX_WAIT_MS, NONCE_BYTES, PARTITION,
-                  REPORT, REQUEST_KINDS, RESULT, SIZE, TOPICS, WAIT, client_proof, frame,
-                  json_frame, secret_bytes, server_proof)
+from .tcp import (AUTH, AUTH_OK, BATCHES, COMMITTED, ERROR, FETCH, HELLO, LEASE, MAC_BYTES,
+                  MAGIC, MAX_FETCH_BYTES, MAX_REQUEST_BYTES, MAX_WAIT_MS, NONCE_BYTES,
+                  PARTITION, REPORT, REQUEST_KINDS, RESULT, SIZE, TAKE_LEASE, TOPICS, WAIT,
+                  client_proof, frame, json_frame, lease_body, secret_bytes, server_proof)
 
 if TYPE_CHECKING:
     import ssl
@@ -172,7 +172,8 @@ class ReplicationServer:
     # request kind -> the method answering it: one row per ReplicaSource method
     def _handlers(self) -> dict[int, Callable[[dict[str, Any]], Any]]:
         return {TOPICS: self._topics, PARTITION: self._partition, FETCH: self._fetch,
-                COMMITTED: self._committed, REPORT: self._report, WAIT: self._wait}
+                COMMITTED: self._committed, REPORT: self._report, WAIT: self._wait,
+                LEASE: self._lease, TAKE_LEASE: self._take_lease}
 
     @property
     def connections(self) -> int:
@@ -441,6 +442,18 @@ class ReplicationServer:
             self._source.report_progress(follower_id, Progress(ends, caught))
         return {}
 
+    def _lease(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._source_lock:
+            return {"lease": lease_body(self._source.lease())}
+
+    def _take_lease(self, request: dict[str, Any]) -> dict[str, Any]:
+        holder = _str(request, "holder")
+        ttl_ms = _int(request, "ttl_ms", 1, _MAX_OFFSET)
+        min_epoch = _int(request, "min_epoch", 0, 1 << 31)
+        with self._source_lock:
+            return {"lease": lease_body(self._source.take_lease(
+                holder, ttl_ms=ttl_ms, min_epoch=min_epoch))}
+
     def _wait(self, request: dict[str, Any]) -> dict[str, Any]:
         """Hold the answer until the doorbell differs from `bell` (the value the
         follower saw first since its previous wait; null: the value now) or
@@ -490,4 +503,5 @@ class ReplicationServer:
         log.info("replication listener on %s:%d closed", self.host, self.port)
 
 
-assert set(REQUEST_KINDS) == {TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT}
+assert set(REQUEST_KINDS) == {TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE,
+                              TAKE_LEASE}
