@@ -41,6 +41,7 @@ from .log import PartitionLog, check_directory
 from .meta import MetaStore, decode
 from .notify import Doorbell
 from .producer import Producer
+from .tail import raise_descriptor_limit
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
 
 MAX_REPLICATION_FACTOR = 32767                # Kafka's: a replica count is an int16
@@ -219,6 +220,7 @@ class Broker:
         self.config = resolve_broker_config(config)
         self._pid = _fork.owner_pid()
         self.read_only = read_only
+        raise_descriptor_limit()       # ~3 descriptors per partition (tail.py)
         listing = _check_root(self.path, adopt=adopt or read_only)
         if read_only:
             self._open_read_only()

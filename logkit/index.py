@@ -24,9 +24,13 @@ concurrently because they never read past the published entry count.
 from __future__ import annotations
 
 import logging
+import ctypes
+import ctypes.util
 import mmap
 import os
 import struct
+import sys
+from typing import Any
 
 from .errors import CorruptRecordError
 
@@ -37,15 +41,76 @@ log = logging.getLogger(__name__)
 RESERVE_STEP_BYTES = 64 * 1024      # real blocks reserved ahead of the next index entry
 
 
-def _map(fd: int, size: int, access: int) -> mmap.mmap:
-    """Map an index file for random access (no read-ahead on faults)."""
-    mm = mmap.mmap(fd, size, access=access)
-    if _MADV_RANDOM is not None:
-        mm.madvise(_MADV_RANDOM)
-    return mm
+class _FileMap:
+    """A shared map of an index file that holds no descriptor, advised MADV_RANDOM.
+
+    Python's `mmap.mmap` keeps a dup of the file's descriptor for as long as the map
+    lives: two per active segment for the indexes alone, which made a producing
+    process hold 5 descriptors per partition (600 partitions passed a 1024 limit).
+    This maps with libc directly and exposes the bytes as a ctypes array (`buf`, which
+    `struct` reads and writes in place). Unlike `mmap.mmap`, a use after `close()` is
+    not caught: every use and the close run under the partition's thread lock
+    (log.py), as they always have. Where libc cannot be loaded, `mmap.mmap` is used."""
+
+    __slots__ = ("buf", "_addr", "_size", "_fallback")
+
+    def __init__(self, fd: int, size: int, writable: bool) -> None:
+        self._size = size
+        self._fallback: mmap.mmap | None = None
+        if _libc is None:
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable
+                           else mmap.ACCESS_READ)
+            if _MADV_RANDOM is not None:
+                mm.madvise(_MADV_RANDOM)
+            self._fallback = mm
+            self.buf: Any = mm
+            self._addr = 0
+            return
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        addr = _libc.mmap(None, size, prot, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        self._addr = addr
+        if _MADV_RANDOM is not None:
+            _libc.madvise(addr, size, _MADV_RANDOM)     # advice only: failure is harmless
+        self.buf = (ctypes.c_char * size).from_address(addr)
+
+    def flush(self) -> None:
+        if self._fallback is not None:
+            self._fallback.flush()
+        elif self._addr and _libc.msync(self._addr, self._size, _MS_SYNC) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    def close(self) -> None:
+        if self._fallback is not None:
+            self._fallback.close()
+            self._fallback = None
+        elif self._addr:
+            self.buf = None
+            addr, self._addr = self._addr, 0
+            _libc.munmap(addr, self._size)
+
+
+def _load_libc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        for name in ("munmap", "madvise", "msync"):
+            getattr(libc, name).argtypes = [ctypes.c_void_p, ctypes.c_size_t] + \
+                ([ctypes.c_int] if name != "munmap" else [])
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 _MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
+_MS_SYNC = 4                          # Linux's value (mman-common.h)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_libc = _load_libc() if sys.platform.startswith("linux") else None
 
 
 class _Index:
@@ -58,7 +123,8 @@ class _Index:
         self.path = path
         self.base_offset = base_offset
         self.entry_size = self.ENTRY.size
-        self._mmap: mmap.mmap | None = None
+        self._mmap: Any = None          # the entries' bytes (`_map.buf`)
+        self._map: _FileMap | None = None
         self._reserved = 0             # bytes from 0 known to have real blocks
         flags = os.O_RDWR if writable else os.O_RDONLY
         if create_bytes:
@@ -73,17 +139,17 @@ class _Index:
                 os.ftruncate(fd, length)
                 self._reserved = min(RESERVE_STEP_BYTES, length)
                 os.posix_fallocate(fd, 0, self._reserved)
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             for attempt in range(3):
                 size = os.fstat(fd).st_size
                 if not size:
                     break
-                try:
-                    self._mmap = _map(fd, size, access)
+                mapping = _FileMap(fd, size, writable)
+                if os.fstat(fd).st_size >= size:
+                    self._map, self._mmap = mapping, mapping.buf
                     break
-                except ValueError:     # another process's roll trimmed it meanwhile
-                    if attempt == 2:
-                        raise
+                mapping.close()         # another process's roll trimmed it meanwhile
+                if attempt == 2:
+                    raise ValueError(f"{path} keeps shrinking while it is mapped")
             self.capacity = size // self.entry_size
         finally:
             os.close(fd)
@@ -133,13 +199,14 @@ class _Index:
         return self.entries >= self.capacity
 
     def close(self) -> None:
-        if self._mmap is not None:
-            self._mmap.close()
+        if self._map is not None:
             self._mmap = None
+            self._map.close()
+            self._map = None
 
     def flush(self) -> None:
-        if self._mmap is not None:
-            self._mmap.flush()
+        if self._map is not None:
+            self._map.flush()
 
     def trim(self) -> None:
         """Cut the file to its entries (the segment is sealed)."""
@@ -150,7 +217,8 @@ class _Index:
         if valid:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                self._mmap = _map(fd, valid, mmap.ACCESS_READ)
+                self._map = _FileMap(fd, valid, False)
+                self._mmap = self._map.buf
             finally:
                 os.close(fd)
 

@@ -67,7 +67,7 @@ __all__ = ["PartitionLog", "Tail", "TailFile", "RecoveryReport", "check_director
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 30.0                 # default bound on waiting for the append lock
-MAX_OPEN_SEGMENTS = 8                 # per partition: sealed ones beyond are closed
+MAX_OPEN_SEGMENTS = 2                 # per partition: the active one and one sealed
 _LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tries
 MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
 BATCHES_SINCE_MAX_BYTES = 1 << 20     # batches_since() bound (one batch at least)
@@ -571,6 +571,8 @@ class PartitionLog:
                              first_unflushed_ms=-1)        # the old segment was fsynced
         self._tail_file.publish(tail)
         old.seal(sealed.max_timestamp, sealed.max_timestamp_offset, sealed.active_size)
+        self._segments.pop(sealed.active_base_offset, None)   # a reader reopens it:
+        old.close()                                # appenders hold no sealed segment
         self._refresh(tail)
         log.debug("%s: rolled segment %d (%d bytes) to a new one at offset %d", self.name,
                   sealed.active_base_offset, sealed.active_size, new_base)

@@ -105,6 +105,35 @@ def open_file(path: str, flags: int) -> int:
         raise
 
 
+# What one partition holds open in a process that appends to it: the tail file and
+# its map (Python's mmap keeps a descriptor of its own) and the active segment's .log;
+# index maps hold none (index.py). A reader adds the .log's map and at most one sealed
+# segment (log.py's MAX_OPEN_SEGMENTS).
+DESCRIPTORS_PER_PARTITION = 3
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit, as the JVM does for
+    Kafka's broker (thousands of partitions need thousands of descriptors; the common
+    soft limit of 1024 is a default, not a decision). Returns the soft limit now; one
+    that cannot be raised is left as it is, and running out later is an EMFILE that
+    `storage_error` names."""
+    try:
+        import resource
+    except ImportError:                     # not a POSIX system: nothing to raise
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.debug("raised the soft descriptor limit from %d to %d", soft, target)
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.debug("could not raise the soft descriptor limit %d: %s", soft, exc)
+    return soft
+
+
 def check_directory(path: str) -> None:
     """A partition directory must be a real directory, not a link to one elsewhere."""
     if os.path.islink(path):

@@ -6,12 +6,19 @@ benchmarks/scaling.py."""
 from __future__ import annotations
 
 import os
+import resource
+import subprocess
+import sys
+import textwrap
+
+import pytest
 
 import logkit
 from benchmarks.scaling import resident_bytes
 from logkit.index import RESERVE_STEP_BYTES
 
 INDEX_CACHE_GOAL_BYTES = 64 * 1024       # per partition per segment (issue 16)
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def index_files(directory: str) -> list[str]:
@@ -175,3 +182,75 @@ def test_a_consumer_follows_a_topic_deleted_and_created_again(tmp_path):
         consumer.seek(logkit.TopicPartition("t", 0), 1)
         assert [r.value for r in consumer.poll(timeout_ms=1000)] == [b"b"]
         consumer.close()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_producing_process_holds_at_most_three_descriptors_per_partition(tmp_path):
+    """Tail file, its map and the active .log: index maps hold no descriptor, and a
+    roll closes the segment it seals."""
+    from logkit.tail import DESCRIPTORS_PER_PARTITION
+    partitions = 40
+    before = open_fds()
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        broker.create_topic("t", partitions=partitions,
+                            config={"segment.bytes": 4096, "index.interval.bytes": 1})
+        producer = broker.producer()
+        for n in range(partitions * 100):            # several rolls per partition
+            producer.send("t", b"v" * 100, key=b"%d" % n)
+        producer.flush()
+        held = open_fds() - before
+        assert len(os.listdir(os.path.join(str(tmp_path), "t-0"))) > 6   # it rolled
+        assert held <= DESCRIPTORS_PER_PARTITION * partitions + 16, held   # + broker's
+        producer.close()
+
+
+def test_a_consumer_keeps_at_most_two_segments_per_partition_open(tmp_path):
+    """Reading a partition of many segments from the start closes what it has read
+    past: at most two segments (their files and maps) stay open per partition."""
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic = broker.create_topic("t", partitions=2, config={"segment.bytes": 2048})
+        for p in range(2):
+            for n in range(300):
+                topic.partition(p).append([(None, b"%05d" % n + b"v" * 95, [], None)])
+        consumer = broker.consumer("t", group_id="g", auto_offset_reset="earliest")
+        seen = 0
+        while seen < 600:
+            got = consumer.poll(timeout_ms=1000, max_records=7)
+            seen += len(got)
+            for p in range(2):
+                assert len(topic.partition(p)._log._segments) <= 2
+        maps = [line for line in open("/proc/self/maps")
+                if str(tmp_path) in line and line.rstrip().endswith(".log")]
+        assert len({line.split()[-1] for line in maps}) <= 4, maps
+        consumer.close()
+
+
+def test_broker_raises_the_soft_descriptor_limit_to_the_hard_one(tmp_path):
+    """Started under a soft limit of 256, a process opens a broker of 120 partitions
+    (about 360 descriptors) and produces to all of them: Broker() raised the limit."""
+    code = textwrap.dedent("""
+        import resource, sys
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        import logkit
+        with logkit.Broker(sys.argv[1], background=False) as broker:
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+            broker.create_topic("t", partitions=120)
+            producer = broker.producer()
+            for n in range(1200):
+                producer.send("t", b"v", key=b"%d" % n)
+            producer.flush()
+            producer.close()
+            print(sum(broker.topic("t").partition(p).high_watermark for p in range(120)))
+    """)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 512:
+        pytest.skip(f"the hard descriptor limit ({hard}) leaves nothing to raise to")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d")],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=CHECKOUT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1200"]
