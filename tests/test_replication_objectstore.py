@@ -81,15 +81,16 @@ def assert_same_logs(leader_root, copy_root, partitions=("orders-0", "orders-1")
 
 
 def shipped_object(fs, root, *, rolled=True):
-    """The key (relative) of one shipped object of orders-0: a rolled segment or a tail."""
+    """The record of one shipped object of orders-0: a rolled segment or a chunk of the
+    active one."""
     entry = next(e for e in manifest(fs, root)["partitions"] if e["partition"] == 0)
-    objects = [o for o in entry["objects"] if (".tail." not in o["key"]) == rolled]
+    objects = [o for o in entry["objects"] if o["key"].endswith(".log") == rolled]
     return objects[0]
 
 
 # ---- the layout and the shipper ----------------------------------------------------------
 
-def test_the_manifest_names_whole_segments_and_a_tail_with_their_size_and_sha256(
+def test_the_manifest_names_whole_segments_and_chunks_with_their_size_and_sha256(
         tmp_path, store):
     url, options, fs, root = store
     with logkit.Broker(tmp_path / "leader") as broker:
@@ -104,10 +105,13 @@ def test_the_manifest_names_whole_segments_and_a_tail_with_their_size_and_sha256
             assert entry["log_end_offset"] == p.log_end_offset
             assert entry["segment_base_offsets"] == p.segment_base_offsets()
             assert entry["epochs"] == [[0, 0]]
-            rolled = [o for o in entry["objects"] if ".tail." not in o["key"]]
-            tails = [o for o in entry["objects"] if ".tail." in o["key"]]
+            rolled = [o for o in entry["objects"] if o["key"].endswith(".log")]
+            chunks = [o for o in entry["objects"] if not o["key"].endswith(".log")]
             assert len(rolled) == len(p.segment_base_offsets()) - 1 >= 2
-            assert len(tails) == 1
+            assert len(chunks) == 1
+            active = p.segment_base_offsets()[-1]
+            assert chunks[0]["key"].endswith(
+                f"/{active:020d}.log.{active:020d}-{p.log_end_offset:020d}")
             for obj in entry["objects"]:
                 assert obj["key"].startswith(f"orders-{topic_id}/{entry['partition']}/")
                 data = fs.cat_file(f"{root}/{obj['key']}")
@@ -124,25 +128,133 @@ def test_the_manifest_names_whole_segments_and_a_tail_with_their_size_and_sha256
             {(tp.topic, tp.partition): o for tp, o in committed.items()}
 
 
-def test_a_new_tail_replaces_the_old_one_which_is_deleted_after_the_grace(
+def chunk_keys(fs, root, partition=0):
+    entry = next(e for e in manifest(fs, root)["partitions"] if e["partition"] == partition)
+    return [o["key"].rsplit("/", 1)[1] for o in entry["objects"]]
+
+
+def test_each_pass_uploads_only_the_new_batches_and_a_roll_folds_the_chunks(
         tmp_path, local_store, monkeypatch):
+    """The active segment ships as chunks of the batches appended since the pass
+    before; when it rolls, the whole segment is uploaded once and the chunks retire
+    (deleted after the grace, none here)."""
     url, options, fs, root = local_store
     monkeypatch.setattr(objectstore, "RETIRE_GRACE_MIN_S", 0.0)   # no grace at all
     monkeypatch.setattr(objectstore, "RETIRE_GRACE_INTERVALS", 0)
-    with logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 10}) as broker:
-        broker.create_topic("t", 1)
-        broker.topic("t").partition(0).append([(None, b"a", [], None)])
+    with logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 3600000}) as broker:
+        broker.create_topic("t", 1, config={"segment.bytes": 4096})
+        p = broker.topic("t").partition(0)
         shipper = broker.ship(url)
+        sizes = []
+        for n in range(3):
+            before, end_before = shipper.uploaded_bytes, p.log_end_offset
+            p.append([(None, b"x" * 100, [], None)] * (n + 1))
+            shipper.flush()
+            appended = len(p.batches_since(end_before))
+            sizes.append(shipper.uploaded_bytes - before)
+            assert sizes[-1] == appended                  # the new batch, nothing more
+        assert chunk_keys(fs, root) == [f"{0:020d}.log.{0:020d}-{1:020d}",
+                                        f"{0:020d}.log.{1:020d}-{3:020d}",
+                                        f"{0:020d}.log.{3:020d}-{6:020d}"]
+        old_chunks = chunk_keys(fs, root)
+        shipper.flush()                                   # nothing new: nothing uploaded
+        assert shipper.uploaded_bytes - before == sizes[-1]
+        while len(p.segment_base_offsets()) < 2:          # roll the segment
+            p.append([(None, b"y" * 400, [], None)])
         shipper.flush()
-        first = shipped_object(fs, root, rolled=False)["key"]
-        broker.topic("t").partition(0).append([(None, b"b", [], None)])
-        shipper.flush()
-        second = shipped_object(fs, root, rolled=False)["key"]
-        assert first != second and second.endswith(".tail.00000000000000000002")
-        assert not fs.exists(f"{root}/{first}")
-        assert fs.exists(f"{root}/{second}")
+        keys = chunk_keys(fs, root)
+        assert keys[0] == f"{0:020d}.log"
+        with open(os.path.join(p.directory, keys[0]), "rb") as f:
+            assert f.read() == fs.cat_file(f"{root}/{next(iter(_objects(fs, root)))}")
+        prefix = _objects(fs, root)[0].rsplit("/", 1)[0]
+        for key in old_chunks:                            # retired and deleted
+            assert not fs.exists(f"{root}/{prefix}/{key}")
         shipper.close()
-        shipper.close()                             # safe twice
+        shipper.close()                                   # safe twice
+    logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+    assert_same_logs(str(tmp_path / "leader"), str(tmp_path / "restored"), ("t-0",))
+
+
+def _objects(fs, root, partition=0):
+    entry = next(e for e in manifest(fs, root)["partitions"] if e["partition"] == partition)
+    return [o["key"] for o in entry["objects"]]
+
+
+def test_chunks_past_the_limit_merge_the_smallest_neighbours(tmp_path, local_store,
+                                                             monkeypatch):
+    url, options, fs, root = local_store
+    monkeypatch.setattr(objectstore, "MAX_TAIL_CHUNKS", 3)
+    with logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 3600000}) as broker:
+        broker.create_topic("t", 1)
+        p = broker.topic("t").partition(0)
+        with broker.ship(url) as shipper:
+            for n in range(8):
+                p.append([(None, b"z" * (10 + n), [], None)])
+                shipper.flush()
+                entry = manifest(fs, root)["partitions"][0]
+                assert len(entry["objects"]) <= 3
+                assert entry["objects"][0]["first_offset"] == 0
+                assert entry["objects"][-1]["end_offset"] == n + 1
+    assert chunk_keys(fs, root)[-1] == f"{0:020d}.log.{7:020d}-{8:020d}"   # the newest
+    logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+    assert_same_logs(str(tmp_path / "leader"), str(tmp_path / "restored"), ("t-0",))
+
+
+def test_a_truncated_and_rewritten_tail_is_shipped_again(tmp_path, local_store, caplog):
+    """The log is truncated below what was shipped and grows back past it in a new
+    leader epoch: the shipper notices (each object records its last batch's epoch and
+    CRC), ships those offsets again, and a source still holding the older manifest
+    reads the new bytes, not a checksum error."""
+    url, options, fs, root = local_store
+    caplog.set_level(logging.WARNING, logger="logkit.replication.objectstore")
+    with logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 3600000}) as broker:
+        broker.create_topic("t", 1)
+        p = broker.topic("t").partition(0)
+        with broker.ship(url) as shipper, logkit.ObjectStoreSource(url) as source:
+            for n in range(3):
+                p.append([(None, b"old%d" % n, [], None)] * (n + 1))
+                shipper.flush()
+            assert source.partition("t", 0).log_end_offset == 6     # reads the manifest
+            p.truncate_to(3)
+            p.set_leader_epoch(1)
+            p.append([(None, b"new", [], None)] * 3)
+            shipper.flush()
+            assert source.fetch("t", 0, 3, max_bytes=1 << 20) == p.batches_since(3)
+        assert manifest(fs, root)["partitions"][0]["epochs"] == [[0, 0], [1, 3]]
+    assert any("differ from the log" in r.getMessage() for r in caplog.records)
+    logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+    assert_same_logs(str(tmp_path / "leader"), str(tmp_path / "restored"), ("t-0",))
+
+
+def test_a_manifest_of_whole_tail_objects_still_restores_and_ships_on(tmp_path,
+                                                                      local_store):
+    """The first layout shipped the active segment as one `<base>.log.tail.<end>`
+    object: such a manifest is still read, and a shipper goes on from it with chunks."""
+    url, options, fs, root = local_store
+    leader = tmp_path / "leader"
+    with logkit.Broker(leader) as broker:
+        broker.create_topic("t", 1)
+        p = broker.topic("t").partition(0)
+        p.append([(None, b"a", [], None), (None, b"b", [], None)])
+        with broker.ship(url) as shipper:
+            shipper.flush()
+    body = manifest(fs, root)
+    obj = body["partitions"][0]["objects"][0]
+    old_key = obj["key"].rsplit(".", 1)[0] + f".tail.{2:020d}"     # <base>.log.tail.<end>
+    fs.mv(f"{root}/{obj['key']}", f"{root}/{old_key}")
+    obj["key"] = old_key
+    fs.pipe_file(f"{root}/{MANIFEST_KEY}", json.dumps(body).encode())
+    logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+    assert_same_logs(str(leader), str(tmp_path / "restored"), ("t-0",))
+    with logkit.Broker(leader) as broker:
+        broker.topic("t").partition(0).append([(None, b"c", [], None)])
+        with broker.ship(url) as shipper:
+            shipper.flush()
+            assert shipper.uploaded_objects == 1          # the new batch only
+    assert chunk_keys(fs, root) == [old_key.rsplit("/", 1)[1],
+                                    f"{0:020d}.log.{2:020d}-{3:020d}"]
+    logkit.ObjectStoreSource(url).restore(tmp_path / "restored-2")
+    assert_same_logs(str(leader), str(tmp_path / "restored-2"), ("t-0",))
 
 
 def test_close_ships_a_last_time_and_the_broker_closes_its_shipper(tmp_path, local_store):
@@ -332,7 +444,7 @@ def test_a_manifest_naming_a_half_uploaded_object_is_refused(tmp_path, local_sto
     body = manifest(fs, root)
     entry = next(e for e in body["partitions"] if e["partition"] == 0)
     obj = entry["objects"][-1]
-    assert ".tail." in obj["key"]
+    assert not obj["key"].endswith(".log")                      # a chunk
     full = fs.cat_file(f"{root}/{obj['key']}")
     obj["key"] = obj["key"][:-20] + f"{obj['end_offset'] + 1:020d}"   # a new name
     fs.pipe_file(f"{root}/{obj['key']}", full[: len(full) // 2])

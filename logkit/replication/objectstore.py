@@ -12,18 +12,22 @@ of Kafka's tiered storage, KIP-405):
 | key | what |
 |---|---|
 | `<topic>-<tid>/<p>/<base:020>.log` | a rolled segment, whole, its bytes those of the leader's file; uploaded once |
-| `<topic>-<tid>/<p>/<base:020>.log.tail.<end:020>` | the active segment's batches below offset `end`; a new one each `ship.interval.ms` the log moved, the one before retired |
-| `manifest.json` | written last: topics (partitions, config overrides, ids, replication factor), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries) and the objects in offset order with their size and SHA-256 |
+| `<topic>-<tid>/<p>/<base:020>.log.<from:020>-<to:020>` | a chunk of the active segment: its whole batches from offset `from` to `to` - 1; each `ship.interval.ms` the log moved adds one with the batches appended since (at most MAX_TAIL_CHUNKS per segment: past that the smallest neighbours merge); when the segment rolls it is uploaded whole and its chunks retire |
+| `<topic>-<tid>/<p>/<base:020>.log.tail.<end:020>` | the first layout's active segment, whole below `end`: still read, never written |
+| `manifest.json` | written last: topics (partitions, config overrides, ids, replication factor), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries) and the objects in offset order with their size, SHA-256 and last batch's epoch and CRC |
 
 Invariant: readers trust only the manifest, and an object only after its size and
 SHA-256 equal the manifest's record and every batch in it passed its CRC. The
 manifest names an object only after the object's upload completed and its size was
 read back, so a half-uploaded object is never taken as data; a mismatch is a
-CorruptRecordError (path, expected, actual). Objects are never rewritten under a key a
-live manifest names (tails carry their end offset); objects that leave the manifest
-are deleted after `RETIRE_GRACE_S`, so a reader holding the previous manifest still
-finds them (a reader later than that re-reads the manifest). Offset indexes are not
-shipped: appending the batches rebuilds them.
+CorruptRecordError (path, expected, actual). Objects are not rewritten under a key a
+live manifest names (chunks carry their offsets; the one exception, a log truncated
+below what was shipped and grown back past it, is found by the last batch's epoch and
+CRC, shipped again, and a reader that finds the old record stale re-reads the
+manifest); objects that leave the manifest are deleted after a grace
+(RETIRE_GRACE_MIN_S, or RETIRE_GRACE_INTERVALS ship intervals), so a reader holding
+the previous manifest still finds them (a reader later than that re-reads the
+manifest). Offset indexes are not shipped: appending the batches rebuilds them.
 
 Threads: a `Shipper` ships from its own thread (and from `flush()`/`close()` in the
 caller's), one pass at a time. An `ObjectStoreSource` is used from one follower thread
@@ -51,7 +55,7 @@ from ..config import resolve_config
 from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       OffsetOutOfRangeError, StorageError, UnknownTopicError)
 from ..group import committed_offsets, list_groups
-from ..records import iter_batches
+from ..records import BatchHeader, iter_batches, read_header
 from ..topic import Partition, TopicPartition
 from .directory import _Epochs
 from .epochs import EpochEntry
@@ -73,7 +77,11 @@ RETIRE_GRACE_INTERVALS = 3           # ... or this many ship intervals if longer
 MAX_BACKOFF_S = 30.0                 # the longest wait after failed passes
 MANIFEST_POLL_S = 0.2                # a waiting source re-reads the manifest this often
 MANIFEST_TRIES = 3                   # restore(): reads of an unreadable manifest
-_KEY = re.compile(r"[A-Za-z0-9._-]+/[0-9]{1,10}/[0-9]{20}\.log(\.tail\.[0-9]{20})?")
+MAX_TAIL_CHUNKS = 64                 # chunk objects per active segment, at most
+assert MAX_TAIL_CHUNKS >= 2
+# a rolled segment, an active segment's chunk, or (manifests before chunks) its tail
+_KEY = re.compile(r"[A-Za-z0-9._-]+/[0-9]{1,10}/[0-9]{20}\.log"
+                  r"(\.[0-9]{20}-[0-9]{20}|\.tail\.[0-9]{20})?")
 _DEFAULTS = resolve_config("topic", None)
 _T = TypeVar("_T")
 
@@ -185,6 +193,11 @@ class _Object(NamedTuple):
     end_offset: int         # one past its last batch's last offset
     size: int
     sha256: str
+    last_batch: str = ""    # "<partitionLeaderEpoch>:<crc>" of its last batch ("": unknown)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "_Object":
+        return cls(**record)
 
     def record(self) -> dict[str, Any]:
         return self._asdict()
@@ -204,6 +217,7 @@ class Shipper:
     same manifest would retire each other's objects."""
 
     close_last = True      # the broker's close() closes it after its other clients
+    incremental = True     # False: the active segment whole each pass (for benchmarks)
 
     def __init__(self, broker: Broker, url: str, *,
                  storage_options: Mapping[str, Any] | None = None) -> None:
@@ -223,6 +237,8 @@ class Shipper:
         self._warned: set[str] = set()
         self.generation = 0
         self.last_shipped_ms: int | None = None          # wall time of the last manifest
+        self.uploaded_bytes = 0                          # object bytes uploaded, in all
+        self.uploaded_objects = 0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"logkit-ship {url}")
         self._thread.start()
@@ -367,18 +383,31 @@ class Shipper:
             if p.segment_base_offsets() == bases:
                 break
         prefix = f"{topic}-{topic_id}/{p.partition}"
-        known = {o["key"]: _Object(**o) for o in (before or {}).get("objects", ())}
+        tp = p.topic_partition
+        cache = self._epochs.setdefault(tp, _Epochs())
+        epochs = cache.get(p, start, end)
         objects: list[_Object] = []
         try:
+            known = [o for o in map(_Object.from_record, (before or {}).get("objects", ()))
+                     if o.end_offset <= end]
+            kept = _still_in_log(p, start, known)
+            if kept < len(known):            # truncated: the epochs may have changed too
+                known = known[:kept]
+                cache = self._epochs[tp] = _Epochs()
+                epochs = cache.get(p, start, end)
             for i, base in enumerate(bases):
                 rolled = i + 1 < len(bases)
                 upto = bases[i + 1] if rolled else end
                 low = max(base, start)
                 if low >= upto:
                     continue                          # an empty segment
-                key = f"{prefix}/{base:020d}.log" if rolled else \
-                    f"{prefix}/{base:020d}.log.tail.{upto:020d}"
-                old = known.get(key)
+                if not rolled:
+                    chunks = [o for o in known if o.segment == base and
+                              o.key != f"{prefix}/{base:020d}.log"]
+                    objects.extend(self._ship_tail(p, prefix, base, low, upto, chunks))
+                    continue
+                key = f"{prefix}/{base:020d}.log"
+                old = next((o for o in known if o.key == key), None)
                 if old is not None and old.end_offset == upto and old.first_offset <= low:
                     objects.append(old)
                 else:
@@ -389,27 +418,54 @@ class Shipper:
             if before is not None:
                 return before
             objects = []
-        tp = p.topic_partition
-        cache = self._epochs.setdefault(tp, _Epochs())
         shipped_end = objects[-1].end_offset if objects else start
-        epochs = [[e.epoch, e.start_offset] for e in cache.get(p, start, end)
-                  if e.start_offset <= shipped_end]
         return {"topic": topic, "partition": p.partition, "topic_id": topic_id,
                 "log_start_offset": min(start, shipped_end),
-                "log_end_offset": shipped_end, "epochs": epochs,
+                "log_end_offset": shipped_end,
+                "epochs": [[e.epoch, e.start_offset] for e in epochs
+                           if e.start_offset <= shipped_end],
                 "segment_base_offsets": sorted({o.segment for o in objects}),
                 "objects": [o.record() for o in objects]}
+
+    def _ship_tail(self, p: Partition, prefix: str, base: int, low: int, end: int,
+                   shipped: list[_Object]) -> list[_Object]:
+        """The chunk objects covering the active segment from the batch holding `low`
+        to `end`: the chain of `shipped` chunks that still fits, then one new chunk of
+        the batches appended since. Past MAX_TAIL_CHUNKS the smallest adjacent pair
+        is merged into one chunk (read again from the log), so a segment has at most
+        that many and a slow partition does not grow the manifest without bound."""
+        chain: list[_Object] = []
+        at = low
+        for chunk in sorted(shipped, key=lambda o: o.first_offset):
+            if chunk.end_offset <= at:
+                continue                              # below the log start now
+            if chunk.first_offset > at or (chain and chunk.first_offset != at):
+                break                                 # a gap: ship from `at` again
+            chain.append(chunk)
+            at = chunk.end_offset
+        if at < end and not self.incremental:        # the tail whole again
+            chain, at = [], low
+        if at < end:
+            if len(chain) >= MAX_TAIL_CHUNKS:
+                i = min(range(len(chain) - 1),
+                        key=lambda j: chain[j].size + chain[j + 1].size)
+                first, last = max(chain[i].first_offset, low), chain[i + 1].end_offset
+                merged = self._upload(p, _chunk_key(prefix, base, first, last), base,
+                                      first, last)
+                chain[i:i + 2] = [merged]
+            chain.append(self._upload(p, _chunk_key(prefix, base, at, end), base, at, end))
+        return chain
 
     def _upload(self, p: Partition, key: str, segment: int, low: int, upto: int) -> _Object:
         """Upload the batches of `p` from the one holding `low` to `upto` under `key`,
         read back its size, and return its record (the manifest is written later)."""
         path = f"{self._root}/{key}"
-        digest, size, first, pos = hashlib.sha256(), 0, None, low
+        digest, size, first, pos, last_batch = hashlib.sha256(), 0, None, low, ""
         if self._local:
             self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
 
         def write() -> None:
-            nonlocal size, first, pos
+            nonlocal size, first, pos, last_batch
             with self._fs.open(path, "wb") as f:
                 while pos < upto:
                     data = p.batches_since(pos, upto=upto, max_bytes=UPLOAD_CHUNK_BYTES)
@@ -422,6 +478,7 @@ class Shipper:
                         last = header
                     assert last is not None
                     pos = last.last_offset + 1
+                    last_batch = _fingerprint(last)
                     f.write(data)
                     digest.update(data)
                     size += len(data)
@@ -434,8 +491,10 @@ class Shipper:
             raise StorageError(f"object store: {path} holds {stored} bytes after an upload "
                                f"of {size}", operation="upload", path=path)
         self._retired.pop(key, None)
+        self.uploaded_bytes += size
+        self.uploaded_objects += 1
         log.debug("shipped %s: offsets %d-%d, %d bytes", key, first, upto - 1, size)
-        return _Object(key, segment, first, upto, size, digest.hexdigest())
+        return _Object(key, segment, first, upto, size, digest.hexdigest(), last_batch)
 
     # ---- the manifest and retired objects -------------------------------------------
 
@@ -478,6 +537,45 @@ class Shipper:
             except FileNotFoundError:
                 pass
             del self._retired[key]
+
+
+def _fingerprint(header: BatchHeader) -> str:
+    """What tells a batch from another stored at the same offsets after a truncation:
+    its leader epoch and CRC (which covers the rest but the offset and length)."""
+    return f"{header.leader_epoch}:{header.crc}"
+
+
+def _still_in_log(p: Partition, start: int, objects: list[_Object]) -> int:
+    """How many of `objects` (in offset order, all below the log end) still hold what
+    the log holds. A truncation rewrites everything from some offset on, so the
+    objects that match are a prefix: the last is checked, then a binary search finds
+    the first whose last batch differs (a batch below the log start counts as a
+    match: retention only removes)."""
+    def matches(obj: _Object) -> bool:
+        if not obj.last_batch or obj.end_offset - 1 < start:
+            return True
+        data = p.batches_since(obj.end_offset - 1, upto=obj.end_offset, max_bytes=1)
+        header = read_header(data, 0, len(data))
+        return header is not None and header.last_offset == obj.end_offset - 1 and \
+            _fingerprint(header) == obj.last_batch
+    if not objects or matches(objects[-1]):
+        return len(objects)
+    low, high = 0, len(objects) - 1        # objects[high] differs
+    while low < high:
+        mid = (low + high) // 2
+        if matches(objects[mid]):
+            low = mid + 1
+        else:
+            high = mid
+    log.warning("%s: the shipped objects from %s on differ from the log (truncated "
+                "since they were shipped); shipping those offsets again", p,
+                objects[low].key)
+    return low
+
+
+def _chunk_key(prefix: str, base: int, first: int, end: int) -> str:
+    """The key of the active segment's chunk holding offsets `first` to `end` - 1."""
+    return f"{prefix}/{base:020d}.log.{first:020d}-{end:020d}"
 
 
 def _keys(manifest: Mapping[str, Any]) -> set[str]:
@@ -572,6 +670,10 @@ class ObjectStoreSource(ReplicaSource):
             self._stale = False
         return self._manifest
 
+    def _entry_fresh(self, tp: TopicPartition) -> dict[str, Any]:
+        self.manifest(fresh=True)
+        return self._entry(tp.topic, tp.partition)
+
     def _entry(self, topic: str, partition: int) -> dict[str, Any]:
         self.manifest()
         entry = self._partitions.get(TopicPartition(topic, partition))
@@ -615,6 +717,12 @@ class ObjectStoreSource(ReplicaSource):
                             path=f"{self.url}/{obj.key}", position=0,
                             expected=obj.size, actual=None) from None
                     self.manifest(fresh=True)       # retired since: a newer manifest
+                    continue
+                except CorruptRecordError:
+                    # Shipped again under its key (the leader's log was truncated
+                    # since): a newer manifest records it anew. Otherwise damage.
+                    if again or _object_holding(self._entry_fresh(tp), offset) == obj:
+                        raise
                     continue
             return loaded.batches(offset, max_bytes)
         raise AssertionError("unreachable")
