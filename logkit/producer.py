@@ -134,6 +134,7 @@ _CSender = None if _sendpath is None else _sendpath.Sender
 # Keyword -> default, from the one settings table (logkit/config.py, scope "producer").
 DEFAULTS: dict[str, Any] = resolve(PRODUCER, None)
 IN_SYNC_REPLICAS = 1                # no replication yet: the leader is the whole ISR
+ISR_CHECK_MAX_AGE_MS = 10           # acks="all": the ISR view checked before an append
 KEY_CACHE_LIMIT = 100_000           # key -> partition entries per topic, then cleared
 MAX_TIMESTAMP_MS = 2**63 - 1        # the batch header's int64
 SECONDS_LOOKALIKE_MS = 10**11       # below it a timestamp looks like seconds (DESIGN §6)
@@ -696,7 +697,7 @@ class Producer:
         in-sync replicas than exist (Kafka's NOT_ENOUGH_REPLICAS; nothing is written)."""
         wanted = partition.config["min.insync.replicas"]
         if hasattr(partition, "in_sync_replicas"):          # a replicated topic
-            isr = partition.in_sync_replicas()
+            isr = partition.in_sync_replicas(max_age_ms=ISR_CHECK_MAX_AGE_MS)
             if wanted > len(isr):
                 raise NotEnoughReplicasError(
                     f"acks='all' to {batch.state.name}-{batch.partition} needs "

@@ -67,6 +67,9 @@ ASSIGNMENT_LOCK = "replica-assignment.lock"
 HW_FILE = "high-watermark"                # <partition dir>/high-watermark
 LISTING_MAX_AGE_S = 1.0                   # replicas/ is re-listed this often (new followers)
 ACK_POLL_S = 0.05                         # an acks waiter looks again at least this often
+ACK_MIN_GAP_S = 0.0005                    # ... and at most this often (each look takes the
+                                          # GIL from the producer's threads)
+ISR_CHECK_MAX_AGE_MS = 10                 # the pre-append ISR check takes a view this old
 
 # high-watermark layout (little-endian, 32 bytes): written under an flock of the file,
 # read without a lock through the sequence number (odd while a writer is mid-update).
@@ -249,7 +252,8 @@ class ReplicaState:
         self._version = 0                 # bumped whenever a report changes
         self._file_keys: dict[str, tuple[int, int, int]] = {}
         self._reports: dict[str, _Report] = {}
-        self._isr_cache: dict[str, tuple[int, int, int, dict[str, int]]] = {}
+        # partition -> (reports version, log end, valid until ms, ISR, worked out at ms)
+        self._isr_cache: dict[str, tuple[int, int, int, dict[str, int], int]] = {}
         self._assignment_key: tuple[int, int, int] | None = None
         self._assignment: dict[str, dict[str, Any]] = {}
         self._hw_files: dict[str, HighWatermarkFile | None] = {}
@@ -411,15 +415,20 @@ class ReplicaState:
         return hw_file  # type: ignore[return-value]
 
     def in_sync(self, partition: Partition, topic_id: str, replication_factor: int,
-                log_end: int | None = None) -> dict[str, int]:
-        """The assigned followers now in the ISR of `partition`, with their log ends."""
-        if log_end is None:
-            log_end = Partition.log_end_offset.fget(partition)  # type: ignore[attr-defined]
+                log_end: int | None = None, *, max_age_ms: int = 0) -> dict[str, int]:
+        """The assigned followers now in the ISR of `partition`, with their log ends;
+        `max_age_ms` accepts a view worked out that recently (the producer's check
+        before each append: Kafka's leader also judges by its last view)."""
         key = _tp_key(partition.topic_partition)
         now_ms = _now_ms()
         with self._lock:
-            assigned = self.assigned(partition.topic, topic_id, replication_factor)
             cached = self._isr_cache.get(key)
+            if max_age_ms and cached is not None and now_ms < cached[2] \
+                    and now_ms - cached[4] <= max_age_ms:
+                return cached[3]
+            if log_end is None:
+                log_end = Partition.log_end_offset.fget(partition)  # type: ignore
+            assigned = self.assigned(partition.topic, topic_id, replication_factor)
             if cached is not None and cached[:2] == (self._version, log_end) \
                     and now_ms < cached[2]:
                 return cached[3]
@@ -430,7 +439,7 @@ class ReplicaState:
             expiry = min([now_ms + LISTING_MAX_AGE_S * 1000] + [
                 self._caught_up(name, key, log_end) + self.lag_time_max_ms
                 for name in isr])
-            self._isr_cache[key] = (self._version, log_end, int(expiry), isr)
+            self._isr_cache[key] = (self._version, log_end, int(expiry), isr, now_ms)
             return isr
 
     def _caught_up(self, name: str, key: str, log_end: int) -> int:
@@ -522,10 +531,12 @@ class ReplicatedPartition(Partition):
     def high_watermark(self) -> int:
         return self.replicas.high_watermark(self, self.topic_id, self.replication_factor)
 
-    def in_sync_replicas(self) -> list[str]:
-        """The ISR: "leader" and the assigned followers in sync now."""
+    def in_sync_replicas(self, *, max_age_ms: int = 0) -> list[str]:
+        """The ISR: "leader" and the assigned followers in sync now (or as worked out
+        at most `max_age_ms` ago)."""
         return ["leader", *self.replicas.in_sync(self, self.topic_id,
-                                                 self.replication_factor)]
+                                                 self.replication_factor,
+                                                 max_age_ms=max_age_ms)]
 
     def read(self, offset: int, max_records: int = 500, *, stop_offset: int | None = None,
              **options: Any) -> list[Any]:
@@ -608,6 +619,7 @@ class AckWaiter:
                     return
                 waiting = list(self._waiting)
             seen = doorbell.value() if doorbell is not None else 0
+            looked = time.monotonic()
             finished = self._check(waiting)
             for w in finished:                       # resolved before flush() returns
                 self._finish(w)
@@ -624,6 +636,10 @@ class AckWaiter:
                 doorbell.wait(seen, pause)
             else:
                 time.sleep(min(pause, 0.001))
+            # every append rings too: look at most every ACK_MIN_GAP_S
+            gap = ACK_MIN_GAP_S - (time.monotonic() - looked)
+            if gap > 0:
+                time.sleep(gap)
 
     def _check(self, waiting: list[_Waiting]) -> list[_Waiting]:
         now = time.monotonic()
