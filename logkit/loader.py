@@ -132,8 +132,11 @@ def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, f
     old = tail_file.read() if valid and not tail_file.torn() else None
     # A torn tail's fields are each old or new, so its version is >= every version
     # a reader cached: count on from it, or readers could miss the new segment list.
+    # Its recovery point, old or new, is one: a writer publishes a recovery point
+    # only after the fsync of the bytes below it. So a SIGKILL mid-update costs a
+    # scan from there, not of the whole partition.
     previous = old if old is not None else tail_file.read_torn() if valid else None
-    full = full or old is None
+    full = full or previous is None
     previous_start = previous.log_start_offset if previous is not None else None
     bases = sorted(b for b in map(parse_segment_name, os.listdir(directory))
                    if b is not None)
@@ -156,7 +159,7 @@ def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, f
         start = previous_start if previous_start is not None else 0
         LogSegment(directory, start, active=True, create_index_bytes=index_bytes).close()
         bases = [start]
-    recovery_point = 0 if full or old is None else old.recovery_point
+    recovery_point = 0 if full or previous is None else previous.recovery_point
     first = max(0, bisect.bisect_right(bases, recovery_point) - 1)
     checked = truncated = segments_checked = 0
     for i, base in enumerate(bases):

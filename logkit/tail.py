@@ -24,6 +24,7 @@ Layout (little-endian; 4096 bytes, preallocated):
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -177,7 +178,10 @@ class TailFile:
         return bool(_SEQ.unpack_from(self.mm, _SEQ_OFFSET)[0] & 1)
 
     def read(self) -> Tail | None:
-        """A consistent snapshot, or None after SEQLOCK_SPINS torn reads in a row."""
+        """A consistent snapshot, or None when the tail stays torn: after
+        SEQLOCK_SPINS_BEFORE_SLEEP torn reads in a row while nobody holds the partition
+        lock (its writer died mid-update: the caller repairs it under the lock, at
+        once rather than after a second of spinning), else after SEQLOCK_SPINS."""
         mm = self.mm
         for spin in range(SEQLOCK_SPINS):
             seq = _SEQ.unpack_from(mm, _SEQ_OFFSET)[0]
@@ -185,9 +189,28 @@ class TailFile:
                 body = _BODY.unpack_from(mm, _BODY_OFFSET)
                 if _SEQ.unpack_from(mm, _SEQ_OFFSET)[0] == seq:
                     return Tail._make(body)
+            if spin == SEQLOCK_SPINS_BEFORE_SLEEP and not self._writer_alive():
+                return None
             if spin > SEQLOCK_SPINS_BEFORE_SLEEP:
                 time.sleep(0.0001)
         return None
+
+    def _writer_alive(self) -> bool:
+        """Whether some thread or process holds the partition lock now. Probed through
+        a descriptor of its own: flock locks belong to an open file description, so a
+        probe on `fd` would succeed against (and its unlock release) a lock this
+        process's own appender holds on it."""
+        try:
+            probe = open_file(self.path, os.O_RDONLY)
+        except OSError:
+            return True                      # cannot tell: keep waiting, as before
+        try:
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False                     # free: nobody is mid-update
+        except OSError:
+            return True
+        finally:
+            os.close(probe)                  # releases the probe's lock with it
 
     def read_locked(self) -> Tail | None:
         """The tail as the lock holder sees it: no writer can be mid-update, so a body

@@ -254,3 +254,74 @@ def test_broker_raises_the_soft_descriptor_limit_to_the_hard_one(tmp_path):
                           env=dict(os.environ, PYTHONPATH=CHECKOUT))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["1200"]
+
+
+def tear_tail(directory: str) -> None:
+    """Leave the tail as a writer killed mid-update does: an odd sequence number."""
+    with open(os.path.join(directory, "logkit.tail"), "r+b") as f:
+        f.seek(8)
+        sequence = int.from_bytes(f.read(8), "little")
+        f.seek(8)
+        f.write((sequence | 1).to_bytes(8, "little"))
+
+
+def test_a_torn_tail_is_recovered_from_the_recovery_point_not_from_offset_0(tmp_path):
+    """Reopening after a writer died mid-update (the tail torn, a torn batch past the
+    committed end) scans only the segment above the recovery point, cuts the torn
+    batch as before, and keeps every record."""
+    root = str(tmp_path)
+    with logkit.Broker(root, background=False) as broker:
+        partition = broker.create_topic("t", 1, config={"segment.bytes": 8192}) \
+            .partition(0)
+        for n in range(400):
+            partition.append([(None, b"%05d" % n + b"v" * 95, [], None)])
+        directory = partition.directory
+        active = partition.segment_base_offsets()[-1]
+    segments = len([n for n in os.listdir(directory) if n.endswith(".log")])
+    assert segments > 5
+    with open(os.path.join(directory, "%020d.log" % active), "ab") as f:
+        f.write(b"\x00" * 7 + b"\xc8" + b"\x00\x00\x01\x00torn")     # a partial batch
+    tear_tail(directory)
+    with logkit.Broker(root, background=False) as broker:
+        partition = broker.topic("t").partition(0)
+        assert partition.high_watermark == 400
+        report = partition.last_recovery
+        assert report is not None and report.segments_checked == 1, report
+        assert report.bytes_truncated == 16                  # the torn batch, cut
+        got = partition.read(0, max_records=1000)
+        while len(got) < 400:
+            got += partition.read(got[-1].offset + 1, max_records=1000)
+        assert [int(r.value[:5]) for r in got] == list(range(400))
+        partition.append([(None, b"after", [], None)])
+        assert partition.read(400)[0].value == b"after"
+
+
+def test_a_reader_repairs_a_tail_torn_by_a_dead_writer_without_spinning(tmp_path,
+                                                                         monkeypatch):
+    """A torn tail with nobody holding the partition lock is a dead writer's: a reader
+    stops waiting after its short spin (no sleeps) and repairs it. While a live writer
+    holds the lock, the reader keeps waiting as before."""
+    import fcntl
+
+    from logkit import tail as tail_module
+    root = str(tmp_path)
+    with logkit.Broker(root, background=False) as broker:
+        partition = broker.create_topic("t", 1).partition(0)
+        partition.append([(None, b"x", [], None)])
+        assert partition.high_watermark == 1
+        sleeps = _Counting(monkeypatch, tail_module.time, "sleep")
+        tear_tail(partition.directory)
+        assert partition.high_watermark == 1             # repaired under the lock
+        assert sleeps.calls == 0
+        assert partition.last_recovery is not None
+        tail_file = partition._log._tail_file
+        monkeypatch.setattr(tail_module, "SEQLOCK_SPINS", 300)
+        tear_tail(partition.directory)
+        holder = os.open(tail_file.path, os.O_RDONLY)
+        try:
+            fcntl.flock(holder, fcntl.LOCK_EX)           # a live writer, mid-update
+            assert tail_file.read() is None
+            assert sleeps.calls > 0                      # it waited for the writer
+        finally:
+            os.close(holder)
+        assert partition.high_watermark == 1
