@@ -24,8 +24,8 @@ import os
 import time
 from typing import Any, Iterable, Mapping, NamedTuple
 
-from .segment import (LogSegment, parse_segment_name, retire_segment, segment_file_name,
-                      unlink_segment)
+from .segment import (LogSegment, SegmentRecovery, parse_segment_name, retire_segment,
+                      segment_file_name, unlink_segment)
 from .tail import BOOT_ID, Tail, TailFile
 
 __all__ = ["RecoveryReport", "needs_recovery", "recover", "live_bases", "leftovers"]
@@ -162,7 +162,10 @@ def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, f
     recovery_point = 0 if full or previous is None else previous.recovery_point
     first = max(0, bisect.bisect_right(bases, recovery_point) - 1)
     checked = truncated = segments_checked = 0
-    for i, base in enumerate(bases):
+    if fresh:       # a new partition: its empty segment was just made; nothing to scan
+        found = SegmentRecovery(0, 0, bases[0], -1, -1, None)
+        entries = time_entries = 0
+    for i, base in enumerate([] if fresh else bases):
         last = i == len(bases) - 1
         has_indexes = (segment_file_name(base, ".index") in names
                        and segment_file_name(base, ".timeindex") in names)
@@ -204,7 +207,8 @@ def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, f
         min(recovery_point, next_offset), _now_ms() if found.size else -1, 0, 0, -1,
         previous.leader_epoch if previous is not None else 0,
         previous.deleted if previous is not None else 0))
-    tail_file.sync()
+    if not fresh:   # a new partition's tail lost to an OS crash is rebuilt by recovery
+        tail_file.sync()
     report = RecoveryReport(segments_checked, checked, truncated,
                             time.perf_counter() - started)
     if fresh:
