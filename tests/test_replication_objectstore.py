@@ -180,22 +180,35 @@ def _objects(fs, root, partition=0):
     return [o["key"] for o in entry["objects"]]
 
 
-def test_chunks_past_the_limit_merge_the_smallest_neighbours(tmp_path, local_store,
-                                                             monkeypatch):
+def test_the_newest_chunks_merge_by_size_tiers(tmp_path, local_store, monkeypatch):
+    """Fan-out 2, equal appends: the chunks of the active segment merge like a binary
+    counter (1, 2, 2+1, 4, ...), one merge upload per pass at most; past the merge
+    limit they stay as they are. The copy is byte-identical either way."""
     url, options, fs, root = local_store
-    monkeypatch.setattr(objectstore, "MAX_TAIL_CHUNKS", 3)
+    monkeypatch.setattr(objectstore, "TAIL_MERGE_FANOUT", 2)
     with logkit.Broker(tmp_path / "leader", config={"ship.interval.ms": 3600000}) as broker:
         broker.create_topic("t", 1)
         p = broker.topic("t").partition(0)
         with broker.ship(url) as shipper:
+            counts, uploads = [], []
             for n in range(8):
-                p.append([(None, b"z" * (10 + n), [], None)])
+                before = shipper.uploaded_objects
+                p.append([(None, b"z" * 50, [], None)])
                 shipper.flush()
+                counts.append(len(chunk_keys(fs, root)))
+                uploads.append(shipper.uploaded_objects - before)
                 entry = manifest(fs, root)["partitions"][0]
-                assert len(entry["objects"]) <= 3
                 assert entry["objects"][0]["first_offset"] == 0
                 assert entry["objects"][-1]["end_offset"] == n + 1
-    assert chunk_keys(fs, root)[-1] == f"{0:020d}.log.{7:020d}-{8:020d}"   # the newest
+            assert counts == [1, 1, 2, 1, 2, 2, 3, 1]            # bits of n + 1
+            assert max(uploads) == 2                               # the new one, a merge
+            assert chunk_keys(fs, root) == [f"{0:020d}.log.{0:020d}-{8:020d}"]
+            one = manifest(fs, root)["partitions"][0]["objects"][0]["size"] // 8
+            monkeypatch.setattr(objectstore, "TAIL_MERGE_MAX_BYTES", one)
+            for n in range(3):
+                p.append([(None, b"z" * 50, [], None)])
+                shipper.flush()
+            assert len(chunk_keys(fs, root)) == 4        # 8 | 1 1 1: no merge fits
     logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
     assert_same_logs(str(tmp_path / "leader"), str(tmp_path / "restored"), ("t-0",))
 

@@ -12,7 +12,7 @@ of Kafka's tiered storage, KIP-405):
 | key | what |
 |---|---|
 | `<topic>-<tid>/<p>/<base:020>.log` | a rolled segment, whole, its bytes those of the leader's file; uploaded once |
-| `<topic>-<tid>/<p>/<base:020>.log.<from:020>-<to:020>` | a chunk of the active segment: its whole batches from offset `from` to `to` - 1; each `ship.interval.ms` the log moved adds one with the batches appended since (at most MAX_TAIL_CHUNKS per segment: past that the smallest neighbours merge); when the segment rolls it is uploaded whole and its chunks retire |
+| `<topic>-<tid>/<p>/<base:020>.log.<from:020>-<to:020>` | a chunk of the active segment: its whole batches from offset `from` to `to` - 1; each `ship.interval.ms` the log moved adds one with the batches appended since; the newest merge by size tiers (`_tail_merge`), so they stay few; when the segment rolls it is uploaded whole and its chunks retire |
 | `<topic>-<tid>/<p>/<base:020>.log.tail.<end:020>` | the first layout's active segment, whole below `end`: still read, never written |
 | `manifest.json` | written last: topics (partitions, config overrides, ids, replication factor), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries) and the objects in offset order with their size, SHA-256 and last batch's epoch and CRC |
 
@@ -77,8 +77,8 @@ RETIRE_GRACE_INTERVALS = 3           # ... or this many ship intervals if longer
 MAX_BACKOFF_S = 30.0                 # the longest wait after failed passes
 MANIFEST_POLL_S = 0.2                # a waiting source re-reads the manifest this often
 MANIFEST_TRIES = 3                   # restore(): reads of an unreadable manifest
-MAX_TAIL_CHUNKS = 64                 # chunk objects per active segment, at most
-assert MAX_TAIL_CHUNKS >= 2
+TAIL_MERGE_FANOUT = 8                # chunks of the active segment merged at a time
+TAIL_MERGE_MAX_BYTES = 16 << 20      # ... into at most this many bytes
 # a rolled segment, an active segment's chunk, or (manifests before chunks) its tail
 _KEY = re.compile(r"[A-Za-z0-9._-]+/[0-9]{1,10}/[0-9]{20}\.log"
                   r"(\.[0-9]{20}-[0-9]{20}|\.tail\.[0-9]{20})?")
@@ -431,9 +431,9 @@ class Shipper:
                    shipped: list[_Object]) -> list[_Object]:
         """The chunk objects covering the active segment from the batch holding `low`
         to `end`: the chain of `shipped` chunks that still fits, then one new chunk of
-        the batches appended since. Past MAX_TAIL_CHUNKS the smallest adjacent pair
-        is merged into one chunk (read again from the log), so a segment has at most
-        that many and a slow partition does not grow the manifest without bound."""
+        the batches appended since, then at most one merge of the newest chunks
+        (`_tail_merge`), read again from the log, so the chunks of a segment stay few
+        and the manifest small."""
         chain: list[_Object] = []
         at = low
         for chunk in sorted(shipped, key=lambda o: o.first_offset):
@@ -446,14 +446,12 @@ class Shipper:
         if at < end and not self.incremental:        # the tail whole again
             chain, at = [], low
         if at < end:
-            if len(chain) >= MAX_TAIL_CHUNKS:
-                i = min(range(len(chain) - 1),
-                        key=lambda j: chain[j].size + chain[j + 1].size)
-                first, last = max(chain[i].first_offset, low), chain[i + 1].end_offset
-                merged = self._upload(p, _chunk_key(prefix, base, first, last), base,
-                                      first, last)
-                chain[i:i + 2] = [merged]
             chain.append(self._upload(p, _chunk_key(prefix, base, at, end), base, at, end))
+        merge = _tail_merge(chain)
+        if merge > 1:
+            first, last = max(chain[-merge].first_offset, low), chain[-1].end_offset
+            chain[-merge:] = [self._upload(p, _chunk_key(prefix, base, first, last), base,
+                                           first, last)]
         return chain
 
     def _upload(self, p: Partition, key: str, segment: int, low: int, upto: int) -> _Object:
@@ -571,6 +569,30 @@ def _still_in_log(p: Partition, start: int, objects: list[_Object]) -> int:
                 "since they were shipped); shipping those offsets again", p,
                 objects[low].key)
     return low
+
+
+def _tail_merge(chain: list[_Object]) -> int:
+    """How many of the newest chunks to merge into one (0: none). Size-tiered, as an
+    LSM tree compacts: the TAIL_MERGE_FANOUT newest chunks merge when the oldest of
+    them is no larger than the others together (so chunks of one tier merge, and a
+    bigger one from the tier above waits) and the result is at most
+    TAIL_MERGE_MAX_BYTES. A merge can complete a run of the next tier, so the rule is
+    applied again on the sizes, and only the final merge is uploaded.
+
+    With equal appends per pass this is a counter in base FANOUT: each byte is uploaded
+    about 1 + log_FANOUT(TAIL_MERGE_MAX_BYTES / bytes per pass) times, one pass
+    uploads at most TAIL_MERGE_MAX_BYTES besides its new batches, and the chunks of
+    a segment stay about FANOUT per tier (more only past the size limit)."""
+    fanout = TAIL_MERGE_FANOUT
+    sizes = [c.size for c in chain]
+    counts = [1] * len(chain)             # chunks of `chain` in each simulated one
+    while len(sizes) >= fanout:
+        total = sum(sizes[-fanout:])
+        if total > TAIL_MERGE_MAX_BYTES or sizes[-fanout] > total - sizes[-fanout]:
+            break
+        sizes[-fanout:] = [total]
+        counts[-fanout:] = [sum(counts[-fanout:])]
+    return counts[-1] if counts and counts[-1] > 1 else 0
 
 
 def _chunk_key(prefix: str, base: int, first: int, end: int) -> str:
