@@ -16,6 +16,12 @@ a group consumer's `poll`), it measures:
                    the same partitions; peer: SQLite SELECT per table
   consumer fds     descriptors held by the consuming process once it has read all
 
+and, once per run, reopening one partition of `--reopen-mb` (64 MiB segments) after a
+writer died mid-update of the tail (its sequence number left odd): the reopen beside a
+clean reopen and the floor (the clean reopen plus reading and CRC-32C-checking the bytes
+above the recovery point), and how long a reader that has the partition open takes to
+repair it.
+
 Run from the checkout's root (its own command line and JSON, not part of `all`):
     .venv/bin/python -m benchmarks.scaling [--points 10,100,1000] [--records N]
         [--json benchmarks/scaling.json] [--plots docs]
@@ -45,6 +51,7 @@ IDLE_POLLS_MAX = 50
 DEFAULT_POINTS = (10, 100, 1000)
 QUICK_POINTS = (2, 8)
 QUICK_RECORDS = 3000
+QUICK_REOPEN_MB = 2
 CHILD_TIMEOUT_S = 3600
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -293,6 +300,62 @@ def _sqlite(path: str, ks: list[bytes], owner: list[int], partitions: int
     return produce, consume
 
 
+# ---- reopening after a torn tail --------------------------------------------------------
+
+def _tear_tail(directory: str) -> None:
+    """Leave the tail as a writer SIGKILLed mid-update does: an odd sequence number."""
+    with open(os.path.join(directory, "logkit.tail"), "r+b") as f:
+        f.seek(8)
+        sequence = int.from_bytes(f.read(8), "little")
+        f.seek(8)
+        f.write((sequence | 1).to_bytes(8, "little"))
+
+
+def reopen(megabytes: int, root: str) -> dict[str, Any]:
+    """Clean and torn reopens of one partition of `megabytes` MB, and the floor."""
+    import statistics
+
+    import logkit
+    from logkit.crc import crc32c
+    data = os.path.join(root, "reopen")
+    with logkit.Broker(data, background=False) as broker:
+        partition = broker.create_topic(TOPIC, 1, config={"segment.bytes": 64 << 20}) \
+            .partition(0)
+        batch = [(None, b"v" * 1000, None, None)] * 100
+        for _ in range(megabytes * 10):
+            partition.append(batch)
+        directory = partition.directory
+
+    def open_once() -> tuple[float, Any]:
+        started = time.perf_counter()
+        with logkit.Broker(data, background=False) as broker:
+            p = broker.topic(TOPIC).partition(0)
+            p.high_watermark
+            seconds = time.perf_counter() - started
+            return seconds, p.last_recovery
+
+    open_once()
+    clean = statistics.median(open_once()[0] for _ in range(3))
+    _tear_tail(directory)
+    torn, report = open_once()
+    active = max(n for n in os.listdir(directory) if n.endswith(".log"))
+    started = time.perf_counter()
+    with open(os.path.join(directory, active), "rb") as f:
+        crc32c(f.read())
+    scan = time.perf_counter() - started
+    with logkit.Broker(data, background=False) as broker:
+        p = broker.topic(TOPIC).partition(0)
+        p.high_watermark
+        _tear_tail(directory)
+        started = time.perf_counter()
+        p.high_watermark                     # a reader meets the torn tail and repairs it
+        repair = time.perf_counter() - started
+    shutil.rmtree(data, ignore_errors=True)
+    return {"megabytes": megabytes, "clean_reopen_s": clean, "torn_reopen_s": torn,
+            "torn_bytes_checked": report.bytes_checked if report else 0,
+            "floor_s": clean + scan, "reader_repair_s": repair}
+
+
 # ---- the driver ------------------------------------------------------------------------
 
 def run_point(partitions: int, records: int, directory: str | None) -> dict[str, Any]:
@@ -395,8 +458,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="partition counts (default %(default)s)")
     parser.add_argument("--records", type=int, default=300_000,
                         help="records per point (default %(default)s)")
+    parser.add_argument("--reopen-mb", type=int, default=256,
+                        help="size of the partition reopened after a torn tail "
+                        "(default %(default)s; 0: skip)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"tiny: points {QUICK_POINTS}, {QUICK_RECORDS} records")
+                        help=f"tiny: points {QUICK_POINTS}, {QUICK_RECORDS} records, "
+                        f"{QUICK_REOPEN_MB} MB reopened")
     parser.add_argument("--dir", default=None, help="where temporary data goes")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--plots", metavar="DIR", help="draw PNG curves into DIR")
@@ -413,9 +480,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         sys.stderr.write(f"scaling: {n} partitions, {records:,} records ...\n")
         rows.append(run_point(n, records, args.dir))
     print(markdown(rows))
+    reopen_mb = QUICK_REOPEN_MB if args.quick else args.reopen_mb
+    reopened = None
+    if reopen_mb:
+        sys.stderr.write(f"scaling: reopen after a torn tail, {reopen_mb} MB ...\n")
+        root = tempfile.mkdtemp(prefix="logkit-bench-scaling-reopen-", dir=args.dir)
+        try:
+            reopened = reopen(reopen_mb, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(f"\nreopen of {reopen_mb} MB after a torn tail: "
+              f"{reopened['torn_reopen_s'] * 1000:.1f} ms (scanned "
+              f"{reopened['torn_bytes_checked'] / 1e6:.1f} MB); clean reopen "
+              f"{reopened['clean_reopen_s'] * 1000:.1f} ms; floor (clean + read and CRC "
+              f"of the bytes above the recovery point) {reopened['floor_s'] * 1000:.1f} "
+              f"ms; an open reader repairs it in "
+              f"{reopened['reader_repair_s'] * 1000:.1f} ms")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"records": records, "rows": rows}, f, indent=1)
+            json.dump({"records": records, "rows": rows, "reopen": reopened}, f, indent=1)
             f.write("\n")
     if args.plots:
         for path in plot(rows, args.plots, args.plot_suffix):

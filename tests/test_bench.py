@@ -234,3 +234,36 @@ def test_scaling_quick_runs_and_writes_its_json(tmp_path):
                     "create_floor_s", "producer_fds_per_partition", "batch_records_mean"):
             assert finite_positive(row[key]), (key, row)
         assert row["index_cache_kib_per_partition"] >= 0, row
+    reopened = document["reopen"]
+    assert reopened["torn_bytes_checked"] > 0
+    for key in ("clean_reopen_s", "torn_reopen_s", "floor_s", "reader_repair_s"):
+        assert finite_positive(reopened[key]), (key, reopened)
+
+
+def test_objectstore_quick_runs_and_writes_its_json(tmp_path):
+    """benchmarks.objectstore (its own command line) runs its --quick size against
+    file:// and moto's S3 server: lag percentiles in order for each store, and per pass
+    the chunked tail uploads what was appended while the whole tail uploads more."""
+    pytest.importorskip("moto.server", reason="the test extra (moto[server]) is needed")
+    out = tmp_path / "objectstore.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.objectstore", "--quick",
+                           "--dir", str(tmp_path), "--json", str(out)],
+                          cwd=CHECKOUT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    document = json.loads(out.read_text())
+    assert len(document["lag"]) == 2
+    for row in document["lag"]:
+        assert row["seen"] == row["records"] > 0, row
+        assert 0 < row["lag_ms_p50"] <= row["lag_ms_p99"] <= row["lag_ms_max"], row
+    by_mode = {(r["store"], r["mode"]): r for r in document["per_pass"]}
+    assert len(by_mode) == 4
+    for (store, mode), row in by_mode.items():
+        assert row["passes"] == document["passes"] and row["segments"] == 1, row
+        if mode == "chunks":
+            assert row["uploaded_bytes_total"] == \
+                row["appended_bytes_per_pass"] * row["passes"], row
+            assert row["objects_per_pass_max"] == 1, row
+        else:
+            assert row["uploaded_bytes_last"] == \
+                row["appended_bytes_per_pass"] * row["passes"], row
+    assert not list(tmp_path.glob("logkit-bench-objectstore-*"))      # cleaned up
