@@ -114,6 +114,7 @@ class DirectorySource(ReplicaSource):
         self._epochs: dict[TopicPartition, _Epochs] = {}
         self._doorbell: Doorbell | None = None
         self._doorbell_tried = False
+        self._seen: int | None = None        # the doorbell at the cycle's first look
         self._report_warned = False
 
     def describe(self) -> str:
@@ -161,6 +162,10 @@ class DirectorySource(ReplicaSource):
         raise AssertionError("unreachable")
 
     def partition(self, topic: str, partition: int) -> PartitionInfo:
+        if self._seen is None:             # the doorbell before the first look of a
+            doorbell = self._open_doorbell()    # cycle: wait() then misses no append
+            self._seen = None if doorbell is None else doorbell.value()
+
         def state(p: Partition) -> PartitionInfo:
             start, end = p.log_start_offset, p.log_end_offset
             bases = tuple(p.segment_base_offsets())
@@ -237,13 +242,17 @@ class DirectorySource(ReplicaSource):
 
     def wait(self, timeout_s: float) -> None:
         """Sleep on the leader's doorbell (rung after every append) until it rings or
-        `timeout_s` passes; plain sleeps where the doorbell cannot be opened."""
+        `timeout_s` passes; plain sleeps where the doorbell cannot be opened. A ring
+        since the first `partition()` of this cycle returns at once (an append made
+        while the follower looked, which it may not have seen)."""
         doorbell = self._open_doorbell()
         if doorbell is None:
             super().wait(min(timeout_s, 0.05))
             return
         deadline = time.monotonic() + timeout_s
-        seen = doorbell.value()
+        seen, self._seen = self._seen, None
+        if seen is None:
+            seen = doorbell.value()
         while doorbell.value() == seen:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -264,6 +273,7 @@ class DirectorySource(ReplicaSource):
         broker, self._broker = self._broker, None
         doorbell, self._doorbell = self._doorbell, None
         self._doorbell_tried = False
+        self._seen = None
         self._epochs.clear()
         self._topics.clear()
         if doorbell is not None:
