@@ -362,3 +362,183 @@ def test_the_promote_command_unclean(tmp_path, capsys):
     assert main(["promote", str(tmp_path / "F"), "--unclean"]) == 0
     with logkit.Broker(tmp_path / "F") as new_leader:
         assert new_leader.topic("t").partition(0).leader_epoch == 1
+
+
+# ---- the fault test: the leader SIGKILLed at random moments, acks="all" ---------------
+
+KILLS = int(os.environ.get("LOGKIT_FAILOVER_KILLS",
+                           1000 if os.environ.get("LOGKIT_SLOW") == "1" else 20))
+
+
+class Node:
+    """One replica process (failover_proc.py node) and the lines it printed."""
+
+    def __init__(self, root, source, writer_id):
+        import queue
+        import threading
+        self.root, self.writer_id = root, writer_id
+        self.proc = subprocess.Popen(
+            [sys.executable, HELPER, "node", str(root), str(source or "-"), writer_id,
+             "gate"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": ROOT_DIR})
+        self.lines = queue.Queue()
+        self.acked = {}                                 # offset -> value
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _take(self, line):
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            self.acked[int(parts[0])] = b"%s-%s" % (self.writer_id.encode(),
+                                                     parts[1].encode())
+        return parts
+
+    def expect(self, word, timeout_s=60.0):
+        """Wait for the line starting with `word` (taking acked lines on the way)."""
+        import queue
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"{self.root}: no {word!r} line in time") from None
+            assert line is not None, f"{self.root} exited ({self.proc.wait()}) before " \
+                f"{word!r}"
+            parts = self._take(line)
+            if parts and parts[0] == word:
+                return parts[1:]
+            assert not parts or parts[0] in ("ready", "first", "leading", "following") \
+                or len(parts) == 2 and parts[0].isdigit(), line
+
+    def acked_count(self):
+        import queue
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                return len(self.acked)
+            if line is None:
+                raise AssertionError(f"{self.root} exited ({self.proc.wait()})")
+            self._take(line)
+
+    def send(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=30)
+        while True:
+            line = self.lines.get()
+            if line is None:
+                break
+            self._take(line)                           # a line cut by the kill: dropped
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+
+def _records_from(root, offset):
+    """The records of t-0 from `offset` on (past the high watermark too), and the
+    partition checked whole; returns (records, log end offset)."""
+    from logkit.topic import Partition
+    with logkit.Broker(root, read_only=True) as b:
+        p = b.topic("t").partition(0)
+        p.check()
+        out, end = [], Partition.log_end_offset.fget(p)
+        while offset < end:
+            got = Partition.read(p, offset, 5000, stop_offset=end)
+            out += [(r.offset, r.value) for r in got]
+            offset = got[-1].offset + 1
+        return out, end
+
+
+def _same_prefix(follower_root, leader_root):
+    """Every segment file of the follower is a byte prefix of the leader's (equal for
+    rolled segments): the copy holds the new leader's history and nothing else."""
+    fdir, ldir = os.path.join(follower_root, "t-0"), os.path.join(leader_root, "t-0")
+    names = sorted(n for n in os.listdir(fdir) if n.endswith(".log"))
+    assert names
+    for name in names:
+        with open(os.path.join(fdir, name), "rb") as f:
+            mine = f.read()
+        with open(os.path.join(ldir, name), "rb") as f:
+            theirs = f.read()
+        assert theirs[:len(mine)] == mine, name
+        if name != names[-1]:
+            assert theirs == mine, name
+
+
+def test_the_leader_sigkilled_at_random_moments_loses_no_acknowledged_record(tmp_path):
+    """Two replica processes, acks="all", min.insync.replicas=2, replication factor 2,
+    lease TTL 1 s. Each round: the leader is SIGKILLed after a random number of
+    acknowledged records (every third round with the follower SIGSTOPped first and
+    resumed once the lease lapsed, so the old leader keeps an unacknowledged tail the
+    new one never copied); the follower promotes itself; every acknowledged record is on
+    the new leader exactly once at its offset and its files pass check(); the old
+    leader, restarted, refuses a write, rejoins as a follower, drops its divergent tail
+    and becomes a byte prefix of the new leader (the next round kills that leader)."""
+    import random
+    rng = random.Random(int(os.environ.get("LOGKIT_FAILOVER_SEED", "0")) or None)
+    roots = [tmp_path / "A", tmp_path / "B"]
+    leader = Node(roots[0], None, "w0")
+    leader.send("go")
+    leader.expect("leading")
+    follower = Node(roots[1], roots[0], "w1")
+    follower.send("go")
+    follower.expect("following")
+    nodes, divergent, standby, tenure = [leader, follower], 0, None, 0
+    try:
+        for kill_round in range(KILLS):
+            leader, follower = nodes
+            standby = Node(leader.root, follower.root, f"w{kill_round + 2}")  # ahead:
+            wanted = rng.randint(1, 100)
+            wait_for(lambda: leader.acked_count() >= wanted, "acknowledged records", 60)
+            if kill_round == 0:
+                wait_for(lambda: read_lease(leader.root) is not None, "the first lease")
+            time.sleep(rng.uniform(0, 0.1))
+            paused = kill_round % 3 == 2
+            if paused:                  # the follower stops copying: the leader appends
+                follower.proc.send_signal(signal.SIGSTOP)   # records it cannot ack
+                time.sleep(0.05)
+            leader.kill()
+            if paused:                  # resumed after the lease lapsed: it promotes
+                lease = read_lease(leader.root)             # without the unacked tail
+                time.sleep(max(0.0, lease.expires_ms / 1000 - time.time()) + 0.05)
+                follower.proc.send_signal(signal.SIGCONT)
+            follower.expect("promoted")
+            # the killed leader wrote only from `tenure` on (its values are its own)
+            records, promoted_end = _records_from(follower.root, tenure)
+            where = {value: offset for offset, value in records}
+            assert len(where) == len(records), "a record stored twice"
+            for offset, value in leader.acked.items():
+                assert where.get(value) == offset, (kill_round, offset, value)
+            tenure = promoted_end
+            follower.send("lead")
+            follower.expect("leading")
+            rejoined = standby                       # the round's cost is the kill
+            rejoined.expect("ready")
+            rejoined.send("go")
+            old_end = int(rejoined.expect("refused")[0])
+            divergent += old_end > promoted_end
+            rejoined.expect("following")
+            _same_prefix(rejoined.root, follower.root)
+            leader.stop()
+            nodes = [follower, rejoined]
+            standby = None
+    finally:
+        if standby is not None:
+            standby.stop()
+        for node in nodes:
+            node.stop()
+    print(f"{KILLS} kills, {divergent} with a divergent unacknowledged tail dropped")
