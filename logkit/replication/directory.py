@@ -214,6 +214,8 @@ class DirectorySource(ReplicaSource):
         doorbell = self._open_doorbell()
         if doorbell is not None:
             doorbell.ring()
+            if self._seen is not None:           # our own ring is no news to wait()
+                self._seen = (self._seen + 1) & 0xFFFFFFFF
 
     def lease(self) -> Lease | None:
         """The lease in the leader's root when it names that root's own replica (a lease
