@@ -542,3 +542,34 @@ def test_the_leader_sigkilled_at_random_moments_loses_no_acknowledged_record(tmp
         for node in nodes:
             node.stop()
     print(f"{KILLS} kills, {divergent} with a divergent unacknowledged tail dropped")
+
+
+def test_a_leader_killed_mid_update_of_its_tail_is_still_replaced(tmp_path):
+    """A leader killed with its tail state torn (the sequence number odd) leaves a
+    partition that a read-only DirectorySource cannot read (only a read-write open
+    repairs it); the follower still promotes itself, judging the ISR by the leader's
+    log end as it last read it."""
+    import struct
+    old_path, new_path = tmp_path / "L", tmp_path / "F"
+    writer = start("lead", old_path, 1000, "w")
+    follower = logkit.Follower(new_path, logkit.DirectorySource(old_path), config=FAST)
+    follower.start()
+    try:
+        wait_for(lambda: read_lease(old_path) is not None, "the leader's first lease")
+        wait_for(lambda: sum(follower.log_end_offsets().values()) > 50, "copying")
+        writer.send_signal(signal.SIGSTOP)
+        with open(old_path / "t-0" / "logkit.tail", "r+b") as f:
+            f.seek(8)
+            seq = struct.unpack("<Q", f.read(8))[0]
+            f.seek(8)
+            f.write(struct.pack("<Q", seq | 1))          # a writer mid-update
+        out = kill(writer)
+        assert follower.promoted.wait(30), follower.error
+    finally:
+        follower.stop()
+    acked = acked_lines(out, b"w")
+    with logkit.Broker(new_path) as new_leader:
+        p = new_leader.topic("t").partition(0)
+        p.check()
+        values = {r.offset: r.value for r in p.read(0, max_records=10 ** 6)}
+        assert values and all(acked[o] == v for o, v in values.items() if o in acked)

@@ -135,6 +135,7 @@ class Follower:
         self._next_metadata = 0.0
         self._reported: dict[TopicPartition, int] = {}
         self._reported_at = 0.0
+        self._leader_ends: dict[TopicPartition, int] = {}     # as last read
         self._next_lease_check = 0.0
         self._caught_up_ms: dict[TopicPartition, int] = {}   # Kafka's lastCaughtUpTimeMs
 
@@ -412,7 +413,7 @@ class Follower:
                                   f"(replication factor {info.replication_factor}: "
                                   f"{assigned})")
                 for n in range(info.partitions):
-                    end = self.source.partition(name, n).log_end_offset
+                    end = self._leader_end(TopicPartition(name, n))
                     isr = in_sync_replicas(assigned, reports, f"{name}-{n}", end, now_ms,
                                            lag_ms)
                     if me not in isr:
@@ -425,6 +426,20 @@ class Follower:
         finally:
             state.close()
         return rank, ""
+
+    def _leader_end(self, tp: TopicPartition) -> int:
+        """The leader's log end of `tp` now, or as last read when its partition cannot
+        be read: a leader killed mid-update leaves a torn tail that only a read-write
+        open repairs, and a dead leader's follower must still be able to take over."""
+        try:
+            return self.source.partition(tp.topic, tp.partition).log_end_offset
+        except (LogkitError, OSError) as exc:
+            if tp not in self._leader_ends:
+                raise
+            log.debug("%s: %s: the leader's partition cannot be read (%s); its log end "
+                      "as last read is %d", self.path, _tp_name(tp), exc,
+                      self._leader_ends[tp])
+            return self._leader_ends[tp]
 
     def _fatal(self, exc: BaseException) -> bool:
         return isinstance(exc, (IllegalStateError, ConfigError)) or (
@@ -614,6 +629,7 @@ class Follower:
             self._epochs[tp] = self._load_epochs(p)
         asked_ms = int(time.time() * 1000)         # the leader's log end as of now:
         info = self.source.partition(tp.topic, tp.partition)
+        self._leader_ends[tp] = info.log_end_offset
         self._note_leader_epoch(tp, info)
         end = self._align(tp, p, info)
         if tp not in self._checked:
