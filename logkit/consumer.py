@@ -53,7 +53,7 @@ from .coordinator import ConsumerCoordinator
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
                      LogkitError, NoOffsetForPartitionError, OffsetOutOfRangeError,
                      SerializationError, UnknownTopicError, storage_error)
-from .group import OffsetAndMetadata
+from .group import OffsetAndMetadata, committed_offsets
 from .records import Record
 from .subscription import SubscriptionState, as_topic_partition, check_offset
 from .topic import TopicPartition, validate_topic_name
@@ -257,7 +257,7 @@ class Consumer:
 
     def _reset(self, tp: TopicPartition) -> int:
         policy = self._subscriptions.reset_policy
-        partition = self._partition(tp)
+        partition = self._handle(tp)
         if policy == "earliest":
             return partition.log_start_offset
         if policy == "latest":
@@ -265,14 +265,22 @@ class Consumer:
         raise NoOffsetForPartitionError(
             f"no valid offset for {tp.topic}-{tp.partition} and auto_offset_reset='none'")
 
-    def _resolve(self, tp: TopicPartition) -> int:
+    def _resolve(self, tp: TopicPartition,
+                 committed: Mapping[TopicPartition, Any] | None = None) -> int:
+        """`tp`'s position, resolved on first use from the group's committed offset
+        (looked up alone, or in `committed`: all of the group's, read at once) or
+        `auto_offset_reset`."""
         positions = self._subscriptions.positions
         position = positions.get(tp)
         if position is None:
             if self._coordinator is not None:
-                position = self._coordinator.committed(tp)
+                if committed is None:
+                    position = self._coordinator.committed(tp)
+                else:
+                    found = committed.get(tp)
+                    position = None if found is None else found.offset
                 if position is not None:
-                    partition = self._partition(tp)
+                    partition = self._handle(tp)
                     if not partition.log_start_offset <= position <= partition.high_watermark:
                         position = None
             if position is None:
@@ -449,10 +457,15 @@ class Consumer:
         budget = self.config["fetch_max_bytes"]
         per_partition = self.config["max_partition_fetch_bytes"]
         positions = self._subscriptions.positions
+        committed = None
         for i, tp in enumerate(order):
             position = positions.get(tp)
             if position is None:
-                position = self._resolve(tp)
+                if committed is None and self._coordinator is not None:
+                    # the first unresolved partition of a new assignment: read every
+                    # committed offset of the group in one transaction, not one each
+                    committed = committed_offsets(self._broker.meta, self._group_id)
+                position = self._resolve(tp, committed)
             elif drained.get(tp) == position:
                 continue                       # at its log end, and nobody appended since
             try:
