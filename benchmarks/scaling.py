@@ -376,6 +376,22 @@ def run_point(partitions: int, records: int, directory: str | None) -> dict[str,
         shutil.rmtree(root, ignore_errors=True)
 
 
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from repeated runs of a point: the median of each figure, and for the
+    rates their min and max too (`<key>_min`, `<key>_max`)."""
+    import statistics
+    row: dict[str, Any] = {"runs": len(runs)}
+    for key, value in runs[0].items():
+        values = [r[key] for r in runs]
+        if key in ("partitions", "records"):
+            row[key] = value
+            continue
+        row[key] = statistics.median(values)
+        if key.endswith("_rate"):
+            row[key + "_min"], row[key + "_max"] = min(values), max(values)
+    return row
+
+
 COLUMNS = [("partitions", "partitions", "{:d}"),
            ("produce rec/s", "produce_rate", "{:,.0f}"),
            ("os.write floor", "floor_write_rate", "{:,.0f}"),
@@ -405,8 +421,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], directory: str, suffix: str = "") -> list[str]:
-    """Draw the curves as PNGs in `directory` (needs matplotlib: the bench extra)."""
+def plot(rows: list[dict[str, Any]], directory: str, suffix: str = "",
+         before: list[dict[str, Any]] | None = None) -> list[str]:
+    """Draw the curves as PNGs in `directory` (needs matplotlib: the bench extra);
+    `before` (rows of an earlier run) adds its curves dashed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -429,14 +447,18 @@ def plot(rows: list[dict[str, Any]], directory: str, suffix: str = "") -> list[s
                                     ("create_topic ms", "create_topic_ms_per_partition"),
                                     ("create floor ms", "create_floor_ms_per_partition")]),
     }
-    for r in rows:
+    for r in rows + (before or []):
         r["create_topic_ms_per_partition"] = r["create_topic_s"] * 1000 / r["partitions"]
         r["create_floor_ms_per_partition"] = r["create_floor_s"] * 1000 / r["partitions"]
     written = []
     for name, (ylabel, series) in figures.items():
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for label, key in series:
-            ax.plot(xs, [r[key] for r in rows], marker="o", label=label)
+            line, = ax.plot(xs, [r[key] for r in rows], marker="o", label=label)
+            if before and all(key in r for r in before):
+                ax.plot([r["partitions"] for r in before], [r[key] for r in before],
+                        linestyle="--", marker="x", color=line.get_color(), alpha=0.6,
+                        label=f"{label} (before)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("partitions")
@@ -464,10 +486,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny: points {QUICK_POINTS}, {QUICK_RECORDS} records, "
                         f"{QUICK_REOPEN_MB} MB reopened")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each point; figures are medians, rates also "
+                        "keep their min and max (default %(default)s)")
     parser.add_argument("--dir", default=None, help="where temporary data goes")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     parser.add_argument("--plots", metavar="DIR", help="draw PNG curves into DIR")
     parser.add_argument("--plot-suffix", default="", help="suffix of the PNG names")
+    parser.add_argument("--before", metavar="JSON",
+                        help="an earlier run's --json, drawn dashed beside this one")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -478,7 +505,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     rows = []
     for n in points:
         sys.stderr.write(f"scaling: {n} partitions, {records:,} records ...\n")
-        rows.append(run_point(n, records, args.dir))
+        rows.append(combine([run_point(n, records, args.dir)
+                             for _ in range(max(1, args.repeats))]))
     print(markdown(rows))
     reopen_mb = QUICK_REOPEN_MB if args.quick else args.reopen_mb
     reopened = None
@@ -501,7 +529,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             json.dump({"records": records, "rows": rows, "reopen": reopened}, f, indent=1)
             f.write("\n")
     if args.plots:
-        for path in plot(rows, args.plots, args.plot_suffix):
+        before = None
+        if args.before:
+            with open(args.before, encoding="utf-8") as f:
+                before = json.load(f)["rows"]
+        for path in plot(rows, args.plots, args.plot_suffix, before):
             sys.stderr.write(f"wrote {path}\n")
     return rows
 
