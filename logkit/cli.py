@@ -528,44 +528,58 @@ def add_promote(cmd: argparse.ArgumentParser) -> None:
                      help="a follower's directory (one `logkit follow` or logkit.Follower "
                      "filled; its follower must be stopped)")
     cmd.add_argument("--unclean", action="store_true",
-                     help="promote even when the leader's directory cannot be reached to "
-                     "take its lease (Kafka's unclean.leader.election.enable: a leader "
-                     "still alive there is then not fenced)")
+                     help="promote even when the leader cannot be reached to take its "
+                     "lease (Kafka's unclean.leader.election.enable: a leader still alive "
+                     "there is then not fenced)")
+    cmd.add_argument("--secret-file", metavar="FILE",
+                     help=f"for a follower of tcp://: the replication secret (default: the "
+                     f"{SECRET_ENV} environment variable)")
+    cmd.add_argument("--tls-cafile", metavar="FILE",
+                     help="for a follower of tcp://: TLS, trusting the CA certificate(s) in "
+                     "FILE")
+    _storage_option(cmd)
 
 
-def _promote_source(directory: str) -> Any:
-    """The DirectorySource that DIR's follower.json names: the lease lives there."""
+_RECORDED_SOURCES = {"DirectorySource(": "", "TcpSource(": "tcp://",
+                     "ObjectStoreSource(": ""}
+
+
+def _promote_source(args: argparse.Namespace) -> Any:
+    """The source DIR's follower.json names (the lease is taken there), opened with the
+    command's --secret-file, --tls-cafile and --storage-option."""
     import ast
 
-    from . import DirectorySource
     from .replication.follower import STATE_FILE
-    path = os.path.join(directory, STATE_FILE)
+    path = os.path.join(args.directory, STATE_FILE)
     try:
         with open(path, encoding="utf-8") as f:
             described = json.load(f)["source"]
     except FileNotFoundError:
-        raise UsageError(f"{directory} is not a follower's directory (no {STATE_FILE})") \
-            from None
+        raise UsageError(f"{args.directory} is not a follower's directory (no "
+                         f"{STATE_FILE})") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{path} does not name the leader ({exc})") from None
-    prefix = "DirectorySource("
-    if not (isinstance(described, str) and described.startswith(prefix)
-            and described.endswith(")")):
-        raise UsageError(f"{directory} follows {described}, which keeps no lease to take; "
-                         "stop its follower and promote it in Python: "
-                         "logkit.Follower(DIR, source).promote()")
-    return DirectorySource(ast.literal_eval(described[len(prefix):-1]))
+    for prefix, scheme in _RECORDED_SOURCES.items():
+        if isinstance(described, str) and described.startswith(prefix) \
+                and described.endswith(")"):
+            try:
+                where = ast.literal_eval(described[len(prefix):-1])
+            except (ValueError, SyntaxError):
+                break
+            source = argparse.Namespace(**{**vars(args), "source": scheme + str(where)})
+            return _follow_source(source)
+    raise UsageError(f"{path} names a leader this command cannot open: {described!r}")
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from . import Follower
     from .replication.lease import read_lease
-    source = _promote_source(args.directory)
+    source = _promote_source(args)
     Follower(args.directory, source, auto_promote=False).promote(unclean=args.unclean)
     lease = read_lease(args.directory)
     epoch = f" in lease epoch {lease.epoch}" if lease is not None else ""
-    print(f"{args.directory} is the leader{epoch} (was following {source.path}); open it "
-          "with logkit.Broker or `logkit serve`", flush=True)
+    print(f"{args.directory} is the leader{epoch} (was following {source.describe()}); "
+          "open it with logkit.Broker or `logkit serve`", flush=True)
     return 0
 
 
@@ -1412,8 +1426,8 @@ COMMANDS: list[Command] = [
             "logkit follow tcp://leader:9093 replica/ --secret-file /etc/logkit/secret "
             "--tls-cafile ca.pem", add_follow, cmd_follow),
     Command("promote", "make a stopped follower's DIR the leader: take the leader's "
-            "lease at its directory (exit 1 while that lease is valid), then stamp the "
-            "next leader epoch", "logkit promote replica/\n"
+            "lease through the source DIR follows (exit 1 while that lease is valid), "
+            "then stamp the next leader epoch", "logkit promote replica/\n"
             "logkit promote replica/ --unclean        (the leader's disk is gone)",
             add_promote, cmd_promote),
     Command("mirror", "copy topics (and --groups: committed offsets) to a Kafka cluster; "

@@ -350,6 +350,30 @@ def test_the_promote_command(tmp_path, capsys):
     assert "not a follower's directory" in capsys.readouterr().err
 
 
+def test_the_promote_command_through_a_tcp_source(tmp_path, capsys, monkeypatch):
+    """A follower of tcp://: the lease is taken through the leader's server, with the
+    secret from the environment as `logkit follow` takes it."""
+    from logkit.cli import main
+    secret = "failover secret"
+    with logkit.Broker(tmp_path / "L", config=FAST) as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 5)
+        server = leader.serve_replication(secret=secret)
+        follower = logkit.Follower(tmp_path / "F", logkit.TcpSource(
+            server.host, server.port, secret=secret), config=FAST)
+        follower.catch_up(timeout=30)
+        wait_for(lambda: read_lease(leader.path) is not None, "the first lease")
+        assert main(["promote", str(tmp_path / "F")]) == 2           # no secret
+        assert "secret" in capsys.readouterr().err
+        monkeypatch.setenv("LOGKIT_REPLICATION_SECRET", secret)
+        assert main(["promote", str(tmp_path / "F")]) == 1           # the lease is held
+        assert "valid" in capsys.readouterr().err
+        leader._lease.close()                                        # a clean stop
+        assert main(["promote", str(tmp_path / "F")]) == 0
+        assert "is the leader in lease epoch 1" in capsys.readouterr().out
+        assert read_lease(leader.path).holder == follower.follower_id
+
+
 def test_the_promote_command_unclean(tmp_path, capsys):
     from logkit.cli import main
     with logkit.Broker(tmp_path / "L") as leader:
@@ -491,14 +515,13 @@ def test_the_leader_sigkilled_at_random_moments_loses_no_acknowledged_record(tmp
     import random
     rng = random.Random(int(os.environ.get("LOGKIT_FAILOVER_SEED", "0")) or None)
     roots = [tmp_path / "A", tmp_path / "B"]
-    leader = Node(roots[0], None, "w0")
-    leader.send("go")
-    leader.expect("leading")
-    follower = Node(roots[1], roots[0], "w1")
-    follower.send("go")
-    follower.expect("following")
-    nodes, divergent, standby, tenure = [leader, follower], 0, None, 0
+    nodes = [Node(roots[0], None, "w0"), Node(roots[1], roots[0], "w1")]
+    divergent, standby, tenure = 0, None, 0
     try:
+        nodes[0].send("go")
+        nodes[0].expect("leading")
+        nodes[1].send("go")
+        nodes[1].expect("following")
         for kill_round in range(KILLS):
             leader, follower = nodes
             standby = Node(leader.root, follower.root, f"w{kill_round + 2}")  # ahead:
