@@ -267,3 +267,23 @@ def test_objectstore_quick_runs_and_writes_its_json(tmp_path):
             assert row["uploaded_bytes_last"] == \
                 row["appended_bytes_per_pass"] * row["passes"], row
     assert not list(tmp_path.glob("logkit-bench-objectstore-*"))      # cleaned up
+
+
+def test_failover_quick_runs_and_writes_its_json(tmp_path):
+    """benchmarks.failover (its own command line) runs its --quick size: every round
+    SIGKILLs the leader process and times the promotion and the new leader's first
+    accepted write; the figures are positive and in order, beside the documented ones."""
+    out = tmp_path / "failover.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.failover", "--quick", "--dir",
+                           str(tmp_path), "--json", str(out)],
+                          cwd=CHECKOUT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    document = json.loads(out.read_text())
+    from benchmarks import failover
+    assert document["rounds"] == failover.QUICK_ROUNDS and document["ttl_ms"] == 1000
+    for key in ("detect_s", "first_write_s"):
+        row = document[key]
+        assert 0 < row["min"] <= row["median"] <= row["p90"] <= row["max"], (key, row)
+    assert document["detect_s"]["min"] <= document["first_write_s"]["min"]
+    assert [r["seconds"] for r in document["documented"]] == [11.0, 30.0]
+    assert not list(tmp_path.glob("logkit-bench-failover-*"))          # cleaned up
