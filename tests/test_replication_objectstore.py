@@ -11,12 +11,17 @@ import filecmp
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 import logkit
 from logkit.cli import main as cli_main
 from logkit.replication import objectstore
+from logkit.replication.lease import replica_id
 from logkit.replication.objectstore import MANIFEST_KEY
 from tests.helpers.s3server import s3_server  # noqa: F401  (a session fixture)
 
@@ -576,3 +581,189 @@ def test_the_restore_command_exits_0_and_1(tmp_path, local_store, capsys):
     assert "SHA-256 differs" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
     assert cli_main(["restore", url, str(tmp_path / "x"), "--storage-option", "nokv"]) == 2
+
+
+# ---- the lease in the store: promotion with fencing ------------------------------------
+
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = {"broker.session.timeout.ms": 1000}
+
+# A leader in its own process: ships to URL every 50 ms with a 1 s lease TTL.
+LEADER = """
+import json, sys, logkit
+root, url, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+config = {"broker.session.timeout.ms": 1000, "ship.interval.ms": 50}
+with logkit.Broker(root, config=config) as broker:
+    broker.create_topic("t", 1)
+    broker.topic("t").partition(0).append([(None, b"%d" % i, [], None) for i in range(20)])
+    broker.ship(url, storage_options=options).flush()
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+# For each round name on stdin: promote a fresh follower of URL/<round>; "won" or
+# "lost <error class>".
+RACER = """
+import json, os, sys, logkit
+url, options, directory = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+print("ready", flush=True)
+for line in sys.stdin:
+    name = line.strip()
+    source = logkit.ObjectStoreSource(f"{url}/{name}", storage_options=options)
+    follower = logkit.Follower(os.path.join(directory, name), source)
+    try:
+        follower.promote()
+    except logkit.LogkitError as exc:
+        print("lost", type(exc).__name__, flush=True)
+    else:
+        print("won", flush=True)
+"""
+RACE_ROUNDS = {"file": 12, "s3": 6}    # on moto about 2 in 3 rounds meet at the PUT
+
+
+def python(code, *args):
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT_DIR})
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def store_lease(url, options):
+    fs, root = objectstore._filesystem(url, options)
+    return objectstore._StoreLease(fs, root, url)
+
+
+def test_the_shipper_holds_the_lease_in_the_store_and_releases_it_on_close(tmp_path,
+                                                                           store):
+    url, options, fs, root = store
+    leader = tmp_path / "leader"
+    with logkit.Broker(leader, config=FAST) as broker:
+        broker.create_topic("t", 1)
+        with broker.ship(url, storage_options=options) as shipper:
+            shipper.flush()
+            lease = logkit.ObjectStoreSource(url, storage_options=options).lease()
+            assert (lease.holder, lease.epoch, lease.ttl_ms) == \
+                (replica_id(leader), 0, 1000)
+            assert lease.valid()
+        lease = store_lease(url, options).read()
+        assert lease.holder == replica_id(leader) and not lease.valid()   # released
+
+
+def test_a_second_broker_shipping_to_the_same_url_is_fenced(tmp_path, store):
+    """One leader per URL: a broker of another replica finds the lease taken (even
+    lapsed: only a promotion moves it), stops shipping and refuses writes."""
+    url, options, fs, root = store
+    with logkit.Broker(tmp_path / "first") as first:
+        first.create_topic("t", 1)
+        with first.ship(url, storage_options=options) as shipper:
+            shipper.flush()
+    generation = manifest(fs, root)["generation"]
+    with logkit.Broker(tmp_path / "second") as second:
+        second.create_topic("t", 1)
+        shipper = second.ship(url, storage_options=options)
+        with pytest.raises(logkit.NotLeaderError, match="no longer the leader"):
+            shipper.flush()
+        assert shipper.fenced
+        with pytest.raises(logkit.NotLeaderError):
+            second.topic("t").partition(0).append([(None, b"x", [], None)])
+    assert manifest(fs, root)["generation"] == generation
+
+
+def test_restore_takes_no_lease_so_the_leader_ships_on(tmp_path, local_store):
+    url, options, fs, root = local_store
+    with logkit.Broker(tmp_path / "leader") as broker:
+        broker.create_topic("t", 1)
+        with broker.ship(url) as shipper:
+            shipper.flush()
+            logkit.ObjectStoreSource(url).restore(tmp_path / "restored")
+            broker.topic("t").partition(0).append([(None, b"x", [], None)])
+            shipper.flush()
+            assert store_lease(url, None).read().holder == replica_id(tmp_path / "leader")
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_a_follower_of_the_store_promotes_with_fencing_after_the_leader_dies(
+        request, tmp_path, kind):
+    """The leader (its own process) renews the lease in the store: a promotion fails
+    while it lives. SIGKILLed, its lease lapses after the TTL and the follower
+    promotes in the next lease epoch. The old leader restarted is fenced by its
+    shipper's first pass: it ships nothing and refuses writes; the new leader ships
+    to the same URL and goes on from the old manifest."""
+    url, options, fs, root = make_store(request, tmp_path, kind)
+    leader, copy = tmp_path / "leader", tmp_path / "follower"
+    proc = python(LEADER, leader, url, json.dumps(options))
+    try:
+        source = logkit.ObjectStoreSource(url, storage_options=options)
+        follower = logkit.Follower(copy, source, config=FAST)
+        follower.catch_up(timeout=30)
+        follower.stop()
+        with pytest.raises(logkit.NotLeaderError, match="valid for"):
+            follower.promote()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            follower.promote()
+            break
+        except logkit.NotLeaderError:
+            assert time.monotonic() < deadline, "the dead leader's lease never lapsed"
+            time.sleep(0.1)
+    lease = source.lease()
+    assert lease.holder == replica_id(copy) and lease.epoch == 1
+    generation = manifest(fs, root)["generation"]
+    with logkit.Broker(leader, config=FAST) as old:
+        shipper = old.ship(url, storage_options=options)
+        with pytest.raises(logkit.NotLeaderError):
+            shipper.flush()
+        assert shipper.fenced
+        with pytest.raises(logkit.NotLeaderError):
+            old.topic("t").partition(0).append([(None, b"stale", [], None)])
+    assert manifest(fs, root)["generation"] == generation
+    with logkit.Broker(copy, config=FAST) as new:
+        new.topic("t").partition(0).append([(None, b"after", [], None)])
+        with new.ship(url, storage_options=options) as shipper:
+            shipper.flush()
+    body = manifest(fs, root)
+    assert body["generation"] > generation
+    assert body["partitions"][0]["log_end_offset"] == 21
+    assert body["partitions"][0]["epochs"] == [[0, 0], [1, 20]]
+    logkit.ObjectStoreSource(url, storage_options=options).restore(tmp_path / "restored")
+    with logkit.Broker(tmp_path / "restored") as restored:
+        assert restored.topic("t").partition(0).read(20)[0].value == b"after"
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_two_processes_racing_to_promote_through_the_store_one_wins_every_round(
+        request, tmp_path, kind):
+    url, options, fs, root = make_store(request, tmp_path, kind)
+    rounds = RACE_ROUNDS[kind]
+    for n in range(rounds):              # each round: a lapsed lease of a dead leader
+        lease = store_lease(f"{url}/round-{n}", options)
+        lease.take_next("dead-leader", ttl_ms=1000, min_epoch=5)
+        assert lease.release("dead-leader", 5)
+    procs = [python(RACER, url, json.dumps(options), tmp_path / f"racer-{i}")
+             for i in range(2)]
+    wins = [0, 0]
+    try:
+        for n in range(rounds):
+            for proc in procs:
+                proc.stdin.write(f"round-{n}\n")
+            for proc in procs:
+                proc.stdin.flush()
+            results = [proc.stdout.readline().split() for proc in procs]
+            assert sorted(r[0] for r in results) == ["lost", "won"], (n, results)
+            loser = [r[0] for r in results].index("lost")
+            assert results[loser][1] == "NotLeaderError"
+            winner = 1 - loser
+            wins[winner] += 1
+            lease = store_lease(f"{url}/round-{n}", options).read()
+            assert lease.holder == replica_id(tmp_path / f"racer-{winner}" / f"round-{n}")
+            assert lease.epoch == 6
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+    assert sum(wins) == rounds

@@ -53,13 +53,15 @@ from typing import Any, Callable, Mapping, NamedTuple, TypeVar
 from ..broker import Broker
 from ..config import resolve_config
 from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
-                      OffsetOutOfRangeError, StorageError, UnknownTopicError)
+                      NotLeaderError, OffsetOutOfRangeError, StorageError, UnknownTopicError)
 from ..group import committed_offsets, list_groups
 from ..records import BatchHeader, iter_batches, read_header
 from ..topic import Partition, TopicPartition
 from .directory import _Epochs
 from .epochs import EpochEntry
 from .follower import Follower
+from .lease import (LEASE_FILE, RENEWALS_PER_TTL, Lease, read_lease, release, renew,
+                    replica_id, take_next)
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
 __all__ = ["ObjectStoreSource", "Shipper", "restore", "MANIFEST_KEY", "MANIFEST_FORMAT"]
@@ -203,6 +205,144 @@ class _Object(NamedTuple):
         return self._asdict()
 
 
+# ---- the leader's lease in the store -----------------------------------------------------
+
+class _StoreLease:
+    """The leader's lease kept in the store beside the manifest, under `leader.lease`
+    (lease.py's record: holder, epoch, ttl_ms, renewed_ms), changed only by the
+    store's conditional write, with lease.py's rules (`take_next` for a promotion,
+    `renew` for the leader, `release` at a clean close):
+
+    | store | conditional write |
+    |---|---|
+    | local (`file://`) | lease.py's own, in the directory the URL names: an flock on `leader.lease.lock`, read - check - write - fsync - rename |
+    | S3 (s3fs) | PutObject with `If-None-Match: *` when there is no lease, else `If-Match:` the ETag read; the ETag is read (HEAD) before the body (GET), so a change in between fails the write. 412 (or 409, a concurrent conditional write) is a lost race: NotLeaderError |
+    | any other | none: `supported` is False; a promotion through it is not fenced, and a shipper holds no lease |
+
+    Expiry is judged by wall-clock time, as lease.py's."""
+
+    def __init__(self, fs: Any, root: str, url: str) -> None:
+        self._fs, self._root, self._url = fs, root, url
+        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        self._local = _is_local(fs)
+        self._s3 = not self._local and bool({"s3", "s3a"} & set(protocols))
+        self.supported = self._local or self._s3
+        self._path = f"{root}/{LEASE_FILE}"
+
+    def read(self) -> Lease | None:
+        if self._local:
+            return read_lease(self._root) if os.path.isdir(self._root) else None
+        if not self._s3:
+            return None
+        return self._read_s3()[0]
+
+    def take_next(self, holder: str, *, ttl_ms: int, min_epoch: int) -> Lease:
+        if self._local:
+            os.makedirs(self._root, exist_ok=True)
+            return take_next(self._root, holder, ttl_ms=ttl_ms, min_epoch=min_epoch)
+        current, etag = self._read_s3()
+        now = int(time.time() * 1000)
+        if current is not None and current.holder != holder and current.valid(now):
+            raise NotLeaderError(
+                f"{self._url} is led by replica {current.holder} in epoch "
+                f"{current.epoch}, whose lease is valid for {current.expires_ms - now} ms "
+                "more; a promotion waits until it expires (stop that leader, or let its "
+                "lease lapse)")
+        epoch = max(min_epoch, current.epoch + 1 if current is not None else 1)
+        return self._put_s3(Lease(holder, epoch, ttl_ms, now), etag)
+
+    def renew(self, holder: str, epoch: int, *, ttl_ms: int) -> Lease:
+        if self._local:
+            os.makedirs(self._root, exist_ok=True)
+            return renew(self._root, holder, epoch, ttl_ms=ttl_ms)
+        current, etag = self._read_s3()
+        if current is not None and current.epoch >= epoch \
+                and (current.holder, current.epoch) != (holder, epoch):
+            raise NotLeaderError(
+                f"the lease at {self._url} names replica {current.holder} in epoch "
+                f"{current.epoch} (a newer leader, or another one shipping there): this "
+                "broker is no longer the leader; it may be read, and rejoins as a "
+                "logkit.Follower of the new leader")
+        return self._put_s3(Lease(holder, epoch, ttl_ms, int(time.time() * 1000)), etag)
+
+    def release(self, holder: str, epoch: int) -> bool:
+        if self._local:
+            return release(self._root, holder, epoch)
+        current, etag = self._read_s3()
+        if current is None or (current.holder, current.epoch) != (holder, epoch):
+            return False
+        self._put_s3(current._replace(renewed_ms=int(time.time() * 1000) - current.ttl_ms),
+                     etag)
+        return True
+
+    def _read_s3(self) -> tuple[Lease | None, str | None]:
+        """(the lease, its ETag), (None, None) when there is none."""
+        fs, path = self._fs, self._path
+        fs.invalidate_cache(path)
+        try:
+            etag = _io("stat", path, lambda: fs.info(path))["ETag"]
+            raw = _io("read", path, lambda: fs.cat_file(path))
+        except FileNotFoundError:
+            return None, None
+        try:
+            body = json.loads(raw)
+            lease = Lease(str(body["holder"]), int(body["epoch"]), int(body["ttl_ms"]),
+                          int(body["renewed_ms"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StorageError(f"{self._url}/{LEASE_FILE} is not a lease record ({exc}); "
+                               "remove it only if no replica leads", operation="read lease",
+                               path=path) from None
+        return lease, etag
+
+    def _put_s3(self, lease: Lease, etag: str | None) -> Lease:
+        fs, path = self._fs, self._path
+        raw = json.dumps({"version": 1, **lease._asdict()}).encode()
+        try:
+            if etag is None:
+                fs.pipe_file(path, raw, mode="create")        # If-None-Match: *
+            else:
+                fs.pipe_file(path, raw, IfMatch=etag)
+        except Exception as exc:
+            if _lost_race(exc):
+                raise NotLeaderError(f"{self._url}: the lease changed while it was being "
+                                     "written (another replica's promotion or renewal "
+                                     "came first)") from None
+            raise StorageError(f"object store: write {path} failed: {type(exc).__name__}: "
+                               f"{exc}", operation="write lease", path=path) from exc
+        finally:
+            fs.invalidate_cache(path)
+        return lease
+
+
+def _lost_race(exc: BaseException) -> bool:
+    """Whether a conditional PUT failed on its condition (S3: 412 PreconditionFailed,
+    409 ConditionalRequestConflict; s3fs raises FileExistsError for If-None-Match and
+    keeps botocore's error as the cause otherwise)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return code in ("PreconditionFailed", "ConditionalRequestConflict") or \
+                status in (409, 412)
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _replica_of(broker: Broker) -> tuple[str, int]:
+    """(replica id, lease epoch) a broker ships under: its root's replica id, and the
+    epoch of its root's lease when that names it (a promoted follower), else 0."""
+    holder = replica_id(broker.path, create=not broker.read_only) or \
+        f"reader-{uuid.uuid4().hex[:12]}"
+    own = read_lease(broker.path)
+    return holder, own.epoch if own is not None and own.holder == holder else 0
+
+
 # ---- the leader side --------------------------------------------------------------------
 
 class Shipper:
@@ -239,6 +379,11 @@ class Shipper:
         self.last_shipped_ms: int | None = None          # wall time of the last manifest
         self.uploaded_bytes = 0                          # object bytes uploaded, in all
         self.uploaded_objects = 0
+        self._ttl_ms = int(broker.config["broker.session.timeout.ms"])
+        self._lease = _StoreLease(self._fs, self._root, url)
+        self._holder, self._lease_epoch = _replica_of(broker)
+        self._renewed_at: float | None = None            # monotonic: the last renewal began
+        self._fence: str | None = None
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"logkit-ship {url}")
         self._thread.start()
@@ -258,11 +403,13 @@ class Shipper:
 
     def flush(self) -> None:
         """Ship everything the broker holds now; raises what fails (StorageError,
-        OSError)."""
+        OSError; NotLeaderError once another replica holds the lease in the store)."""
         if self._closed:
             raise IllegalStateError(f"{self!r} is closed")
         if self._broker.closed:
             raise ClosedError(f"{self!r}: the broker is closed")
+        if self._fence is not None:
+            raise NotLeaderError(self._fence)
         self._ship_once()
 
     def close(self) -> None:
@@ -279,40 +426,115 @@ class Shipper:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
+        if self._fence is not None:
+            return                                # another replica leads: ship nothing
         try:
             self._ship_once()
+        except NotLeaderError:
+            return
         except Exception as exc:
             log.warning("%r: the last shipment before close failed: %s: %s", self,
                         type(exc).__name__, exc)
+        if self._renewed_at is not None:          # a controlled shutdown: end the lease
+            try:
+                self._lease.release(self._holder, self._lease_epoch)
+            except (LogkitError, OSError) as exc:
+                log.warning("%r: could not release the lease in the store: %s", self, exc)
 
     # ---- the loop --------------------------------------------------------------------
 
     def _run(self) -> None:
         interval_s = self.interval_ms / 1000
+        renew_s = self._ttl_ms / 1000 / RENEWALS_PER_TTL
         delay_s, failures = 0.0, 0
-        while not self._stop.wait(delay_s):
+        next_pass = time.monotonic()
+        while not self._stop.wait(max(0.0, min(next_pass - time.monotonic(), renew_s))):
+            if time.monotonic() < next_pass:     # between passes: keep the lease
+                try:
+                    with self._pass_lock:
+                        self._hold_lease()
+                except NotLeaderError:
+                    return
+                except Exception as exc:
+                    self._warn_once("renewing the lease failed", exc)
+                continue
             try:
                 self._ship_once()
+            except NotLeaderError:
+                return                                # fenced: logged, the broker refuses
             except Exception as exc:
-                # Shipping must outlive a flaky store: retry with backoff. An error of a
-                # kind not seen before is logged once at WARNING (with the traceback
-                # when it is not an I/O or logkit error: that is a bug to report).
+                # Shipping must outlive a flaky store: retry with backoff.
                 failures += 1
                 delay_s = min(max(interval_s, 0.05) * 2 ** failures, MAX_BACKOFF_S)
-                kind = f"{type(exc).__name__}: {exc}"
-                if kind not in self._warned and len(self._warned) < 100:
-                    self._warned.add(kind)
-                    log.warning("%r: shipping failed, retrying in %.1f s: %s", self,
-                                delay_s, kind,
-                                exc_info=not isinstance(exc, (LogkitError, OSError)))
+                self._warn_once(f"shipping failed, retrying in {delay_s:.1f} s", exc)
+                next_pass = time.monotonic() + delay_s
                 continue
             if failures:
                 log.warning("%r: shipping works again after %d failed pass(es)", self,
                             failures)
             delay_s, failures = interval_s, 0
+            next_pass = time.monotonic() + interval_s
+
+    def _warn_once(self, what: str, exc: BaseException) -> None:
+        """Log a failure at WARNING the first time its kind is seen (with the traceback
+        when it is not an I/O or logkit error: that is a bug to report)."""
+        kind = f"{type(exc).__name__}: {exc}"
+        if kind not in self._warned and len(self._warned) < 100:
+            self._warned.add(kind)
+            log.warning("%r: %s: %s", self, what, kind,
+                        exc_info=not isinstance(exc, (LogkitError, OSError)))
+
+    # ---- the lease in the store ----------------------------------------------------
+
+    @property
+    def fenced(self) -> bool:
+        """Whether another replica holds the lease in the store (shipping stopped)."""
+        return self._fence is not None
+
+    def _hold_lease(self) -> None:
+        """Renew the lease in the store when its last renewal began TTL/3 ago or more
+        (or never). NotLeaderError, after fencing, when it names another replica in
+        this epoch or any replica in a newer one; I/O errors are raised as they are."""
+        if self._fence is not None:
+            raise NotLeaderError(self._fence)
+        if not self._lease.supported:
+            return
+        began = time.monotonic()
+        if self._renewed_at is not None and \
+                began - self._renewed_at < self._ttl_ms / 1000 / RENEWALS_PER_TTL:
+            return
+        try:
+            self._lease.renew(self._holder, self._lease_epoch, ttl_ms=self._ttl_ms)
+        except NotLeaderError as exc:
+            self._fence_now(str(exc))
+            raise
+        self._renewed_at = began
+
+    def _check_lease(self) -> None:
+        """Before each write to the store: the lease was renewed less than a TTL ago
+        (by this process's clock, never later than a follower can see it expire)."""
+        if self._fence is not None:
+            raise NotLeaderError(self._fence)
+        if self._lease.supported and (self._renewed_at is None or time.monotonic()
+                                      - self._renewed_at >= self._ttl_ms / 1000):
+            raise StorageError(f"{self.url}: the lease was not renewed for "
+                               f"broker.session.timeout.ms={self._ttl_ms}; nothing is "
+                               "written until a renewal succeeds", operation="lease",
+                               path=self.url)
+
+    def _fence_now(self, message: str) -> None:
+        """Another replica leads: stop shipping for good, and make the broker refuse
+        writes (lease.py's fencing, as when its own lease names another replica)."""
+        self._fence = message
+        self._stop.set()
+        log.warning("%r: stops shipping: %s", self, message)
+        keeper = getattr(self._broker, "_lease", None)
+        if keeper is not None and not keeper.fenced:
+            keeper._fenced(message)
 
     def _ship_once(self) -> None:
         with self._pass_lock:
+            self._hold_lease()
             if self._manifest is None:
                 self._manifest = _read_manifest(self._fs, self._root)
                 if self._manifest is not None:
@@ -457,6 +679,7 @@ class Shipper:
     def _upload(self, p: Partition, key: str, segment: int, low: int, upto: int) -> _Object:
         """Upload the batches of `p` from the one holding `low` to `upto` under `key`,
         read back its size, and return its record (the manifest is written later)."""
+        self._check_lease()
         path = f"{self._root}/{key}"
         digest, size, first, pos, last_batch = hashlib.sha256(), 0, None, low, ""
         if self._local:
@@ -497,6 +720,7 @@ class Shipper:
     # ---- the manifest and retired objects -------------------------------------------
 
     def _write_manifest(self, body: dict[str, Any]) -> None:
+        self._check_lease()
         path = f"{self._root}/{MANIFEST_KEY}"
         raw = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
         if self._local:
@@ -749,6 +973,23 @@ class ObjectStoreSource(ReplicaSource):
             return loaded.batches(offset, max_bytes)
         raise AssertionError("unreachable")
 
+    def lease(self) -> Lease | None:
+        """The lease in the store (None when there is none, or the store offers no
+        conditional write: see `_StoreLease`)."""
+        fs, root = self._filesystem()
+        return _StoreLease(fs, root, self.url).read()
+
+    def take_lease(self, holder: str, *, ttl_ms: int, min_epoch: int) -> Lease | None:
+        """A promotion's conditional write of the lease in the store (lease.py's
+        `take_next` rules): NotLeaderError while another holder's lease is valid or
+        when another write came first. None where the store offers no conditional
+        write: the promotion is then not fenced."""
+        fs, root = self._filesystem()
+        store = _StoreLease(fs, root, self.url)
+        if not store.supported:
+            return None
+        return store.take_next(holder, ttl_ms=ttl_ms, min_epoch=min_epoch)
+
     def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
         body = self.manifest()
         return {group: {TopicPartition(t, int(p)): int(o) for t, p, o in rows}
@@ -891,7 +1132,7 @@ def restore(url: str, directory: str | os.PathLike[str], *,
     target = os.path.abspath(os.fspath(directory))
     if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise ConfigError(f"restore: {target} exists and is not an empty directory")
-    source = ObjectStoreSource(url, storage_options=storage_options)
+    source = _CopySource(url, storage_options=storage_options)
     try:
         body = _manifest_with_retries(source)
         checked = source.verify()
@@ -922,6 +1163,17 @@ def restore(url: str, directory: str | os.PathLike[str], *,
     return {"generation": int(body["generation"]), "topics": len(body["topics"]),
             "partitions": len(body["partitions"]), "offsets": ends, "bytes": checked,
             "groups": len(body["groups"])}
+
+
+class _CopySource(ObjectStoreSource):
+    """restore()'s source: a copy is not a failover, so its promotion takes no lease
+    in the store (a running leader goes on shipping there)."""
+
+    def lease(self) -> Lease | None:
+        return None
+
+    def take_lease(self, holder: str, *, ttl_ms: int, min_epoch: int) -> Lease | None:
+        return None
 
 
 def _manifest_with_retries(source: ObjectStoreSource) -> dict[str, Any]:
