@@ -803,10 +803,11 @@ def _tail_merge(chain: list[_Object]) -> int:
     TAIL_MERGE_MAX_BYTES. A merge can complete a run of the next tier, so the rule is
     applied again on the sizes, and only the final merge is uploaded.
 
-    With equal appends per pass this is a counter in base FANOUT: each byte is uploaded
-    about 1 + log_FANOUT(TAIL_MERGE_MAX_BYTES / bytes per pass) times, one pass
-    uploads at most TAIL_MERGE_MAX_BYTES besides its new batches, and the chunks of
-    a segment stay about FANOUT per tier (more only past the size limit)."""
+    With equal appends per pass this is close to a counter in base FANOUT: each byte is
+    uploaded about 1 + log_FANOUT(TAIL_MERGE_MAX_BYTES / bytes per pass) times, one
+    pass uploads at most TAIL_MERGE_MAX_BYTES besides its new batches, and the chunks
+    of a segment stay about FANOUT per tier (chunks that reach the top tier merge no
+    more: one per 2-16 MiB of segment past that)."""
     fanout = TAIL_MERGE_FANOUT
     sizes = [c.size for c in chain]
     counts = [1] * len(chain)             # chunks of `chain` in each simulated one
