@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import ctypes
-import ctypes.util
 import mmap
 import os
 import struct
@@ -95,7 +94,7 @@ class _FileMap:
 
 def _load_libc() -> Any:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)     # the loaded libc: no ldconfig run
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                               ctypes.c_int, ctypes.c_int, ctypes.c_long]

@@ -63,7 +63,7 @@ def test_a_follower_sigkilled_mid_copy_restarts_and_converges(tmp_path):
             p.append([(b"k", b"%d-" % i + b"x" * 40, None, None)] * 5)
         kills_mid_copy = 0
         for _ in range(KILLS):
-            proc = start("follow", leader_path, copy_path, 2048)     # many small fetches
+            proc = start("follow", leader_path, copy_path, 512)      # many small fetches
             time.sleep(rng.uniform(0.05, 0.6))
             kill(proc)
             with logkit.Broker(copy_path, background=False) as copy:  # a restart's open
