@@ -545,39 +545,36 @@ _RECORDED_SOURCES = {"DirectorySource(": "", "TcpSource(": "tcp://",
 
 
 def _promote_source(args: argparse.Namespace) -> Any:
-    """The source DIR's follower.json names (the lease is taken there), opened with the
+    """The source DIR's follower last used (the lease is taken there), opened with the
     command's --secret-file, --tls-cafile and --storage-option."""
     import ast
 
-    from .replication.follower import STATE_FILE
-    path = os.path.join(args.directory, STATE_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            described = json.load(f)["source"]
-    except FileNotFoundError:
-        raise UsageError(f"{args.directory} is not a follower's directory (no "
-                         f"{STATE_FILE})") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{path} does not name the leader ({exc})") from None
+    from . import Follower
+    described = Follower.recorded_source(args.directory)
+    if described is None:
+        raise UsageError(f"{args.directory} is not a follower's directory (no leader "
+                         "recorded in its follower.json)")
     for prefix, scheme in _RECORDED_SOURCES.items():
-        if isinstance(described, str) and described.startswith(prefix) \
-                and described.endswith(")"):
+        if described.startswith(prefix) and described.endswith(")"):
             try:
                 where = ast.literal_eval(described[len(prefix):-1])
             except (ValueError, SyntaxError):
                 break
             source = argparse.Namespace(**{**vars(args), "source": scheme + str(where)})
             return _follow_source(source)
-    raise UsageError(f"{path} names a leader this command cannot open: {described!r}")
+    raise UsageError(f"{args.directory} follows a leader this command cannot open: "
+                     f"{described!r}")
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from . import Follower
-    from .replication.lease import read_lease
     source = _promote_source(args)
     Follower(args.directory, source, auto_promote=False).promote(unclean=args.unclean)
-    lease = read_lease(args.directory)
-    epoch = f" in lease epoch {lease.epoch}" if lease is not None else ""
+    with Broker(args.directory, read_only=True) as broker:
+        epochs = {broker.topic(name).partition(n).leader_epoch
+                  for name in broker.topics()
+                  for n in range(broker.topic(name).num_partitions)}
+    epoch = f" in leader epoch {max(epochs)}" if epochs else ""
     print(f"{args.directory} is the leader{epoch} (was following {source.describe()}); "
           "open it with logkit.Broker or `logkit serve`", flush=True)
     return 0

@@ -342,7 +342,7 @@ def test_the_promote_command(tmp_path, capsys):
             assert copy.topic("t").partition(0).leader_epoch == 0
     assert main(["promote", str(tmp_path / "F")]) == 0
     out = capsys.readouterr().out
-    assert "is the leader in lease epoch 1" in out
+    assert "is the leader in leader epoch 1" in out
     assert read_lease(tmp_path / "L").holder == follower.follower_id
     with logkit.Broker(tmp_path / "F") as new_leader:
         assert new_leader.topic("t").partition(0).leader_epoch == 1
@@ -370,7 +370,7 @@ def test_the_promote_command_through_a_tcp_source(tmp_path, capsys, monkeypatch)
         assert "valid" in capsys.readouterr().err
         leader._lease.close()                                        # a clean stop
         assert main(["promote", str(tmp_path / "F")]) == 0
-        assert "is the leader in lease epoch 1" in capsys.readouterr().out
+        assert "is the leader in leader epoch 1" in capsys.readouterr().out
         assert read_lease(leader.path).holder == follower.follower_id
 
 
@@ -503,6 +503,7 @@ def _same_prefix(follower_root, leader_root):
             assert theirs == mine, name
 
 
+@pytest.mark.timeout(max(300, 10 * KILLS))
 def test_the_leader_sigkilled_at_random_moments_loses_no_acknowledged_record(tmp_path):
     """Two replica processes, acks="all", min.insync.replicas=2, replication factor 2,
     lease TTL 1 s. Each round: the leader is SIGKILLed after a random number of

@@ -172,6 +172,22 @@ class Follower:
         """The log end offset of each partition copied so far."""
         return dict(self._ends)
 
+    @staticmethod
+    def recorded_source(path: str | os.PathLike[str]) -> str | None:
+        """The `describe()` of the source a Follower last used on `path`, as kept in
+        its follower.json ("DirectorySource('/data')", "TcpSource('host:9093')", ...);
+        None when `path` is not a follower's directory."""
+        try:
+            fd = open_file(os.path.join(os.fspath(path), STATE_FILE), os.O_RDONLY)
+            with open(fd, encoding="utf-8") as f:
+                found = json.load(f).get("source")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"{os.path.join(os.fspath(path), STATE_FILE)} is "
+                              f"unreadable ({exc})") from None
+        return found if isinstance(found, str) else None
+
     # ---- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
