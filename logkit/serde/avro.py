@@ -49,13 +49,17 @@ class AvroSerde(SchemaSerde):
     """`AvroSerde(registry, topic, schema, *, is_key=False)`: `schema` is Avro schema
     JSON text or its dict, or a primitive's name ("string"), or None to decode with each
     record's writer schema.
-    Values are dicts (records), or whatever fastavro accepts for the schema."""
+    Values are dicts (records), or whatever fastavro accepts for the schema.
+    `return_named_type=True`: a decoded union value of a named type (record, enum,
+    fixed) is a `(full name, value)` pair, which says which branch it was (fastavro's
+    option of that name; the Spark source uses it for unions of several types)."""
 
     schema_type = "AVRO"
 
-    def __init__(self, registry: Any, topic: str, schema: Any = None, **options: Any
-                 ) -> None:
+    def __init__(self, registry: Any, topic: str, schema: Any = None, *,
+                 return_named_type: bool = False, **options: Any) -> None:
         self._fastavro = _fastavro()
+        self._return_named_type = bool(return_named_type)
         super().__init__(registry, topic, schema, **options)
 
     def _own_schema(self, schema: Any) -> tuple[Schema, ParsedSchema]:
@@ -102,11 +106,13 @@ class AvroSerde(SchemaSerde):
     def _reading(self, writer_fast: Any, reader_fast: Any) -> Callable[[bytes], Any]:
         reader = self._fastavro.schemaless_reader
         resolution_error = self._fastavro.read.SchemaResolutionError
+        named_type = self._return_named_type
 
         def decode(payload: bytes) -> Any:
             buffer = io.BytesIO(payload)
             try:
-                value = reader(buffer, writer_fast, reader_fast)
+                value = reader(buffer, writer_fast, reader_fast,
+                               return_named_type=named_type)
             except resolution_error as exc:
                 raise SerializationError(f"the record's schema cannot be read as this "
                                          f"serde's schema: {exc}") from exc

@@ -21,9 +21,11 @@ default), or becomes null with a WARNING (false). Only public logkit names are u
 from __future__ import annotations
 
 import datetime
+import decimal
 import json
 import logging
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -137,7 +139,13 @@ def _side(broker: logkit.Broker, typed: Mapping[str, str], side: str, topic: str
         raise LogkitSparkError(f"logkit: {name} schema ({side}Format={fmt}): "
                                f"{exc}") from None
     spec = Typed(side, fmt, text, schema_id, subject, fail)
-    arrow_type(broker, spec)            # a schema Spark cannot take fails here, early
+    tagged = _mapping(broker, spec)[2]  # a schema Spark cannot take fails here, early
+    if write and tagged:
+        raise LogkitSparkError(
+            f"logkit: the {side} schema ({_schema_name(spec)}) has a union of several "
+            "types, read as a struct of member0, member1, ...; writing such a struct back "
+            "into the union is not supported: write the column as binary, encoded in the "
+            "query (to_avro)")
     return spec
 
 
@@ -164,15 +172,18 @@ def arrow_type(broker: logkit.Broker, spec: Typed) -> pa.DataType:
     return _mapping(broker, spec)[0]
 
 
-def _mapping(broker: logkit.Broker, spec: Typed) -> tuple[pa.DataType, Fix]:
-    def build() -> tuple[pa.DataType, Fix]:
+def _mapping(broker: logkit.Broker, spec: Typed) -> tuple[pa.DataType, Fix, bool]:
+    """(Arrow type, per-value fix, whether Avro unions are decoded tagged)."""
+    def build() -> tuple[pa.DataType, Fix, bool]:
         try:
             if spec.format == "avro":
-                return _avro(json.loads(spec.schema), {}, spec.side, 0)
+                return _avro_mapping(json.loads(spec.schema), spec.side)
             if spec.format == "json":
                 document = json.loads(spec.schema)
-                return _json(document, document, spec.side, 0)
-            return _proto(_message_class(broker, spec).DESCRIPTOR, spec.side, 0)
+                return (*_json(document, document, spec.side, 0), False)
+            return (*_proto(_message_class(broker, spec).DESCRIPTOR, spec.side, 0), False)
+        except LogkitSparkError:
+            raise
         except ValueError as exc:
             raise LogkitSparkError(f"logkit: the {spec.side} schema does not parse: "
                                    f"{exc}") from None
@@ -208,30 +219,141 @@ def _to_str(value: Any) -> Any:
     return value if value is None or isinstance(value, str) else str(value)
 
 
-def _avro(node: Any, named: dict[str, Any], path: str, depth: int) -> tuple[pa.DataType, Fix]:
+class _Tagged(Exception):
+    """Raised by the first mapping when it meets a union of several types: the column
+    is mapped again with fastavro's named-type tags on (see `_avro_mapping`)."""
+
+
+def _avro_mapping(schema: Any, side: str) -> tuple[pa.DataType, Fix, bool]:
+    """(Arrow type, fix, tagged): `tagged` when the schema has a union of several types,
+    which is then decoded with `return_named_type` so a named branch says its name."""
+    try:
+        data_type, fix = _avro(schema, {}, side, 0, False, "")
+        return data_type, fix, False
+    except _Tagged:
+        data_type, fix = _avro(schema, {}, side, 0, True, "")
+        return data_type, fix, True
+
+
+def _untag(fix: Fix) -> Fix:
+    """A nullable-T union's value when tagged: a named T comes as (name, value)."""
+    if fix is None:
+        return lambda v: v[1] if type(v) is tuple else v
+    return lambda v: fix(v[1] if type(v) is tuple else v)
+
+
+_INT32 = (-2 ** 31, 2 ** 31)
+
+
+def _branch_test(node: Any, named: dict[str, Any], ns: str) -> Callable[[Any], bool] | str:
+    """How to tell a decoded union value belongs to this branch: a named type's full
+    name (the value comes tagged), else a test of the Python value fastavro gives."""
+    if isinstance(node, str) and node not in _AVRO_PRIMITIVES:
+        return _named_key(node, named, ns) or node
+    kind = node if isinstance(node, str) else node.get("type")
+    logical = None if isinstance(node, str) else node.get("logicalType")
+    if kind in ("record", "enum", "fixed") and isinstance(node, dict):
+        return _full_name(node, ns)
+    if logical in ("timestamp-millis", "timestamp-micros", "local-timestamp-millis",
+                   "local-timestamp-micros"):
+        return lambda v: isinstance(v, datetime.datetime)
+    if logical == "date":
+        return lambda v: isinstance(v, datetime.date) and \
+            not isinstance(v, datetime.datetime)
+    if logical == "decimal":
+        return lambda v: isinstance(v, decimal.Decimal)
+    if logical in ("time-millis", "time-micros"):
+        return lambda v: isinstance(v, datetime.time)
+    if logical == "uuid":
+        return lambda v: isinstance(v, (str, uuid.UUID))
+    return {"boolean": lambda v: type(v) is bool,
+            "int": lambda v: type(v) is int and _INT32[0] <= v < _INT32[1],
+            "long": lambda v: type(v) is int,
+            "float": lambda v: type(v) is float, "double": lambda v: type(v) is float,
+            "string": lambda v: type(v) is str, "bytes": lambda v: type(v) is bytes,
+            "array": lambda v: type(v) is list, "map": lambda v: type(v) is dict,
+            }.get(kind, lambda v: False)
+
+
+def _members(branches: list[Any], named: dict[str, Any], path: str, depth: int, ns: str
+             ) -> tuple[pa.DataType, Fix]:
+    """A union of several types, as Spark's from_avro maps it: a struct with a nullable
+    field `member<i>` per non-null branch, in order; the branch a value took is set,
+    the others null."""
+    fields, fixes, tests = [], [], []
+    for i, branch in enumerate(branches):
+        child, fix = _avro(branch, named, f"{path}.member{i}", depth + 1, True, ns)
+        fields.append(pa.field(f"member{i}", child))
+        fixes.append(fix)
+        tests.append(_branch_test(branch, named, ns))
+    by_name = {test: i for i, test in enumerate(tests) if isinstance(test, str)}
+    by_value = [(i, test) for i, test in enumerate(tests) if not isinstance(test, str)]
+    names = [f"member{i}" for i in range(len(branches))]
+
+    def fix(value: Any) -> Any:
+        if value is None:
+            return None
+        if type(value) is tuple:
+            chosen = by_name.get(value[0])
+            if chosen is None:                       # a short name of the branch's
+                chosen = next((i for n, i in by_name.items()
+                               if n.rsplit(".", 1)[-1] == value[0].rsplit(".", 1)[-1]),
+                              None)
+            value = value[1]
+        else:
+            chosen = next((i for i, test in by_value if test(value)), None)
+        if chosen is None:
+            raise ValueError(f"{path}: a union value of type {type(value).__name__} "
+                             "matches none of the union's branches")
+        out = dict.fromkeys(names)
+        one = fixes[chosen]
+        out[names[chosen]] = value if one is None else one(value)
+        return out
+    return pa.struct(fields), fix
+
+
+def _named_key(name: str, named: dict[str, Any], ns: str) -> str | None:
+    """The full name a type reference means (the enclosing namespace first)."""
+    for candidate in ((f"{ns}.{name}" if ns and "." not in name else name), name):
+        if candidate in named:
+            return candidate
+    short = [k for k in named if k.rsplit(".", 1)[-1] == name]
+    return short[0] if len(short) == 1 else None
+
+
+def _avro(node: Any, named: dict[str, Any], path: str, depth: int, tagged: bool,
+          ns: str) -> tuple[pa.DataType, Fix]:
     if depth > MAX_DEPTH:
         raise _unsupported(path, f"nesting deeper than {MAX_DEPTH}")
     if isinstance(node, list):                                     # a union
         branches = [b for b in node if b != "null" and b != {"type": "null"}]
-        if len(branches) == 1:
-            return _avro(branches[0], named, path, depth + 1)      # nullable T
-        kinds = sorted(b if isinstance(b, str) else b.get("type") for b in branches)
-        if kinds == ["int", "long"]:
+        if len(branches) == 1:                                     # nullable T
+            data_type, fix = _avro(branches[0], named, path, depth + 1, tagged, ns)
+            return data_type, (_untag(fix) if tagged else fix)
+        kinds = sorted(str(b if isinstance(b, str) else b.get("type")) for b in branches)
+        plain = all(isinstance(b, str) for b in branches)
+        if plain and kinds == ["int", "long"]:
             return pa.int64(), None
-        if kinds == ["double", "float"]:
+        if plain and kinds == ["double", "float"]:
             return pa.float64(), None
-        raise _unsupported(path, f"the union {json.dumps(node)}")
+        if not branches:
+            return pa.null(), None
+        if not tagged:
+            raise _Tagged()
+        return _members(branches, named, path, depth, ns)
     if isinstance(node, str):
         if node in _AVRO_PRIMITIVES:
             return _AVRO_PRIMITIVES[node], None
-        if node in named:
-            if named[node] is None:
-                raise _unsupported(path, f"the recursive type {node}")
-            return named[node]
-        short = {k.rsplit(".", 1)[-1]: v for k, v in named.items()}
-        if node in short and short[node] is not None:
-            return short[node]
-        raise LogkitSparkError(f"logkit: {path}: unknown Avro type {node!r}")
+        key = _named_key(node, named, ns)
+        if key is None:
+            raise LogkitSparkError(f"logkit: {path}: unknown Avro type {node!r}")
+        if named[key] is None:
+            raise LogkitSparkError(
+                f"logkit: {path}: the Avro type {key} refers to itself (a recursive "
+                "type); Spark's from_avro refuses recursive schemas too, since a Spark "
+                "type is finite. Read the column as binary (no keyFormat/valueFormat) "
+                "and decode it in the query")
+        return named[key]
     kind = node.get("type")
     logical = node.get("logicalType")
     if logical == "decimal" and kind in ("bytes", "fixed"):
@@ -239,6 +361,8 @@ def _avro(node: Any, named: dict[str, Any], path: str, depth: int) -> tuple[pa.D
         if not 0 < precision <= 38:
             raise _unsupported(path, f"decimal({precision}, {scale})")
         result: tuple[pa.DataType, Fix] = (pa.decimal128(precision, scale), None)
+        if kind == "fixed":
+            named[_full_name(node, ns)] = result
     elif logical == "date" and kind == "int":
         result = pa.date32(), None
     elif logical in ("timestamp-millis", "timestamp-micros") and kind == "long":
@@ -252,11 +376,13 @@ def _avro(node: Any, named: dict[str, Any], path: str, depth: int) -> tuple[pa.D
     elif logical == "uuid" and kind == "string":
         result = pa.string(), _to_str
     elif kind == "record":
-        full = _full_name(node)
+        full = _full_name(node, ns)
+        inner_ns = full.rsplit(".", 1)[0] if "." in full else ""
         named[full] = None                       # a reference to itself is recursion
         fields, fixes = [], []
         for field in node.get("fields", []):
-            child, fix = _avro(field["type"], named, f"{path}.{field['name']}", depth + 1)
+            child, fix = _avro(field["type"], named, f"{path}.{field['name']}", depth + 1,
+                               tagged, inner_ns)
             fields.append(pa.field(field["name"], child))
             if fix is not None:
                 fixes.append((field["name"], fix))
@@ -265,25 +391,29 @@ def _avro(node: Any, named: dict[str, Any], path: str, depth: int) -> tuple[pa.D
         return result
     elif kind == "enum":
         result = pa.string(), None
-        named[_full_name(node)] = result
+        named[_full_name(node, ns)] = result
     elif kind == "fixed":
         result = pa.binary(), None
-        named[_full_name(node)] = result
+        named[_full_name(node, ns)] = result
     elif kind == "array":
-        child, fix = _avro(node["items"], named, f"{path}[]", depth + 1)
+        child, fix = _avro(node["items"], named, f"{path}[]", depth + 1, tagged, ns)
         result = pa.list_(child), (None if fix is None else _list_fix(fix))
     elif kind == "map":
-        child, fix = _avro(node["values"], named, f"{path}{{}}", depth + 1)
+        child, fix = _avro(node["values"], named, f"{path}{{}}", depth + 1, tagged, ns)
         result = pa.map_(pa.string(), child), (None if fix is None else _map_fix(fix))
     else:
-        result = _avro(kind, named, path, depth + 1)
+        result = _avro(kind, named, path, depth + 1, tagged, ns)
     return result
 
 
-def _full_name(node: dict) -> str:
+def _full_name(node: dict, ns: str = "") -> str:
+    """A named type's full name: its own dotted name, its namespace, or the enclosing
+    one (Avro's rule)."""
     name = node["name"]
-    return name if "." in name or not node.get("namespace") else \
-        f"{node['namespace']}.{name}"
+    if "." in name:
+        return name
+    space = node.get("namespace", ns)
+    return f"{space}.{name}" if space else name
 
 
 def _record_fix(fixes: list[tuple[str, Callable[[Any], Any]]]) -> Fix:
@@ -453,9 +583,9 @@ def _message_class(broker: logkit.Broker, spec: Typed) -> Any:
 
 def _decoder(broker: logkit.Broker, spec: Typed, topic: str) -> Callable[[bytes], Any]:
     def build() -> Callable[[bytes], Any]:
-        fix = _mapping(broker, spec)[1]
+        _, fix, tagged = _mapping(broker, spec)
         if spec.format == "avro":
-            decode = serde.AvroSerde(broker, topic, spec.schema,
+            decode = serde.AvroSerde(broker, topic, spec.schema, return_named_type=tagged,
                                      is_key=spec.side == "key").deserialize
         elif spec.format == "json":
             decode = _json_decode
