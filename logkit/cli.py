@@ -11,7 +11,7 @@ checks that); docs/cli.md is generated from the same help (tools/cli_docs.py).
     logkit produce DIR TOPIC                       kafka-console-producer: lines from stdin
     logkit consume DIR TOPIC                       kafka-console-consumer (--follow: tail -f)
     logkit groups list|describe|reset-offsets|delete DIR ...         kafka-consumer-groups
-    logkit schemas list|show|register|check DIR ...                  the schema registry
+    logkit schemas list|show|register|check|delete|config DIR ...    the schema registry
     logkit follow SOURCE DIR                       copy a leader (a directory or tcp://) into DIR
     logkit describe DIR TOPIC                      the partitions of one topic
     logkit dump SEGMENT.log                        the batches (and records) of a segment file
@@ -193,20 +193,31 @@ def _decoded_json(value: Any) -> Any:
     return str(value)                                     # Decimal, UUID
 
 
+def _framed(data: bytes | None) -> bool:
+    """Confluent's wire format starts with magic byte 0 and a 4-byte schema id."""
+    return data is not None and len(data) >= 5 and data[0] == 0
+
+
 def _format_schema(record: Record, args: argparse.Namespace) -> str:
     """A record whose value is in Confluent's wire format, decoded through the
     directory's registry with the writer's schema (the id in the record): the JSON
-    object of --format json with the decoded value. A value that does not decode is a
-    SerializationError naming topic, partition and offset; nothing is printed for it."""
+    object of --format json with the decoded value. A key is decoded the same way when
+    it is framed (magic byte 0 and a schema id), else printed as text. A value (or
+    framed key) that does not decode is a SerializationError naming topic, partition
+    and offset; nothing is printed for it."""
+    key: Any = record.key
     try:
         value = args.value_decoder(record.value)
+        key = args.key_decoder(key) if _framed(key) else _json_bytes(key)
     except SerializationError as exc:
         raise exc.at(record.topic, record.partition, record.offset) from exc
     if hasattr(value, "DESCRIPTOR"):
         value = _decoded_json(value)
+    if hasattr(key, "DESCRIPTOR"):
+        key = _decoded_json(key)
     return json.dumps({"topic": record.topic, "partition": record.partition,
                        "offset": record.offset, "timestamp": record.timestamp,
-                       "key": _json_bytes(record.key), "value": value,
+                       "key": key, "value": value,
                        "headers": [[k, _json_bytes(v)] for k, v in record.headers or ()]},
                       separators=(",", ":"), default=_decoded_json)
 
@@ -222,11 +233,13 @@ SCHEMA_FORMATS = {"avro": "AvroSerde", "json-schema": "JsonSchemaSerde",
                   "protobuf": "ProtobufSerde"}
 
 
-def _schema_decoder(broker: Broker, topic: str, format_name: str) -> Callable[[Any], Any]:
-    """The deserialize of a serde without a schema of its own: each value is read with
-    its writer's schema (the id in its frame)."""
+def _schema_decoder(broker: Broker, topic: str, format_name: str, *,
+                    is_key: bool = False) -> Callable[[Any], Any]:
+    """The deserialize of a serde without a schema of its own: each value (key) is read
+    with its writer's schema (the id in its frame)."""
     from . import serde
-    return getattr(serde, SCHEMA_FORMATS[format_name])(broker, topic).deserialize
+    return getattr(serde, SCHEMA_FORMATS[format_name])(broker, topic,
+                                                        is_key=is_key).deserialize
 
 
 def format_record(record: Record, args: argparse.Namespace) -> str:
@@ -705,6 +718,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
         topic = broker.topic(args.topic)              # UnknownTopicError: exit 1
         if args.format in SCHEMA_FORMATS:
             args.value_decoder = _schema_decoder(broker, args.topic, args.format)
+            args.key_decoder = _schema_decoder(broker, args.topic, args.format,
+                                               is_key=True)
         manual = args.group is None or args.partition is not None
         consumer = broker.consumer(group_id=args.group, auto_offset_reset=reset,
                                    enable_auto_commit=False)
@@ -998,6 +1013,58 @@ def cmd_schemas_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_schemas_delete(args: argparse.Namespace) -> int:
+    with _broker(args.directory, write=True) as broker:
+        registry = broker.schema_registry()
+        if args.version is None:
+            versions = registry.delete_subject(args.subject, permanent=args.permanent)
+        else:
+            versions = [registry.delete_version(args.subject, _version_arg(args.version),
+                                                permanent=args.permanent)]
+    how = "permanently deleted" if args.permanent else "soft deleted"
+    if args.json:
+        print_json({"subject": args.subject, "versions": versions,
+                    "permanent": args.permanent})
+    else:
+        print(f"{how}: subject {args.subject!r} version(s) "
+              f"{', '.join(map(str, versions))}")
+    return 0
+
+
+def cmd_schemas_config(args: argparse.Namespace) -> int:
+    if args.level is not None and args.reset:
+        raise UsageError("--level sets a level and --reset drops it: give one")
+    with _broker(args.directory, write=args.level is not None or args.reset) as broker:
+        registry = broker.schema_registry()
+        if args.level is not None:
+            registry.set_compatibility(args.level, args.subject)
+        elif args.reset:
+            registry.delete_compatibility(args.subject)
+        level = registry.compatibility(args.subject)
+        own = None if args.subject is None else _own_level(registry, args.subject)
+    if args.json:
+        shown: dict[str, Any] = {"subject": args.subject, "compatibility": level}
+        if own is not None:
+            shown["own"] = own
+        print_json(shown)
+    elif args.subject is None:
+        print(f"global compatibility: {level}")
+    else:
+        print(f"subject {args.subject!r} compatibility: {level}"
+              + ("" if own else " (the global level)"))
+    return 0
+
+
+def _own_level(registry: Any, subject: str) -> bool:
+    """Has `subject` a compatibility level of its own (else the global one applies)?"""
+    from .serde import SubjectConfigNotFoundError
+    try:
+        registry.compatibility(subject, default_to_global=False)
+    except SubjectConfigNotFoundError:
+        return False
+    return True
+
+
 def _subject(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("subject", metavar="SUBJECT", help="the subject, e.g. orders-value")
 
@@ -1044,6 +1111,31 @@ def add_schemas_check(cmd: argparse.ArgumentParser) -> None:
     _json(cmd)
 
 
+def add_schemas_delete(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    _subject(cmd)
+    cmd.add_argument("--version", metavar="V",
+                     help="delete this version only (a number or latest); default: every "
+                     "version of the subject")
+    cmd.add_argument("--permanent", action="store_true",
+                     help="remove for good what was soft deleted before (as Confluent, a "
+                     "live version must be soft deleted first)")
+    _json(cmd)
+
+
+def add_schemas_config(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("subject", metavar="SUBJECT", nargs="?",
+                     help="the subject (default: the global level)")
+    cmd.add_argument("--level", metavar="LEVEL",
+                     help="set the level: NONE, BACKWARD, FORWARD, FULL, or one of the "
+                     "last three with _TRANSITIVE (docs/schemas.md)")
+    cmd.add_argument("--reset", action="store_true",
+                     help="drop the subject's own level (it follows the global one), or "
+                     "reset the global level to BACKWARD")
+    _json(cmd)
+
+
 SCHEMAS = (
     Command("list", "list the subjects of the schema registry",
             "logkit schemas list data/", add_schemas_list, cmd_schemas_list),
@@ -1058,6 +1150,14 @@ SCHEMAS = (
     Command("check", "is a schema compatible with a subject? prints each rule broken "
             "and exits 1 when it is not", "logkit schemas check data/ orders-value "
             "order-v2.avsc", add_schemas_check, cmd_schemas_check),
+    Command("delete", "soft delete a subject or one version of it; --permanent removes "
+            "what was soft deleted", "logkit schemas delete data/ orders-value --version 2"
+            "\nlogkit schemas delete data/ orders-value --version 2 --permanent",
+            add_schemas_delete, cmd_schemas_delete),
+    Command("config", "show or set the compatibility level, global or a subject's",
+            "logkit schemas config data/\n"
+            "logkit schemas config data/ orders-value --level FULL_TRANSITIVE",
+            add_schemas_config, cmd_schemas_config),
 )
 
 
@@ -1302,7 +1402,8 @@ def add_consume(cmd: argparse.ArgumentParser) -> None:
                      help="value: the value; kv: key, separator, value; json: one JSON "
                           "object per record; avro, json-schema, protobuf: as json with "
                           "the value decoded from Confluent's wire format through the "
-                          "directory's schema registry (default value)")
+                          "directory's schema registry, and the key too when it is in "
+                          "that format (else as text) (default value)")
     cmd.add_argument("--key-separator", default="\t", metavar="SEP",
                      help="the separator of --format kv (default a tab)")
 
@@ -1406,8 +1507,8 @@ COMMANDS: list[Command] = [
             add_consume, cmd_consume),
     Command("groups", "list, describe, reset and delete consumer groups",
             "logkit groups describe data/ billing", lambda cmd: None, None, GROUPS),
-    Command("schemas", "list, show, register and check schemas in the embedded schema "
-            "registry", "logkit schemas list data/", lambda cmd: None, None, SCHEMAS),
+    Command("schemas", "list, show, register, check and delete schemas, and set "
+            "compatibility levels, in the embedded schema registry", "logkit schemas list data/", lambda cmd: None, None, SCHEMAS),
     Command("serve", "serve the directory to Kafka clients (kafka-python, aiokafka, "
             "confluent-kafka) over Kafka's wire protocol, until SIGINT/SIGTERM",
             "logkit serve data/ --port 9092 --config num.partitions=3\n"

@@ -504,6 +504,73 @@ def test_consume_decodes_json_schema_and_protobuf(root, tmp_path, capsys, monkey
     assert code == 0 and json.loads(out)["value"] == {"n": 7}
 
 
+def test_consume_decodes_framed_keys_and_prints_plain_keys_as_text(root, capsys):
+    """With a schema'd --format, a key in Confluent's wire format is decoded through
+    the registry like the value; a key that is not framed prints as text; a framed key
+    whose schema id is unknown is an error naming the record (exit 1)."""
+    from logkit.serde import AvroSerde, wire
+    with logkit.Broker(root) as broker:
+        broker.create_topic("keyed", partitions=1)
+        producer = broker.producer(
+            key_serializer=AvroSerde(broker, "keyed", "string", is_key=True),
+            value_serializer=AvroSerde(broker, "keyed", ORDER_V1))
+        producer.send("keyed", {"id": 1}, key="order-1").result()
+        producer.close()
+        value = AvroSerde(broker, "keyed", ORDER_V1).serialize({"id": 2})
+        broker.topic("keyed").partition(0).append([
+            (b"plain", value, None, None),
+            (wire.frame(999, b"\x02x"), value, None, None)])
+        assert broker.schema_registry().subjects() == ["keyed-key", "keyed-value"]
+    code, out, err = run(capsys, "consume", root, "keyed", "--from-beginning", "--format",
+                         "avro")
+    assert code == 1
+    assert [(r["key"], r["value"]) for r in map(json.loads, out.splitlines())] == \
+        [("order-1", {"id": 1}), ("plain", {"id": 2})]
+    assert "offset 2" in err and "999" in err
+
+
+def test_schemas_delete_and_config(root, tmp_path, capsys):
+    """schemas config shows and sets the global and a subject's level (--reset drops
+    the subject's own); schemas delete soft deletes a version or the subject, and
+    --permanent removes only what was soft deleted, as the REST API does."""
+    v1, v2 = tmp_path / "v1.avsc", tmp_path / "v2.avsc"
+    v1.write_text(ORDER_V1)
+    v2.write_text(ORDER_V2)
+    assert run(capsys, "schemas", "register", root, "orders-value", v1)[0] == 0
+    assert run(capsys, "schemas", "register", root, "orders-value", v2)[0] == 0
+    assert run(capsys, "schemas", "config", root)[1] == "global compatibility: BACKWARD\n"
+    code, out, _ = run(capsys, "schemas", "config", root, "orders-value", "--level",
+                       "full_transitive", "--json")
+    assert code == 0 and json.loads(out) == {"subject": "orders-value", "own": True,
+                                             "compatibility": "FULL_TRANSITIVE"}
+    code, out, _ = run(capsys, "schemas", "config", root, "--level", "NONE")
+    assert out == "global compatibility: NONE\n"
+    code, out, _ = run(capsys, "schemas", "config", root, "orders-value", "--reset")
+    assert out == "subject 'orders-value' compatibility: NONE (the global level)\n"
+    code, _, err = run(capsys, "schemas", "config", root, "--level", "SIDEWAYS")
+    assert code == 1 and "SIDEWAYS" in err
+    assert run(capsys, "schemas", "config", root, "--level", "FULL", "--reset")[0] == 2
+    code, _, err = run(capsys, "schemas", "delete", root, "orders-value", "--version", "2",
+                       "--permanent")
+    assert code == 1 and "soft deleted" in err
+    code, out, _ = run(capsys, "schemas", "delete", root, "orders-value", "--version", "2")
+    assert code == 0 and out == "soft deleted: subject 'orders-value' version(s) 2\n"
+    with logkit.Broker(root) as broker:
+        registry = broker.schema_registry()
+        assert registry.versions("orders-value") == [1]
+        assert registry.versions("orders-value", deleted=True) == [1, 2]
+    code, out, _ = run(capsys, "schemas", "delete", root, "orders-value", "--version", "2",
+                       "--permanent", "--json")
+    assert json.loads(out) == {"subject": "orders-value", "versions": [2],
+                               "permanent": True}
+    assert run(capsys, "schemas", "delete", root, "orders-value")[1] == \
+        "soft deleted: subject 'orders-value' version(s) 1\n"
+    assert run(capsys, "schemas", "list", root)[1].splitlines()[1:] == []
+    assert run(capsys, "schemas", "delete", root, "orders-value", "--permanent")[0] == 0
+    with logkit.Broker(root) as broker:
+        assert broker.schema_registry().subjects(deleted=True) == []
+
+
 def test_serve_with_a_schema_registry_port_serves_the_rest_api(tmp_path):
     """`logkit serve --schema-registry-port 0` prints the registry's URL next to the
     listener's address; a REST registration there lands in the directory; SIGTERM
