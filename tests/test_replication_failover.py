@@ -597,3 +597,27 @@ def test_a_leader_killed_mid_update_of_its_tail_is_still_replaced(tmp_path):
         p.check()
         values = {r.offset: r.value for r in p.read(0, max_records=10 ** 6)}
         assert values and all(acked[o] == v for o, v in values.items() if o in acked)
+
+
+def test_an_object_store_follower_promotes_itself_by_its_own_progress(tmp_path):
+    """Through an object store the leader's ISR cannot be read: a running follower that
+    is caught up by its own progress promotes itself once the store's lease lapses."""
+    config = {**FAST, "ship.interval.ms": 50}
+    url = (tmp_path / "store").as_uri()
+    with logkit.Broker(tmp_path / "L", config=config) as leader:
+        leader.create_topic("t", 1)
+        produce(leader, 20)
+        shipper = leader.ship(url)
+        shipper.flush()
+        follower = logkit.Follower(tmp_path / "F", logkit.ObjectStoreSource(url),
+                                   config=config)
+        follower.start()
+        follower.catch_up(timeout=30)
+        wait_for(lambda: follower.source.lease() is not None, "the store's lease")
+        assert not follower.promoted.is_set()
+        shipper.close()                              # a clean stop releases the lease
+    assert follower.promoted.wait(30), follower.error
+    follower.stop()
+    with logkit.Broker(tmp_path / "F") as new_leader:
+        p = new_leader.topic("t").partition(0)
+        assert p.leader_epoch == 1 and p.log_end_offset == 20

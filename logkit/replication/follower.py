@@ -17,7 +17,8 @@ racing promotions one wins), then stamps the next epoch. A running follower prom
 itself the same way once the leader's lease goes unrenewed for its TTL while the
 follower is in the leader's ISR as leader.py defines it (an assigned replica caught up
 within `replica.lag.time.max.ms`; with several, the first in assignment order goes
-first), unless `auto_promote=False`; `follower.promoted` (an Event) is set then.
+first; through a source whose ISR it cannot read, the same rule over its own
+progress), unless `auto_promote=False`; `follower.promoted` (an Event) is set then.
 
 Invariant: each partition's log is a prefix of the leader's, batch for batch, whenever
 the follower's lock is released — a SIGKILL at any moment leaves a prefix (appends are
@@ -59,7 +60,7 @@ from ..topic import Partition, Topic, TopicPartition
 from .epochs import (EpochEntry, assign, divergence_offset, epochs_from_headers,
                      read_checkpoint, truncate_from_end, write_checkpoint)
 from .directory import DirectorySource
-from .leader import Progress, ReplicaState, in_sync_replicas
+from .leader import Progress, ReplicaState, _Report, in_sync_replicas
 from .lease import renew as renew_lease
 from .lease import read_lease, replica_id
 from .source import PartitionInfo, ReplicaSource, TopicInfo
@@ -410,11 +411,12 @@ class Follower:
         counts only its assigned followers (one beyond the factor never promotes
         itself); for a topic of factor 1 (no assignment: every copy is extra) the
         follower counts as its only candidate. The rank is its highest position
-        among the in-sync assigned followers of any partition."""
-        if not isinstance(self.source, DirectorySource):
-            return None, f"{self.source.describe()} keeps no ISR this follower can read"
+        among the in-sync assigned followers of any partition. A source other than a
+        directory: `_own_isr_rank`."""
         me = self._state["follower_id"]
         lag_ms = self.config["replica.lag.time.max.ms"]
+        if not isinstance(self.source, DirectorySource):
+            return self._own_isr_rank(me, lag_ms)
         state = ReplicaState(self.source.path, lag_time_max_ms=lag_ms, writable=False)
         rank = 0
         try:
@@ -442,6 +444,24 @@ class Follower:
         finally:
             state.close()
         return rank, ""
+
+    def _own_isr_rank(self, me: str, lag_ms: int) -> tuple[int | None, str]:
+        """For a source whose leader's ISR this follower cannot read (an object store,
+        TCP): the same rule (leader.in_sync_replicas) over this follower's own
+        progress — every partition caught up within replica.lag.time.max.ms. Nothing
+        tells it the replica assignment, so a follower beyond the factor counts too."""
+        if self._metadata_done < 1 or not self._partitions:
+            return None, "it has not copied the leader's partitions yet"
+        now_ms = int(time.time() * 1000)
+        own = _Report(now_ms, {_tp_name(tp): end for tp, end in self._ends.items()},
+                      {_tp_name(tp): ms for tp, ms in self._caught_up_ms.items()})
+        for tp in self._partitions:
+            end = self._leader_ends.get(tp)
+            if end is None or me not in in_sync_replicas([me], {me: own}, _tp_name(tp),
+                                                         end, now_ms, lag_ms):
+                return None, (f"it was not caught up on {_tp_name(tp)} within "
+                              f"replica.lag.time.max.ms={lag_ms}")
+        return 0, ""
 
     def _leader_end(self, tp: TopicPartition) -> int:
         """The leader's log end of `tp` now, or as last read when its partition cannot
