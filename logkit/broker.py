@@ -548,6 +548,14 @@ class Broker:
         replicated topic is opened."""
         return self._replica_state
 
+    def describe_replicas(self) -> list[dict[str, Any]]:
+        """Per partition of every topic: replication factor, replica set, ISR, log end,
+        high watermark, leader epochs and each follower's log end and lag (`logkit
+        replicas`; logkit/replication/leader.py). Reads only."""
+        from .replication.leader import describe_replicas
+        self._check_open()
+        return describe_replicas(self)
+
     def _open_partition(self, record: dict[str, Any], number: int,
                         config: dict[str, Any]) -> PartitionLog:
         name, topic_id = record["name"], record["topic_id"]

@@ -1164,9 +1164,8 @@ SCHEMAS = (
 # ---- describe, dump, bench, completion ---------------------------------------------------
 
 def cmd_replicas(args: argparse.Namespace) -> int:
-    from .replication.leader import describe_replicas
     with _broker(args.directory) as broker:
-        rows = describe_replicas(broker)
+        rows = broker.describe_replicas()
     if args.json:
         print_json(rows)
         return 0

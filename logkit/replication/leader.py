@@ -237,8 +237,8 @@ class PartitionReplicas(NamedTuple):
 
 class ReplicaState:
     """The replica state of one leader root, for every replicated partition a broker
-    (or a DirectorySource) has open. `writable=False` computes without publishing (a
-    read-only broker); `ring` is called after the high watermark moved."""
+    has open. `writable=False` computes without publishing (a read-only broker, `logkit
+    replicas`); `ring` is called when the high watermark moved without a report."""
 
     def __init__(self, root: str, *, lag_time_max_ms: int, writable: bool,
                  ring: Callable[[], None] | None = None) -> None:
@@ -301,11 +301,11 @@ class ReplicaState:
                 fd = open_file(path, os.O_RDONLY)
                 with open(fd, encoding="utf-8") as f:
                     report = _parse_report(json.load(f))
-            except (OSError, ValueError):
-                continue                         # being replaced: read it next time
             except StorageError:
                 self._warn(path, "ignoring replica progress file %s: a symbolic link")
                 continue
+            except (OSError, ValueError):
+                continue                         # being replaced: read it next time
             self._file_keys[name] = key
             self._version += 1
             if report is None:
