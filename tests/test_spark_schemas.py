@@ -171,7 +171,7 @@ def test_typed_writes_are_framed_with_the_subject_schema_and_bad_rows_refused(sp
 def test_json_and_protobuf_values_read_as_typed_columns(spark, tmp_path):
     """valueFormat=json takes a JSON Schema (framed records, through the subject) or
     plain JSON values with valueSchema; valueFormat=protobuf reads by field number into
-    the subject's message."""
+    the subject's message, or into the message of .proto text given as valueSchema."""
     pytest.importorskip("google.protobuf")
     doc = {"type": "object", "properties": {
         "n": {"type": "integer"}, "when": {"type": "string", "format": "date"},
@@ -209,6 +209,11 @@ def test_json_and_protobuf_values_read_as_typed_columns(spark, tmp_path):
     row = items.select("value.*").first().asDict(recursive=True)
     assert row == {"id": 5, "name": "pen", "kind": "B", "sizes": [1, 2],
                    "stock": {"a": 3}, "sub": None}
+    # the reader's .proto as text (no protoc), here a subset: fields by number
+    subset = 'syntax = "proto3";\npackage shop;\nmessage Item { string name = 2; }\n'
+    named = reader(spark, tmp_path, subscribe="items", valueFormat="protobuf",
+                   valueSchema=subset)
+    assert named.select("value.*").first().asDict() == {"name": "pen"}
 
 
 EVENT = {"type": "record", "name": "Event", "namespace": "shop", "fields": [
@@ -253,7 +258,8 @@ RECURSIVE = {"type": "record", "name": "Node", "fields": [
     ({"valueSchema": "{}"}, "needs valueFormat"),
     ({"valueFormat": "xml"}, "must be avro, json or protobuf"),
     ({"valueFormat": "avro", "valueSubject": "nope-value"}, "nope-value"),
-    ({"valueFormat": "protobuf", "valueSchema": "syntax = \"proto3\";"}, "valueSubject"),
+    ({"valueFormat": "protobuf", "valueSchema": "syntax = \"proto3\";"}, "at least one message"),
+    ({"valueFormat": "protobuf", "valueSchema": "message {"}, "does not parse"),
     ({"valueFormat": "avro", "valueSchema": json.dumps(RECURSIVE)}, "recursive type"),
     ({"valueFormat": "avro", "failOnDecodeError": "maybe"}, "true or false"),
 ])

@@ -164,6 +164,20 @@ class ProtobufSerde(SchemaSerde):
                                      f"{list(indexes)}") from exc
         return self._dynamic_class(writer, parsed, name)
 
+    def message_class_from_text(self, text: str, indexes: Any = (0,)) -> Any:
+        """A message class built from .proto text (or Confluent's base64 descriptor)
+        without protoc, by the same parser the registry uses: the message at index path
+        `indexes` (default the file's first). Imports other than Google's well-known
+        types need the registry (register the files and use `message_class_for`).
+        Invalid text raises InvalidSchemaError, as registering it would."""
+        parsed = parse("PROTOBUF", text)
+        try:
+            name = message_at(parsed.model.file, list(indexes))
+        except KeyError as exc:
+            raise SerializationError(f"the schema has no message at index path "
+                                     f"{list(indexes)}") from exc
+        return self._dynamic_class(Schema(text, "PROTOBUF"), parsed, name)
+
     def _dynamic_class(self, writer: Schema, parsed: ParsedSchema, name: str) -> Any:
         pool = self._pool_module.DescriptorPool()
         added: set[str] = set()

@@ -102,7 +102,7 @@ def _side(broker: logkit.Broker, typed: Mapping[str, str], side: str, topic: str
     if text is not None and version is not None:
         raise LogkitSparkError(f"logkit: '{side}SchemaVersion' picks a version of "
                                f"'{side}Subject'; it does not go with '{side}Schema'")
-    if subject is None and (text is None or write or fmt == "protobuf"):
+    if subject is None and (text is None or write):
         if topic is None:
             raise LogkitSparkError(f"logkit: {side}Format={fmt} over several topics needs "
                                    f"'{side}Subject' (or '{side}Schema' for reads)")
@@ -126,10 +126,6 @@ def _side(broker: logkit.Broker, typed: Mapping[str, str], side: str, topic: str
             text, schema_id = found.schema, found.schema_id
             log.debug("%s column: subject %s version %d (schema id %d)", side, subject,
                       found.version, schema_id)
-        elif fmt == "protobuf":
-            raise LogkitSparkError(f"logkit: {side}Format=protobuf takes the schema from "
-                                   f"the registry: register the .proto under a subject and "
-                                   f"set '{side}Subject' instead of '{side}Schema'")
         elif write:
             # as Confluent's serializers do: the schema written is registered first
             schema_id = registry.register(subject, text, FORMATS[fmt])
@@ -184,9 +180,10 @@ def _mapping(broker: logkit.Broker, spec: Typed) -> tuple[pa.DataType, Fix, bool
             return (*_proto(_message_class(broker, spec).DESCRIPTOR, spec.side, 0), False)
         except LogkitSparkError:
             raise
-        except ValueError as exc:
+        except (ValueError, logkit.LogkitError) as exc:
+            message = getattr(exc, "message", None) or str(exc)
             raise LogkitSparkError(f"logkit: the {spec.side} schema does not parse: "
-                                   f"{exc}") from None
+                                   f"{message}") from None
     return _cached("type", broker, spec, build)
 
 
@@ -575,8 +572,15 @@ def _proto_map(key_fix: Fix, value_fix: Fix) -> Callable[[Any], Any]:
 
 
 def _message_class(broker: logkit.Broker, spec: Typed) -> Any:
-    return _cached("class", broker, spec, lambda: serde.ProtobufSerde(
-        broker, spec.subject or "spark").message_class_for(spec.schema_id))
+    """The message class of a Protobuf column: built from the registered schema, or
+    from the .proto text of the `*Schema` option (no protoc: logkit's own parser); the
+    file's first message, as Confluent's message index [0]."""
+    def build() -> Any:
+        made = serde.ProtobufSerde(broker, spec.subject or "spark")
+        if spec.schema_id is None:
+            return made.message_class_from_text(spec.schema)
+        return made.message_class_for(spec.schema_id)
+    return _cached("class", broker, spec, build)
 
 
 # ---- decoding on a worker ---------------------------------------------------------------
