@@ -76,7 +76,9 @@ def test_avro_values_read_as_typed_columns(spark, tmp_path):
         "prices:map<string,double>,status:string,at:timestamp,day:date,"
         "amount:decimal(9,2),alarm:int,small:bigint>")
     assert df.schema["key"].dataType.simpleString() == "binary"
-    rows = df.orderBy("offset").select("value.*").collect()
+    rows = df.orderBy("offset").selectExpr("value.*",
+                                           "value.customer.name AS who").collect()
+    assert [r.who for r in rows] == ["ann", "bo"]        # a nested field in SQL
     first = rows[0].asDict(recursive=True)
     assert first["customer"] == {"name": "ann", "age": 30}
     assert (first["tags"], first["prices"], first["status"]) == (["a", "b"], {"x": 1.5},
@@ -86,7 +88,6 @@ def test_avro_values_read_as_typed_columns(spark, tmp_path):
     assert (first["day"], first["amount"], first["alarm"], first["small"]) == \
         (datetime.date(2026, 3, 1), decimal.Decimal("12.34"), 25201000, 5)
     assert rows[1].customer.age is None
-    assert df.selectExpr("value.customer.name").orderBy("name").collect()[0][0] == "ann"
 
 
 def test_a_streaming_query_keeps_its_reader_schema_across_a_new_version(spark, tmp_path):
@@ -254,18 +255,42 @@ RECURSIVE = {"type": "record", "name": "Node", "fields": [
     {"name": "next", "type": ["null", "Node"]}]}
 
 
+@pytest.fixture(scope="module")
+def orders_root(tmp_path_factory):
+    """A directory with one v1 order in topic "orders" (read only by the tests)."""
+    root = tmp_path_factory.mktemp("orders")
+    produce(root, "orders", ORDER_V1, [{"id": 1}])
+    return root
+
+
 @pytest.mark.parametrize("options, message", [
     ({"valueSchema": "{}"}, "needs valueFormat"),
     ({"valueFormat": "xml"}, "must be avro, json or protobuf"),
     ({"valueFormat": "avro", "valueSubject": "nope-value"}, "nope-value"),
-    ({"valueFormat": "protobuf", "valueSchema": "syntax = \"proto3\";"}, "at least one message"),
+    ({"valueFormat": "protobuf", "valueSchema": "syntax = \"proto3\";"},
+     "at least one message"),
     ({"valueFormat": "protobuf", "valueSchema": "message {"}, "does not parse"),
     ({"valueFormat": "avro", "valueSchema": json.dumps(RECURSIVE)}, "recursive type"),
     ({"valueFormat": "avro", "failOnDecodeError": "maybe"}, "true or false"),
 ])
-def test_bad_typed_options_fail_before_any_job(spark, tmp_path, options, message):
-    """Typed-column options are checked on the driver, naming the option."""
-    produce(tmp_path, "orders", ORDER_V1, [{"id": 1}])
-    with pytest.raises(Exception) as failed:
-        reader(spark, tmp_path, subscribe="orders", **options).schema
+def test_bad_typed_options_are_refused_by_the_source_schema(orders_root, options,
+                                                            message):
+    """Typed-column options are checked by the source's schema(), which Spark calls on
+    the driver when the read is defined, before any job; called here in-process with
+    the case-insensitive options Spark passes."""
+    from pyspark.sql.datasource import CaseInsensitiveDict
+    from pyspark_logkit import LogkitDataSource, LogkitSparkError
+    source = LogkitDataSource(CaseInsensitiveDict(
+        {"path": str(orders_root), "subscribe": "orders", **options}))
+    with pytest.raises(LogkitSparkError) as failed:
+        source.schema()
     assert message in str(failed.value)
+
+
+def test_a_bad_typed_option_fails_the_spark_read_before_any_job(spark, orders_root):
+    """Through Spark itself: the source's refusal reaches the caller when the read is
+    defined (`.schema`), with the source's message."""
+    with pytest.raises(Exception) as failed:
+        reader(spark, orders_root, subscribe="orders", valueFormat="avro",
+               valueSchema=json.dumps(RECURSIVE)).schema
+    assert "the Avro type Node refers to itself" in str(failed.value)
