@@ -173,6 +173,16 @@ _NO_PREALLOCATE = ("segment files grow with each append, so the file ends at the
 _NO_KAFKA_CLIENT = ("the source reads the log files itself; there is no Kafka client to "
                     "pass them to (accepted so Kafka jobs run unchanged)")
 
+# The Spark source's typed key/value columns (docs/spark.md; spark/pyspark_logkit/typed.py
+# checks their values): one row per side.
+_SPARK_TYPED = (
+    ("Format", "avro, json or protobuf: the {side} as a typed column (unset: binary)"),
+    ("Schema", "the {side}'s schema text (Avro, JSON Schema or .proto); not with "
+     "{side}Subject"),
+    ("Subject", "the registry subject of the {side}'s schema (default <topic>-{side})"),
+    ("SchemaVersion", "the version of {side}Subject (default the latest when the query "
+     "starts)"))
+
 _ROWS: tuple[Setting, ...] = (
     # ---- broker: Kafka's broker names; the log.* ones are defaults of topic keys
     _broker("num.partitions", "int", 1, "partitions of a topic created without a count "
@@ -426,6 +436,11 @@ _ROWS: tuple[Setting, ...] = (
       for name, doc in (("minOffsetsPerTrigger", "wait for this many records per "
                          "micro-batch"),
                         ("maxTriggerDelay", "longest wait for minOffsetsPerTrigger"))),
+    *(_spark(SPARK_READ, side + what, "str", None, doc.format(side=side), nullable=True)
+      for side in ("key", "value") for what, doc in _SPARK_TYPED),
+    _spark(SPARK_READ, "failOnDecodeError", "bool", True, "with keyFormat/valueFormat: "
+           "fail the query at a record that does not decode (naming topic, partition, "
+           "offset); false reads it with a null typed column and a WARNING"),
 
     # ---- Spark sink (writes)
     _spark(SPARK_WRITE, "path", "str", None, "the broker directory", required=True),
@@ -442,6 +457,8 @@ _ROWS: tuple[Setting, ...] = (
            "(kafka.bootstrap.servers, ...)", nullable=True, status=IGNORED,
            why="the sink appends to the log files itself; there is no Kafka client to "
                "pass them to (accepted so Kafka jobs run unchanged)"),
+    *(_spark(SPARK_WRITE, side + what, "str", None, doc.format(side=side), nullable=True)
+      for side in ("key", "value") for what, doc in _SPARK_TYPED),
 )
 
 

@@ -29,11 +29,11 @@ __all__ = ["LogkitSparkError", "SourceOptions", "checked", "parse_offsets", "EAR
            "LATEST", "TYPED_OPTIONS", "split_options"]
 
 EARLIEST, LATEST = -2, -1
-# The typed-column options (typed.py checks them; they are not in logkit's settings table,
-# which covers the untyped source and sink).
-TYPED_OPTIONS = tuple(f"{side}{what}" for side in ("key", "value")
-                      for what in ("Format", "Schema", "Subject", "SchemaVersion")) \
-    + ("failOnDecodeError",)
+# The typed-column options: documented in logkit's settings table (docs/configuration.md),
+# split off before it checks the others; typed.py checks their values.
+TYPED_OPTIONS = ("keyFormat", "keySchema", "keySubject", "keySchemaVersion",
+                 "valueFormat", "valueSchema", "valueSubject", "valueSchemaVersion",
+                 "failOnDecodeError")
 Offsets = dict[str, dict[int, int]]
 
 
