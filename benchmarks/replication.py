@@ -1,11 +1,17 @@
 """Replication: produce throughput with and without a follower, and replication lag.
 
-Throughput: one producer (acks=1, default batching) writes `--records` 100-byte records
-to a 3-partition topic, with no follower and then with one `logkit.Follower` copying
-through a `DirectorySource` in another process, alternating `--repeats` times (medians;
-the same machine's noise hits both). Reported: the producer's rate, the ratio to the
-unreplicated rate in the same run, and the time until the follower held everything
-(read from the progress file it reports to the leader).
+Throughput: one producer (default batching) writes `--records` 100-byte records to a
+3-partition topic at acks=1 and at acks="all", with no follower and with one and two
+`logkit.Follower`s copying through a `DirectorySource`, each in its own process (the
+topic's replication factor is 1 + followers, so acks="all" waits for the high watermark
+to pass each batch), alternating `--repeats` times, each repeat starting at another row
+(medians; the same machine's noise hits every row). Reported: the producer's rate, the ratio to the unreplicated acks=1
+rate in the same run, and the time until the followers held everything (read from the
+progress files they report to the leader).
+
+acks="all" latency: with one follower in the ISR, `send(...).result()` one record at a
+time: the append, the follower's wake-up, fetch and append, its progress report (a file
+and the leader's doorbell) and the producer's acks waiter working out the high watermark.
 
 Lag: a producer sends one record every `--interval-us` and waits for its ack; a
 consumer process blocked on the follower's directory reports, per record, the time
@@ -17,8 +23,7 @@ The throughput and lag runs are repeated with the follower copying through a
 `TcpSource` against the leader's `broker.serve_replication()` (127.0.0.1), in the same
 run as the directory figures.
 
-Not measured yet (not built): acks="all" with followers in the ISR, two followers, the
-object-store source, failover time.
+Not measured here: the object-store source and failover time.
 
 Run from the checkout's root:
     .venv/bin/python -m benchmarks.replication [--records 200000] [--lag-records 2000]
@@ -96,8 +101,8 @@ class _FollowerProcess:
 
 # ---- throughput ------------------------------------------------------------------------
 
-def _produce(broker: Any, records: int, value: bytes) -> float:
-    producer = broker.producer(acks=1)
+def _produce(broker: Any, records: int, value: bytes, acks: Any = 1) -> float:
+    producer = broker.producer(acks=acks)
     keys = [b"key-%06d" % (i % 10000) for i in range(10000)]
     started = time.perf_counter()
     for i in range(records):
@@ -108,66 +113,125 @@ def _produce(broker: Any, records: int, value: bytes) -> float:
     return seconds
 
 
-def _caught_up_s(leader: str, broker: Any, started: float, limit_s: float) -> float:
-    """Seconds from `started` until the follower's reported ends equal the leader's."""
+def _caught_up_s(leader: str, broker: Any, started: float, limit_s: float,
+                 followers: int = 1) -> float:
+    """Seconds from `started` until `followers` followers' reported ends equal the
+    leader's."""
     source = logkit.DirectorySource(leader)
     want = {f"{TOPIC}-{p.partition}": p.log_end_offset
             for p in broker.topic(TOPIC).partitions}
     deadline = time.perf_counter() + limit_s
     while time.perf_counter() < deadline:
-        for body in source.progress().values():
-            if all(body["log_end_offsets"].get(k, -1) >= v for k, v in want.items()):
-                return time.perf_counter() - started
+        done = sum(all(body["log_end_offsets"].get(k, -1) >= v for k, v in want.items())
+                   for body in source.progress().values())
+        if done >= followers:
+            return time.perf_counter() - started
         time.sleep(0.005)
-    raise RuntimeError("the follower did not catch up")
+    raise RuntimeError("the followers did not catch up")
 
 
-def _throughput_round(ctx: Any, work: str, records: int, follower: bool,
+def _all_in_sync(broker: Any, followers: int, limit_s: float) -> None:
+    """Wait until every partition's ISR holds the leader and `followers` followers."""
+    deadline = time.perf_counter() + limit_s
+    for p in broker.topic(TOPIC).partitions:
+        while len(p.in_sync_replicas()) < 1 + followers:
+            if time.perf_counter() > deadline:
+                raise RuntimeError("the followers did not join the ISR")
+            time.sleep(0.01)
+
+
+def _throughput_round(ctx: Any, work: str, records: int, followers: int, acks: Any,
                       tcp: bool = False) -> dict[str, float]:
     leader_path = tempfile.mkdtemp(dir=work)
-    copy_path = tempfile.mkdtemp(dir=work)
+    copies = [tempfile.mkdtemp(dir=work) for _ in range(followers)]
     value = os.urandom(100)
     with logkit.Broker(leader_path, background=False) as broker:
-        broker.create_topic(TOPIC, 3)
+        broker.create_topic(TOPIC, 3, replication_factor=1 + followers)
         port = broker.serve_replication(secret=SECRET).port if tcp else None
-        proc = _FollowerProcess(ctx, leader_path, copy_path, port) if follower else None
+        procs = [_FollowerProcess(ctx, leader_path, copy, port) for copy in copies]
         try:
+            if followers:
+                _all_in_sync(broker, followers, READY_TIMEOUT_S)
             started = time.perf_counter()
-            seconds = _produce(broker, records, value)
+            seconds = _produce(broker, records, value, acks)
             out = {"produce_s": seconds}
-            if proc is not None:
-                out["replicated_s"] = _caught_up_s(leader_path, broker, started, 120)
+            if procs:
+                out["replicated_s"] = _caught_up_s(leader_path, broker, started, 120,
+                                                   followers)
         finally:
-            if proc is not None:
+            for proc in procs:
                 proc.stop()
     shutil.rmtree(leader_path, ignore_errors=True)
-    shutil.rmtree(copy_path, ignore_errors=True)
+    for copy in copies:
+        shutil.rmtree(copy, ignore_errors=True)
     return out
 
 
+# (followers, acks, over TCP) -> the row's label
+KINDS = {
+    (0, 1, False): "acks=1, no follower",
+    (1, 1, False): "acks=1, one follower (DirectorySource, own process)",
+    (2, 1, False): "acks=1, two followers (DirectorySource, own processes)",
+    (0, "all", False): "acks=all, no follower (replication factor 1)",
+    (1, "all", False): "acks=all, one follower in the ISR (DirectorySource)",
+    (2, "all", False): "acks=all, two followers in the ISR (DirectorySource)",
+    (1, 1, True): "acks=1, one follower (TcpSource, own process)",
+}
+
+
 def throughput(ctx: Any, work: str, records: int, repeats: int) -> list[dict[str, Any]]:
-    # (follower, over TCP): none; a DirectorySource; a TcpSource
-    kinds = ((False, False), (True, False), (True, True))
-    runs: dict[tuple[bool, bool], list[dict[str, float]]] = {k: [] for k in kinds}
-    _throughput_round(ctx, work, min(records, 20000), True)            # warm-up
-    for _ in range(repeats):
-        for kind in kinds:
+    runs: dict[tuple, list[dict[str, float]]] = {k: [] for k in KINDS}
+    _throughput_round(ctx, work, min(records, 20000), 1, "all")        # warm-up
+    kinds = list(KINDS)
+    for repeat in range(repeats):
+        # each repeat starts at another kind: no row always follows the same one
+        shift = repeat * len(kinds) // max(1, repeats)
+        for kind in kinds[shift:] + kinds[:shift]:
             runs[kind].append(_throughput_round(ctx, work, records, *kind))
-    base = statistics.median(r["produce_s"] for r in runs[kinds[0]])
+    base = statistics.median(r["produce_s"] for r in runs[(0, 1, False)])
+    base_all = statistics.median(r["produce_s"] for r in runs[(0, "all", False)])
     rows = []
-    for kind, label in zip(kinds, ("acks=1, no follower",
-                                   "acks=1, one follower (DirectorySource, own process)",
-                                   "acks=1, one follower (TcpSource, own process)")):
-        follower = kind[0]
+    for kind, label in KINDS.items():
+        followers, acks = kind[0], kind[1]
         produce_s = statistics.median(r["produce_s"] for r in runs[kind])
-        row = {"system": label, "records": records, "records_per_s": records / produce_s,
-               "ratio_to_unreplicated": base / produce_s}
-        if follower:
+        row = {"system": label, "followers": followers, "acks": acks, "records": records,
+               "records_per_s": records / produce_s,
+               "ratio_to_unreplicated": base / produce_s,
+               "ratio_to_unreplicated_same_acks": (base if acks == 1 else base_all)
+               / produce_s}
+        if followers:
             replicated = statistics.median(r["replicated_s"] for r in runs[kind])
             row["replicated_records_per_s"] = records / replicated
             row["follower_done_after_s"] = replicated
         rows.append(row)
     return rows
+
+
+def ack_latency(ctx: Any, work: str, count: int) -> dict[str, Any]:
+    """acks="all" with one follower in the ISR: send().result() one record at a time."""
+    leader_path, copy_path = tempfile.mkdtemp(dir=work), tempfile.mkdtemp(dir=work)
+    with logkit.Broker(leader_path, background=False) as broker:
+        broker.create_topic(TOPIC, 1, replication_factor=2)
+        proc = _FollowerProcess(ctx, leader_path, copy_path)
+        try:
+            _all_in_sync(broker, 1, READY_TIMEOUT_S)
+            producer = broker.producer(acks="all", linger_ms=0)
+            samples = []
+            for i in range(count):
+                started = time.perf_counter_ns()
+                producer.send(TOPIC, b"%d" % i, partition=0).result()
+                samples.append(time.perf_counter_ns() - started)
+            producer.close()
+        finally:
+            proc.stop()
+    samples.sort()
+
+    def pick(q: float) -> float:
+        return samples[min(len(samples) - 1, int(q * len(samples)))] / 1e6
+
+    return {"system": "acks=all send().result(), one follower in the ISR "
+            "(DirectorySource)", "records": count, "latency_ms_p50": pick(0.5),
+            "latency_ms_p99": pick(0.99), "latency_ms_max": samples[-1] / 1e6}
 
 
 # ---- lag -------------------------------------------------------------------------------
@@ -218,6 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--lag-records", type=int, default=2000)
+    parser.add_argument("--ack-records", type=int, default=1000)
     parser.add_argument("--interval-us", type=int, default=1000)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
@@ -225,6 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="logkit-replication-")
     try:
         result = {"throughput": throughput(ctx, work, args.records, args.repeats),
+                  "ack_latency": ack_latency(ctx, work, args.ack_records),
                   "lag": lag(ctx, work, args.lag_records, args.interval_us),
                   "lag_tcp": lag(ctx, work, args.lag_records, args.interval_us, tcp=True),
                   "machine": {"cpus": os.cpu_count()}}
@@ -236,7 +302,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         extra = (f"  follower done after {row['follower_done_after_s']:.2f} s"
                  if "follower_done_after_s" in row else "")
         print(f"  {row['system']:<55} {row['records_per_s']:>12,.0f} rec/s "
-              f"{row['ratio_to_unreplicated']:>6.2f}x{extra}")
+              f"{row['ratio_to_unreplicated']:>6.2f}x "
+              f"({row['ratio_to_unreplicated_same_acks']:.2f}x same acks){extra}")
+    row = result["ack_latency"]
+    print(f"{row['system']}: p50 {row['latency_ms_p50']:.3f} ms, p99 "
+          f"{row['latency_ms_p99']:.3f} ms, max {row['latency_ms_max']:.3f} ms")
     for row in (result["lag"], result["lag_tcp"]):
         print(f"replication lag, {row['records']} records spaced {args.interval_us} µs, "
               f"{row['system']}: p50 {row['lag_ms_p50']:.3f} ms, p99 "
