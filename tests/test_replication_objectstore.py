@@ -682,6 +682,28 @@ def test_restore_takes_no_lease_so_the_leader_ships_on(tmp_path, local_store):
             assert store_lease(url, None).read().holder == replica_id(tmp_path / "leader")
 
 
+def test_a_store_without_conditional_writes_keeps_no_lease(tmp_path, caplog):
+    """fsspec's in-memory filesystem has no conditional write: the shipper ships without
+    a lease, and a promotion through it goes on unfenced, saying so."""
+    url = f"memory://logkit-{tmp_path.name}/data"
+    caplog.set_level(logging.INFO, logger="logkit.replication.follower")
+    with logkit.Broker(tmp_path / "leader") as broker:
+        broker.create_topic("t", 1)
+        broker.topic("t").partition(0).append([(None, b"a", [], None)])
+        with broker.ship(url) as shipper:
+            shipper.flush()
+            assert not shipper.fenced
+    source = logkit.ObjectStoreSource(url)
+    assert source.lease() is None
+    assert source.take_lease("me", ttl_ms=1000, min_epoch=1) is None
+    follower = logkit.Follower(tmp_path / "follower", source)
+    follower.catch_up(timeout=30)
+    follower.promote()
+    assert any("keeps no lease" in r.getMessage() for r in caplog.records)
+    with logkit.Broker(tmp_path / "follower") as copy:
+        assert copy.topic("t").partition(0).leader_epoch == 1
+
+
 @pytest.mark.parametrize("kind", ["file", "s3"])
 def test_a_follower_of_the_store_promotes_with_fencing_after_the_leader_dies(
         request, tmp_path, kind):
