@@ -698,6 +698,8 @@ class Producer:
         wanted = partition.config["min.insync.replicas"]
         if hasattr(partition, "in_sync_replicas"):          # a replicated topic
             isr = partition.in_sync_replicas(max_age_ms=ISR_CHECK_MAX_AGE_MS)
+            if wanted > len(isr):                  # look again, fresh, before refusing
+                isr = partition.in_sync_replicas(relist=True)
             if wanted > len(isr):
                 raise NotEnoughReplicasError(
                     f"acks='all' to {batch.state.name}-{batch.partition} needs "

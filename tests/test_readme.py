@@ -134,3 +134,17 @@ def test_the_kafka_client_snippet_runs_as_written(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[0] == "b'hello'", proc.stdout
     assert lines[1] == "1", proc.stdout
+
+
+def test_the_replication_snippet_runs_as_written(tmp_path):
+    """The README's replication block: acks="all" completes once the follower holds
+    the record, and after promote() the replica's directory takes the next offset."""
+    script = tmp_path / "replica.py"
+    script.write_text(block("python", "logkit.Follower("))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["0", "1"], proc.stdout
+    with logkit.Broker(tmp_path / "replica-data", read_only=True) as broker:
+        values = [r.value for r in broker.topic("payments").partition(0).read(0)]
+    assert values == [b"paid", b"refund"]

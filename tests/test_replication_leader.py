@@ -303,3 +303,21 @@ def test_logkit_replicas_shows_replica_set_isr_lag_and_epochs(tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"leader,{fid}" in text and f"{fid}:3(lag:2)" in text
     assert os.listdir(leader_path) == listing                # wrote nothing
+
+
+def test_a_follower_that_just_caught_up_counts_before_acks_all_refuses(tmp_path):
+    """The leader lists new followers about once a second; a refusal looks again first,
+    so a follower that caught up a moment after a refused send counts at once (it was
+    refused for up to a second before)."""
+    leader_dir = tmp_path / "leader"
+    with logkit.Broker(leader_dir) as leader:
+        leader.create_topic("t", 1, replication_factor=2,
+                            config={"min.insync.replicas": 2})
+        producer = leader.producer(acks="all", request_timeout_ms=20000)
+        with pytest.raises(NotEnoughReplicasError):
+            producer.send("t", b"early").result(timeout=20)
+        with logkit.Follower(tmp_path / "replica",
+                             logkit.DirectorySource(leader_dir)) as follower:
+            follower.catch_up(timeout=30)
+            assert producer.send("t", b"paid").result(timeout=20).offset == 0
+        producer.close()

@@ -415,13 +415,19 @@ class ReplicaState:
         return hw_file  # type: ignore[return-value]
 
     def in_sync(self, partition: Partition, topic_id: str, replication_factor: int,
-                log_end: int | None = None, *, max_age_ms: int = 0) -> dict[str, int]:
+                log_end: int | None = None, *, max_age_ms: int = 0,
+                relist: bool = False) -> dict[str, int]:
         """The assigned followers now in the ISR of `partition`, with their log ends;
         `max_age_ms` accepts a view worked out that recently (the producer's check
-        before each append: Kafka's leader also judges by its last view)."""
+        before each append: Kafka's leader also judges by its last view); `relist`
+        lists replicas/ now instead of within LISTING_MAX_AGE_S (before refusing a
+        write, a follower that has just started must count)."""
         key = _tp_key(partition.topic_partition)
         now_ms = _now_ms()
         with self._lock:
+            if relist:
+                self._listed_at = -1.0
+                self._isr_cache.pop(key, None)
             cached = self._isr_cache.get(key)
             if max_age_ms and cached is not None and now_ms < cached[2] \
                     and now_ms - cached[4] <= max_age_ms:
@@ -531,12 +537,13 @@ class ReplicatedPartition(Partition):
     def high_watermark(self) -> int:
         return self.replicas.high_watermark(self, self.topic_id, self.replication_factor)
 
-    def in_sync_replicas(self, *, max_age_ms: int = 0) -> list[str]:
+    def in_sync_replicas(self, *, max_age_ms: int = 0, relist: bool = False) -> list[str]:
         """The ISR: "leader" and the assigned followers in sync now (or as worked out
-        at most `max_age_ms` ago)."""
+        at most `max_age_ms` ago; `relist`: with followers that reported for the first
+        time in the last second)."""
         return ["leader", *self.replicas.in_sync(self, self.topic_id,
                                                  self.replication_factor,
-                                                 max_age_ms=max_age_ms)]
+                                                 max_age_ms=max_age_ms, relist=relist)]
 
     def read(self, offset: int, max_records: int = 500, *, stop_offset: int | None = None,
              **options: Any) -> list[Any]:
