@@ -24,13 +24,12 @@ waits), closes every connection and joins the threads; it is safe twice.
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import socket
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..listener import POLL_SLICE_S, ThreadedListener
 from .errors import FrameTooLargeError, ProtocolError
 from .frame import MAX_REQUEST_BYTES, FrameDecoder, encode_response, parse_request
 from .handlers import Handlers, Session
@@ -44,7 +43,6 @@ __all__ = ["KafkaServer", "serve"]
 log = logging.getLogger(__name__)
 
 RECV_BYTES = 1 << 16                  # below malloc's mmap threshold: a recv stays cheap
-POLL_SLICE_S = 0.25                   # blocking socket calls re-check closing this often
 IDLE_TIMEOUT_MS = 600000              # Kafka's connections.max.idle.ms
 REQUEST_TIMEOUT_MS = 30000
 MAX_CONNECTIONS = 1000
@@ -52,9 +50,11 @@ SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 _ALWAYS_ALLOWED = (API_VERSIONS_KEY, SASL_HANDSHAKE, SASL_AUTHENTICATE)
 
 
-class KafkaServer:
+class KafkaServer(ThreadedListener):
     """A running listener. `.host`, `.port`, `.bootstrap_servers`; `close()` is safe
     twice; a context manager. Made by `Broker.serve()`."""
+
+    kind = "Kafka listener"
 
     def __init__(self, broker: Any, host: str = "127.0.0.1", port: int = 0, *,
                  advertised_host: str | None = None,
@@ -77,29 +77,11 @@ class KafkaServer:
         self.max_request_bytes = max_request_bytes
         self.idle_timeout_s = idle_timeout_ms / 1000
         self.request_timeout_s = request_timeout_ms / 1000
-        self.max_connections = max_connections
         self._ssl = ssl_context
         self._users = dict(sasl_plain_users) if sasl_plain_users else None
-        self._closing = threading.Event()
-        self._lock = threading.Lock()
-        self._connections: dict[int, socket.socket] = {}
-        self._threads: list[threading.Thread] = []
-        self._closed = False
         # (client id, API name, version) -> requests answered: which client used what
         self.versions_seen: collections.Counter[tuple[str, str, int]] = collections.Counter()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((host, port))
-            listener.listen(128)
-            listener.settimeout(POLL_SLICE_S)
-        except OSError as exc:
-            listener.close()
-            raise _config_error(f"cannot listen on {host}:{port}: {exc}") from exc
-        self._listener = listener
-        self.host = host
-        self.port = listener.getsockname()[1]
+        super().__init__(host, port, max_connections=max_connections, backlog=128)
         advertised = advertised_host or (host if host not in ("", "0.0.0.0", "::")
                                          else socket.gethostname())
         self.advertised_host = advertised
@@ -107,9 +89,7 @@ class KafkaServer:
                                  initial_rebalance_delay_ms=initial_rebalance_delay_ms,
                                  closing=self._closing)
         self.handlers.sasl = self._users is not None
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
-                                          name=f"logkit-kafka-{self.port}")
-        self._acceptor.start()
+        self._start_accepting()
         log.info("Kafka listener on %s:%d (advertised %s) for %s", host, self.port,
                  advertised, broker.path)
 
@@ -118,78 +98,26 @@ class KafkaServer:
         host = self.advertised_host
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def __repr__(self) -> str:
         return f"KafkaServer({self.bootstrap_servers!r})"
 
-    def __enter__(self) -> "KafkaServer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    # ---- accepting -------------------------------------------------------------------
-
-    def _accept_loop(self) -> None:
-        while not self._closing.is_set():
-            try:
-                sock, address = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError as exc:
-                if self._closing.is_set():
-                    return
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("Kafka listener: accept failed (%s); retrying", exc)
-                    time.sleep(POLL_SLICE_S)
-                    continue
-                raise
-            with self._lock:
-                self._threads = [t for t in self._threads if t.is_alive()]
-                full = len(self._connections) >= self.max_connections
-                if not full:
-                    self._connections[sock.fileno()] = sock
-            if full:
-                log.warning("Kafka listener: %d connections open (the limit); refusing "
-                            "%s", self.max_connections, address)
-                sock.close()
-                continue
-            thread = threading.Thread(target=self._serve_connection, args=(sock, address),
-                                      daemon=True, name=f"logkit-kafka-conn-{address[1]}")
-            with self._lock:
-                self._threads.append(thread)
-            thread.start()
-
     # ---- one connection --------------------------------------------------------------
 
-    def _serve_connection(self, sock: socket.socket, address: Any) -> None:
-        key = sock.fileno()
+    def _converse_on(self, sock: socket.socket, address: Any) -> None:
         peer = f"{address[0]}:{address[1]}"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._ssl is not None:
+            sock.settimeout(self.request_timeout_s)
+            sock = self._ssl.wrap_socket(sock, server_side=True)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._ssl is not None:
-                sock.settimeout(self.request_timeout_s)
-                sock = self._ssl.wrap_socket(sock, server_side=True)
             sock.settimeout(POLL_SLICE_S)
             self._converse(sock, peer, Session(address[0], self._closing))
         except FrameTooLargeError as exc:
             log.info("Kafka listener: closing %s: %s", peer, exc)
         except ProtocolError as exc:
             log.info("Kafka listener: closing %s: a frame that does not parse: %s", peer, exc)
-        except OSError as exc:               # ssl.SSLError included
-            log.debug("Kafka listener: connection %s ended: %s", peer, exc)
-        except Exception:                    # a bug in a handler: this connection only
-            log.exception("Kafka listener: closing %s after an unexpected error", peer)
         finally:
-            with self._lock:
-                self._connections.pop(key, None)
-            try:
-                sock.close()
-            except OSError:
-                pass
+            sock.close()                 # the TLS socket (the listener closes the plain one)
 
     def _converse(self, sock: socket.socket, peer: str, session: Session) -> None:
         decoder = FrameDecoder(self.max_request_bytes)
@@ -284,31 +212,8 @@ class KafkaServer:
 
     # ---- closing ---------------------------------------------------------------------
 
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            connections = list(self._connections.values())
-        self._closing.set()
-        try:
-            self._listener.close()
-        except OSError:
-            pass
-        for sock in connections:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def _closing_hook(self) -> None:
         self.handlers.groups.close()
-        if self._acceptor is not threading.current_thread():
-            self._acceptor.join(timeout=5)
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
-        log.info("Kafka listener on %s:%d closed", self.host, self.port)
 
 
 def serve(broker: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> KafkaServer:

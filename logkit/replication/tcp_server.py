@@ -30,7 +30,6 @@ closes the source; it is safe twice. Nothing here writes to the broker's data.
 
 from __future__ import annotations
 
-import errno
 import hmac
 import json
 import logging
@@ -42,6 +41,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError, LogkitError, OffsetOutOfRangeError, StorageError
+from ..listener import POLL_SLICE_S, ThreadedListener
 from ..notify import Doorbell
 from ..segment import DELETED_SUFFIX
 from ..topic import TopicPartition
@@ -59,7 +59,6 @@ __all__ = ["ReplicationServer"]
 
 log = logging.getLogger(__name__)
 
-POLL_SLICE_S = 0.25                 # blocking socket calls look at close() this often
 IDLE_TIMEOUT_MS = 600000            # Kafka's connections.max.idle.ms
 REQUEST_TIMEOUT_MS = 30000
 MAX_CONNECTIONS = 64
@@ -121,9 +120,11 @@ def _offsets(body: dict[str, Any], key: str) -> dict[TopicPartition, int]:
     return out
 
 
-class ReplicationServer:
+class ReplicationServer(ThreadedListener):
     """A running replication listener over one broker. `.host`, `.port`,
     `.connections`; `close()` is safe twice; a context manager."""
+
+    kind = "replication listener"
 
     def __init__(self, broker: Any, host: str = "127.0.0.1", port: int = 0, *,
                  secret: str | bytes, ssl_context: ssl.SSLContext | None = None,
@@ -140,32 +141,15 @@ class ReplicationServer:
         self._ssl = ssl_context
         self.idle_timeout_s = idle_timeout_ms / 1000
         self.request_timeout_s = request_timeout_ms / 1000
-        self.max_connections = max_connections
         self._source = DirectorySource(broker.path)
         self._source_lock = threading.Lock()
         self._doorbell = Doorbell(broker.path)
-        self._closing = threading.Event()
-        self._lock = threading.Lock()
-        self._connections: dict[int, socket.socket] = {}
-        self._threads: list[threading.Thread] = []
-        self._closed = False
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((host, port))
-            listener.listen(64)
-            listener.settimeout(POLL_SLICE_S)
-        except OSError as exc:
-            listener.close()
+            super().__init__(host, port, max_connections=max_connections, backlog=64)
+        except ConfigError:
             self._doorbell.close()
-            raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
-        self._listener = listener
-        self.host = host
-        self.port = listener.getsockname()[1]
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
-                                          name=f"logkit-replication-{self.port}")
-        self._acceptor.start()
+            raise
+        self._start_accepting()
         log.info("replication listener on %s:%d%s for %s", host, self.port,
                  " (TLS)" if ssl_context is not None else "", broker.path)
 
@@ -175,84 +159,24 @@ class ReplicationServer:
                 COMMITTED: self._committed, REPORT: self._report, WAIT: self._wait,
                 LEASE: self._lease, TAKE_LEASE: self._take_lease}
 
-    @property
-    def connections(self) -> int:
-        """Follower connections open now."""
-        with self._lock:
-            return len(self._connections)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def __repr__(self) -> str:
         return f"ReplicationServer('{self.host}:{self.port}')"
 
-    def __enter__(self) -> "ReplicationServer":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    # ---- accepting -------------------------------------------------------------------
-
-    def _accept_loop(self) -> None:
-        while not self._closing.is_set():
-            try:
-                sock, address = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError as exc:
-                if self._closing.is_set():
-                    return
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("replication listener: accept failed (%s); retrying", exc)
-                    time.sleep(POLL_SLICE_S)
-                    continue
-                raise
-            with self._lock:
-                self._threads = [t for t in self._threads if t.is_alive()]
-                full = len(self._connections) >= self.max_connections
-                if not full:
-                    self._connections[sock.fileno()] = sock
-            if full:
-                log.warning("replication listener: %d connections open (the limit); "
-                            "refusing %s", self.max_connections, address)
-                sock.close()
-                continue
-            thread = threading.Thread(target=self._serve_connection, args=(sock, address),
-                                      daemon=True,
-                                      name=f"logkit-replication-conn-{address[1]}")
-            with self._lock:
-                self._threads.append(thread)
-            thread.start()
-
     # ---- one connection --------------------------------------------------------------
 
-    def _serve_connection(self, sock: socket.socket, address: Any) -> None:
-        key = sock.fileno()
+    def _converse_on(self, sock: socket.socket, address: Any) -> None:
         peer = f"{address[0]}:{address[1]}"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.request_timeout_s)
+        if self._ssl is not None:
+            sock = self._ssl.wrap_socket(sock, server_side=True)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self.request_timeout_s)
-            if self._ssl is not None:
-                sock = self._ssl.wrap_socket(sock, server_side=True)
             if self._handshake(sock, peer):
                 self._converse(sock, peer)
         except _Close as exc:
             log.info("replication listener: closing %s: %s", peer, exc)
-        except OSError as exc:                     # ssl.SSLError included
-            log.debug("replication listener: connection %s ended: %s", peer, exc)
-        except Exception:                          # a bug: this connection only
-            log.exception("replication listener: closing %s after an unexpected error",
-                          peer)
         finally:
-            with self._lock:
-                self._connections.pop(key, None)
-            try:
-                sock.close()
-            except OSError:
-                pass
+            sock.close()                 # the TLS socket (the listener closes the plain one)
 
     def _handshake(self, sock: socket.socket, peer: str) -> bool:
         """The server half of the challenge-response (tcp.py); False after refusing."""
@@ -474,33 +398,10 @@ class ReplicationServer:
 
     # ---- closing ---------------------------------------------------------------------
 
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            connections = list(self._connections.values())
-        self._closing.set()
-        try:
-            self._listener.close()
-        except OSError:
-            pass
-        for sock in connections:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._acceptor is not threading.current_thread():
-            self._acceptor.join(timeout=5)
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
+    def _closed_hook(self) -> None:
         with self._source_lock:
             self._source.close()
         self._doorbell.close()
-        log.info("replication listener on %s:%d closed", self.host, self.port)
 
 
 assert set(REQUEST_KINDS) == {TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE,

@@ -1,0 +1,184 @@
+"""The thread-per-connection TCP listener under logkit's servers (the Kafka protocol
+listener, the replication listener): a bound socket, one acceptor thread, one thread per
+connection, a cap on connections, and a close that stops them all.
+
+Owns: binding (a bind failure is a ConfigError naming the address), accepting (a
+descriptor or memory shortage on accept is logged and retried, never fatal), the
+connection cap (connections past `max_connections` are closed on accept), the registry
+of open connections and their threads, and `close()`.
+
+Subclasses own what is said on a connection: they implement `_converse_on(sock,
+address)`, which runs in the connection's thread; the socket is closed and forgotten
+when it returns or raises (OSError ends a connection quietly; any other exception is
+logged, and ends only that connection).
+
+Invariant: `close()` stops accepting, shuts every open connection down (waking the
+threads blocked on them), calls `_closing_hook()` for what the subclass must wake,
+joins the threads, then calls `_closed_hook()`; it is safe twice.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["ThreadedListener", "POLL_SLICE_S"]
+
+log = logging.getLogger(__name__)
+
+POLL_SLICE_S = 0.25                   # blocking socket calls re-check closing this often
+_RETRY_ACCEPT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class ThreadedListener(abc.ABC):
+    """A bound, accepting listener; `.host`, `.port`, `.closed`, `.connections`; a
+    context manager. `kind` names it in logs and thread names."""
+
+    kind = "listener"
+
+    def __init__(self, host: str, port: int, *, max_connections: int,
+                 backlog: int = 128) -> None:
+        self.max_connections = max_connections
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: dict[int, socket.socket] = {}
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(backlog)
+            listener.settimeout(POLL_SLICE_S)
+        except OSError as exc:
+            listener.close()
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
+        self._listener = listener
+        self.host = host
+        self.port = listener.getsockname()[1]
+        self._acceptor: threading.Thread | None = None
+
+    def _start_accepting(self) -> None:
+        """Start the acceptor (the subclass calls it once its own state is ready)."""
+        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
+                                          name=f"logkit-{self.kind_slug}-{self.port}")
+        self._acceptor.start()
+
+    @property
+    def kind_slug(self) -> str:
+        return self.kind.split()[0].lower()
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        with self._lock:
+            return len(self._connections)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "ThreadedListener":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- accepting -------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                sock, address = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                if self._closing.is_set():
+                    return
+                if exc.errno in _RETRY_ACCEPT:
+                    log.warning("%s: accept failed (%s); retrying", self.kind, exc)
+                    time.sleep(POLL_SLICE_S)
+                    continue
+                raise
+            with self._lock:
+                self._threads = [t for t in self._threads if t.is_alive()]
+                full = len(self._connections) >= self.max_connections
+                if not full:
+                    self._connections[sock.fileno()] = sock
+            if full:
+                log.warning("%s: %d connections open (the limit); refusing %s",
+                            self.kind, self.max_connections, address)
+                sock.close()
+                continue
+            thread = threading.Thread(target=self._serve_connection, args=(sock, address),
+                                      daemon=True,
+                                      name=f"logkit-{self.kind_slug}-conn-{address[1]}")
+            with self._lock:
+                self._threads.append(thread)
+            thread.start()
+
+    def _serve_connection(self, sock: socket.socket, address: Any) -> None:
+        key = sock.fileno()
+        try:
+            self._converse_on(sock, address)
+        except OSError as exc:                     # ssl.SSLError included
+            log.debug("%s: connection %s:%s ended: %s", self.kind, address[0], address[1],
+                      exc)
+        except Exception:                          # a bug: this connection only
+            log.exception("%s: closing %s:%s after an unexpected error", self.kind,
+                          address[0], address[1])
+        finally:
+            with self._lock:
+                self._connections.pop(key, None)
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    @abc.abstractmethod
+    def _converse_on(self, sock: socket.socket, address: Any) -> None:
+        """Serve one connection (in its own thread) until it ends."""
+
+    # ---- closing ---------------------------------------------------------------------
+
+    def _closing_hook(self) -> None:
+        """Wake what the subclass's connection threads may be waiting on."""
+
+    def _closed_hook(self) -> None:
+        """Release what the subclass holds, once every thread is joined."""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            connections = list(self._connections.values())
+        self._closing.set()
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        for sock in connections:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._closing_hook()
+        current = threading.current_thread()
+        if self._acceptor is not None and self._acceptor is not current:
+            self._acceptor.join(timeout=5)
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not current:
+                thread.join(timeout=5)
+        self._closed_hook()
+        log.info("%s on %s:%d closed", self.kind, self.host, self.port)
