@@ -3,8 +3,6 @@ kafka-python and confluent-kafka as the clients; a client without credentials, o
 wrong ones, gets nothing, and no request but ApiVersions and SASL is served before
 authentication."""
 
-import datetime
-import ipaddress
 import socket
 import ssl
 import struct
@@ -13,6 +11,7 @@ import pytest
 
 import logkit
 from logkit.protocol.frame import encode_request, parse_response
+from tests.helpers.tls import self_signed
 
 USERS = {"alice": "s3cret"}
 
@@ -33,33 +32,10 @@ def _call(sock, api_key, version, body):
     return parse_response(api_key, version, data)[1]
 
 
-def _self_signed(tmp_path):
-    x509 = pytest.importorskip("cryptography.x509")
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
-
-
 def test_tls_with_kafka_python_and_confluent_kafka(broker, tmp_path):
     kafka = pytest.importorskip("kafka")
     ck = pytest.importorskip("confluent_kafka")
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     with broker.serve(ssl_context=context) as server:

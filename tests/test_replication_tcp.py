@@ -8,9 +8,7 @@ mid-copy, both converging to byte-identical, gap-free copies."""
 
 from __future__ import annotations
 
-import datetime
 import filecmp
-import ipaddress
 import json
 import os
 import random
@@ -29,6 +27,7 @@ from logkit.replication import tcp
 from logkit.replication.lease import read_lease, release, replica_id
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.procs import wait_until
+from tests.helpers.tls import self_signed
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "correct horse battery staple"
@@ -171,31 +170,8 @@ def test_a_wrong_secret_stops_the_follower_with_an_error_that_says_so(leader, tm
         leader.serve_replication(secret="")
 
 
-def _self_signed(tmp_path):
-    x509 = pytest.importorskip("cryptography.x509")
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
-
-
 def test_tls_carries_the_copy_and_a_plain_client_gets_nothing(leader, tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_context.load_cert_chain(cert, key)
     client_context = ssl.create_default_context(cafile=cert)
