@@ -28,10 +28,7 @@ def fill(root, topic, n, partitions=3, headers=False):
 
 
 def reader(spark, root, **options):
-    r = spark.read.format("logkit").option("path", str(root))
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load()
+    return spark.read.format("logkit").options(path=str(root), **options).load()
 
 
 def test_batch_read_matches_the_log(spark, tmp_path):

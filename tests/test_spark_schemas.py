@@ -52,10 +52,7 @@ def produce(root, topic, schema, values, partitions=1):
 
 
 def reader(spark, root, **options):
-    r = spark.read.format("logkit").option("path", str(root))
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load()
+    return spark.read.format("logkit").options(path=str(root), **options).load()
 
 
 def test_avro_values_read_as_typed_columns(spark, tmp_path):
