@@ -252,6 +252,10 @@ _ROWS: tuple[Setting, ...] = (
     _broker("ship.interval.ms", "int", 1000, "how often broker.ship(url) uploads the "
             "active segment's new batches and a new manifest (rolled segments go as soon "
             "as a pass sees them)", minimum=10, unit="ms"),
+    _broker("broker.id", "int", -1, "this replica's node id on the Kafka listener "
+            "(Metadata's broker, leader, replica and ISR ids); -1: 1 for a root that never "
+            "followed, else a number made from its follower id (docs/kafka-protocol.md)",
+            minimum=-1, maximum=INT_MAX, unit="id"),
     _broker("broker.session.timeout.ms", "int", 10000, "the leader's lease: a replicated "
             "leader renews it every third of this; a follower promotes itself once it "
             "goes unrenewed this long (docs/replication.md)", minimum=1000, unit="ms"),
