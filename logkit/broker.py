@@ -296,6 +296,11 @@ class Broker:
         self.close()
 
     @property
+    def fenced(self) -> bool:
+        """True once another replica leads this root (its writes raise NotLeaderError)."""
+        return self._lease is not None and self._lease.fenced
+
+    @property
     def closed(self) -> bool:
         """True once close() was called."""
         return self._closed
@@ -867,7 +872,10 @@ class Broker:
         `max_connections`, `initial_rebalance_delay_ms` (default 0), `ssl_context`,
         `sasl_plain_users` ({user: password})."""
         from .protocol import serve
-        self._check_writable("serve")
+        if self.fenced:                # another replica leads: its listener sends clients
+            self._check_open()         # there (NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR)
+        else:
+            self._check_writable("serve")
         server = serve(self, host=host, port=port, **options)
         self._clients.append(server)
         return server

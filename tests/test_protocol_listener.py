@@ -297,10 +297,14 @@ def test_create_delete_and_grow_topics(raw, broker):
         {"name": "bad/name", "num_partitions": 1, "replication_factor": 1,
          "assignments": [], "configs": []},
         {"name": "wide", "num_partitions": 1, "replication_factor": 3, "assignments": [],
+         "configs": []},
+        {"name": "none", "num_partitions": 1, "replication_factor": 0, "assignments": [],
          "configs": []}],
         "timeout_ms": 1000, "validate_only": False})
     codes = [t["error_code"] for t in answer["topics"]]
-    assert codes == [0, E.INVALID_TOPIC_EXCEPTION, E.INVALID_REPLICATION_FACTOR]
+    assert codes == [0, E.INVALID_TOPIC_EXCEPTION, 0, E.INVALID_REPLICATION_FACTOR]
+    assert answer["topics"][2]["replication_factor"] == 3       # passed to create_topic
+    assert broker.topic("wide").replication_factor == 3 and "none" not in broker.topics()
     assert broker.topic("new").num_partitions == 3
     assert broker.topic("new").config["retention.ms"] == 1000
     again = raw.call(19, 4, {"topics": [{"name": "new", "num_partitions": 1,

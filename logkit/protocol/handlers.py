@@ -22,20 +22,20 @@ import logging
 import struct
 import threading
 import time
-import uuid
 from typing import Any, Callable
 
+from ..broker import MAX_REPLICATION_FACTOR
 from ..config import resolve_broker_config, resolve_topic_config
 from ..errors import (ClosedError, ConfigError, CorruptRecordError, InvalidTopicError,
                       LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
-                      OffsetOutOfRangeError, RecordTooLargeError, StorageError,
+                      NotLeaderError, OffsetOutOfRangeError, RecordTooLargeError, StorageError,
                       TopicExistsError, UnknownTopicError, CommitFailedError)
 from ..group import (GroupCoordinator, OffsetAndMetadata, OffsetMetadataTooLargeError,
                      committed_offsets, validate_group_id, wire_members)
 from ..topic import MAX_PARTITIONS, TopicPartition, validate_topic_name
 from . import errors as E
 from .frame import Request
-from .groups import GroupManager, encode_assignment
+from .groups import GroupManager, _join_error, encode_assignment
 from .messages import APIS
 from .producers import ProducerStates, new_producer_id
 
@@ -43,8 +43,13 @@ __all__ = ["Handlers", "Session", "NODE_ID"]
 
 log = logging.getLogger(__name__)
 
-NODE_ID = 1
+NODE_ID = 1                                # a root that never followed (cluster.py)
 MAX_FETCH_WAIT_MS = 30000                  # a client's max.wait.ms is capped here
+MAX_ACKS_WAIT_MS = 120000                  # an acks=all produce waits at most this long
+ACKS_RECHECK_S = 0.05                      # ... looking at the ISR at least this often
+ISR_CHECK_MAX_AGE_MS = 10                  # leader.py's: the pre-append ISR view's age
+_LAST_DELTA_AT = 23                        # lastOffsetDelta in a batch header
+_NOT_LEADER = "this listener's broker does not lead: refresh the metadata"
 RECHECK_S = 0.1                            # a long poll re-reads its partitions this often
 BATCH_HEADER_BYTES = 61
 _MAGIC_AT = 16
@@ -77,7 +82,7 @@ def _code_for(exc: BaseException) -> int:
             ((TopicExistsError,), E.TOPIC_ALREADY_EXISTS),
             ((OffsetMetadataTooLargeError,), E.OFFSET_METADATA_TOO_LARGE),
             ((ConfigError,), E.INVALID_CONFIG),
-            ((ClosedError,), E.NOT_LEADER_OR_FOLLOWER),
+            ((ClosedError, NotLeaderError), E.NOT_LEADER_OR_FOLLOWER),
             ((StorageError,), E.KAFKA_STORAGE_ERROR)):
         if isinstance(exc, kinds):
             return code
@@ -101,14 +106,17 @@ def _config_type(value: Any) -> int:
 class Handlers:
     """The handlers of one listener over one broker; any connection thread may call."""
 
-    def __init__(self, broker: Any, *, host: str, port: int,
+    def __init__(self, broker: Any, *, host: str, port: int, view: Any = None,
                  initial_rebalance_delay_ms: int = 0,
                  closing: threading.Event | None = None) -> None:
+        from .cluster import LeaderView, Node, node_id_for
         self.broker = broker
         self.host = host
         self.port = port
+        # who leads and replicates (cluster.py): this broker, unless a view is given
+        self.view = view if view is not None else LeaderView(
+            broker, Node(node_id_for(broker.path, broker.config), host, port))
         self.closing = closing or threading.Event()
-        self.cluster_id = _cluster_id(broker.path)
         self.producers = ProducerStates()
         self.groups = GroupManager(persist=self._persist_group,
                                    embedded_live=self._embedded_live,
@@ -132,7 +140,22 @@ class Handlers:
             37: self.create_partitions}
 
     def handle(self, request: Request, session: Session) -> dict[str, Any] | None:
-        return self._table[request.api.key](request, session)
+        key = request.api.key
+        if key in _LEADER_ONLY and not self.view.leads():
+            return _not_leading(request)
+        return self._table[key](request, session)
+
+    def lead(self, broker: Any, view: Any) -> None:
+        """Answer as `view` over `broker` from now on (a serving follower promoted:
+        its listener turns leader with the new epoch)."""
+        old = self.view
+        self.broker, self.view = broker, view
+        self._hot.clear()
+        self._topic_ids.clear()
+        old.close()
+
+    def close(self) -> None:
+        self.view.close()
 
     def serves(self, api_key: int) -> bool:
         return api_key in self._table or (self.sasl and api_key in (17, 36))
@@ -147,8 +170,9 @@ class Handlers:
             return {"error_code": E.UNSUPPORTED_VERSION, "api_keys": keys}
         return {"error_code": E.NONE, "api_keys": keys}
 
-    def _broker_entry(self) -> dict[str, Any]:
-        return {"node_id": NODE_ID, "host": self.host, "port": self.port, "rack": None}
+    @property
+    def node_id(self) -> int:
+        return self.view.node.node_id
 
     def _topic(self, name: str) -> Any:
         topic = self.broker.topic(name)
@@ -162,6 +186,11 @@ class Handlers:
     def _forget(self, name: str) -> None:
         self._hot.pop(name, None)
 
+    def _wire_id(self, topic: Any) -> bytes:
+        """The id clients know `topic` by: the first leader's, kept by every replica
+        across promotions (cluster.py), else the topic's own."""
+        return bytes.fromhex(self.view.wire_topic_id(topic))
+
     def _topic_by_id(self, topic_id: bytes) -> Any:
         name = self._topic_ids.get(topic_id)
         if name is None:
@@ -170,12 +199,12 @@ class Handlers:
                     topic = self.broker.topic(candidate)
                 except LogkitError:
                     continue
-                self._topic_ids[bytes.fromhex(topic.topic_id)] = candidate
+                self._topic_ids[self._wire_id(topic)] = candidate
             name = self._topic_ids.get(topic_id)
         if name is None:
             raise UnknownTopicError(f"no topic has id {topic_id.hex()}")
         topic = self.broker.topic(name)
-        if bytes.fromhex(topic.topic_id) != topic_id:
+        if self._wire_id(topic) != topic_id:
             raise UnknownTopicError(f"no topic has id {topic_id.hex()}")
         return topic
 
@@ -188,12 +217,15 @@ class Handlers:
         else:
             names = [t["name"] for t in wanted]
             auto = body["allow_auto_topic_creation"] \
-                and self.broker.config["auto.create.topics.enable"]
+                and self.broker.config["auto.create.topics.enable"] and self.view.leads()
         topics = []
         for name in names:
             topics.append(self._topic_metadata(name, auto))
-        return {"brokers": [self._broker_entry()], "cluster_id": self.cluster_id,
-                "controller_id": NODE_ID, "topics": topics}
+        controller = self.view.controller()
+        return {"brokers": [node.entry() for node in self.view.brokers()],
+                "cluster_id": self.view.cluster_id(),
+                "controller_id": controller.node_id if controller is not None else -1,
+                "topics": topics}
 
     def _topic_metadata(self, name: str | None, auto: bool) -> dict[str, Any]:
         try:
@@ -203,25 +235,29 @@ class Handlers:
         except (UnknownTopicError, InvalidTopicError) as exc:
             return {"error_code": _code_for(exc), "name": name, "partitions": []}
         return {"error_code": E.NONE, "name": name,
-                "topic_id": bytes.fromhex(topic.topic_id), "is_internal": False,
-                "partitions": [{"error_code": E.NONE, "partition_index": n,
-                                "leader_id": NODE_ID, "leader_epoch": 0,
-                                "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
+                "topic_id": self._wire_id(topic), "is_internal": False,
+                "partitions": [{"error_code": v.error_code, "partition_index": n,
+                                "leader_id": v.leader_id, "leader_epoch": v.leader_epoch,
+                                "replica_nodes": v.replicas, "isr_nodes": v.isr,
                                 "offline_replicas": []}
-                               for n in range(topic.num_partitions)]}
+                               for n, v in enumerate(self.view.partitions(topic))]}
 
     def find_coordinator(self, request: Request, session: Session) -> dict[str, Any]:
         body = request.body
         keys = body["coordinator_keys"] if request.version >= 4 else [body["key"]]
         code, message = E.NONE, None
+        coordinator = self.view.coordinator()
         if body["key_type"] != 0:
             code = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             message = "the logkit listener has no transaction coordinator"
-        node = {} if code else {"node_id": NODE_ID, "host": self.host, "port": self.port}
+        elif coordinator is None:
+            code = E.COORDINATOR_NOT_AVAILABLE
+            message = "the leader's listener is not known here yet"
+        node = {} if code else {"node_id": coordinator.node_id, "host": coordinator.host,
+                                "port": coordinator.port}
         coordinators = [{"key": key, "error_code": code, "error_message": message,
-                         "node_id": NODE_ID if not code else -1,
-                         "host": self.host if not code else "",
-                         "port": self.port if not code else -1} for key in keys]
+                         "node_id": node.get("node_id", -1), "host": node.get("host", ""),
+                         "port": node.get("port", -1)} for key in keys]
         return {"error_code": code, "error_message": message,
                 "node_id": node.get("node_id", -1), "host": node.get("host", ""),
                 "port": node.get("port", -1), "coordinators": coordinators}
@@ -231,6 +267,7 @@ class Handlers:
     def produce(self, request: Request, session: Session) -> dict[str, Any] | None:
         body = request.body
         acks = body["acks"]
+        leads = self.view.leads()
         responses = []
         for topic_data in body["topic_data"]:
             name = topic_data["name"]
@@ -242,7 +279,10 @@ class Handlers:
             except (UnknownTopicError, InvalidTopicError) as exc:
                 topic, topic_error = None, _code_for(exc)
             for part in topic_data["partition_data"]:
-                if topic_error:
+                if not leads:
+                    results.append(_produce_result(part["index"], E.NOT_LEADER_OR_FOLLOWER,
+                                                   _NOT_LEADER))
+                elif topic_error:
                     results.append(_produce_result(part["index"], topic_error))
                 elif body["transactional_id"] is not None:
                     results.append(_produce_result(
@@ -252,15 +292,16 @@ class Handlers:
                     results.append(_produce_result(part["index"], E.INVALID_REQUEST,
                                                    f"acks must be -1, 0 or 1, not {acks}"))
                 else:
-                    results.append(self._produce_partition(topic, part, acks))
+                    results.append(self._produce_partition(topic, part, acks,
+                                                           body["timeout_ms"], session))
             responses.append({"name": name, "topic_id": topic_data["topic_id"],
                               "partition_responses": results})
         if acks == 0:
             return None
         return {"responses": responses}
 
-    def _produce_partition(self, topic: Any, part: dict[str, Any],
-                           acks: int) -> dict[str, Any]:
+    def _produce_partition(self, topic: Any, part: dict[str, Any], acks: int,
+                           timeout_ms: int, session: Session) -> dict[str, Any]:
         index, records = part["index"], part["records"]
         try:
             partition = topic.partition(index)
@@ -270,9 +311,21 @@ class Handlers:
         problem = _check_batch(records)
         if problem:
             return _produce_result(index, problem[0], problem[1])
-        if acks == -1 and topic.config.get("min.insync.replicas", 1) > 1:
+        min_isr = partition.config.get("min.insync.replicas", 1)   # altered: the log's
+        replicated = acks == -1 and getattr(topic, "replication_factor", 1) > 1
+        if acks == -1 and not replicated and min_isr > 1:
             return _produce_result(index, E.NOT_ENOUGH_REPLICAS,
                                    "min.insync.replicas is above the one replica here")
+        if replicated:
+            # acks=all on a replicated topic: the leader's rules (docs/replication.md):
+            # an ISR already below min.insync.replicas refuses before appending
+            isr = partition.in_sync_replicas(max_age_ms=ISR_CHECK_MAX_AGE_MS)
+            if len(isr) < min_isr:
+                isr = partition.in_sync_replicas(relist=True)
+            if len(isr) < min_isr:
+                return _produce_result(index, E.NOT_ENOUGH_REPLICAS,
+                                       f"the ISR {isr} is smaller than "
+                                       f"min.insync.replicas={min_isr}")
         batch = bytearray(records)
         try:
             code, base = self.producers.append(partition, batch, partition.append_batch)
@@ -284,12 +337,46 @@ class Handlers:
             return _produce_result(index, _code_for(exc), str(exc)[:500])
         if code:
             return _produce_result(index, code)
+        if replicated:
+            last = base + _LENGTH.unpack_from(records, _LAST_DELTA_AT)[0] + 1
+            code, message = self._await_replicas(partition, last, min_isr, timeout_ms,
+                                                 session)
+            if code:
+                return _produce_result(index, code, message)
         append_time = -1
         if topic.config.get("message.timestamp.type") == "LogAppendTime":
             headers = partition.batch_headers(base)
             append_time = headers[0].max_timestamp if headers else int(time.time() * 1000)
         return {"index": index, "error_code": E.NONE, "base_offset": base,
                 "log_append_time_ms": append_time, "log_start_offset": log_start}
+
+    def _await_replicas(self, partition: Any, last: int, min_isr: int, timeout_ms: int,
+                        session: Session) -> tuple[int, str | None]:
+        """Wait (the request's timeout_ms, at most MAX_ACKS_WAIT_MS) until the high
+        watermark passes offset `last` - 1, woken by the followers' doorbell rings:
+        (0, None); REQUEST_TIMED_OUT when it does not; NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        when the ISR shrank below min.insync.replicas meanwhile. The records stay in
+        the log either way, as Kafka's do."""
+        deadline = time.monotonic() + min(max(timeout_ms, 0), MAX_ACKS_WAIT_MS) / 1000
+        doorbell = self.broker.doorbell
+        while True:
+            seen = doorbell.value() if doorbell is not None else 0
+            if partition.high_watermark >= last:
+                break
+            now = time.monotonic()
+            if now >= deadline or session.closing.is_set() or self.closing.is_set():
+                return E.REQUEST_TIMED_OUT, (
+                    f"the in-sync replicas did not acknowledge offset {last - 1} within "
+                    f"{timeout_ms} ms (the records stay in the leader's log)")
+            if doorbell is None:
+                time.sleep(min(ACKS_RECHECK_S, deadline - now))
+            else:
+                doorbell.wait(seen, min(ACKS_RECHECK_S, deadline - now))
+        isr = partition.in_sync_replicas(max_age_ms=ISR_CHECK_MAX_AGE_MS)
+        if len(isr) < min_isr:
+            return E.NOT_ENOUGH_REPLICAS_AFTER_APPEND, (
+                f"the ISR {isr} shrank below min.insync.replicas={min_isr} after the append")
+        return E.NONE, None
 
     def init_producer_id(self, request: Request, session: Session) -> dict[str, Any]:
         body = request.body
@@ -333,6 +420,7 @@ class Handlers:
         body = request.body
         budget = body["max_bytes"] if body["max_bytes"] > 0 else 0x7FFFFFFF
         by_id = request.version >= 13
+        leads = self.view.leads()
         responses, total, failed = [], 0, False
         for fetch_topic in body["topics"]:
             try:
@@ -344,8 +432,9 @@ class Handlers:
                 topic_error = E.UNKNOWN_TOPIC_ID if by_id else _code_for(exc)
             partitions = []
             for wanted in fetch_topic["partitions"]:
-                if topic_error:
-                    partitions.append(_fetch_error(wanted["partition"], topic_error))
+                code = E.NOT_LEADER_OR_FOLLOWER if not leads else topic_error
+                if code:
+                    partitions.append(_fetch_error(wanted["partition"], code))
                     failed = True
                     continue
                 result = self._fetch_partition(topic, wanted, budget - total,
@@ -363,6 +452,10 @@ class Handlers:
         index = wanted["partition"]
         try:
             partition = topic.partition(index)
+            code = _epoch_check(wanted.get("current_leader_epoch", -1),
+                                partition.leader_epoch)
+            if code:
+                return _fetch_error(index, code)
             high_watermark = partition.high_watermark
             log_start = partition.log_start_offset
             offset = wanted["fetch_offset"]
@@ -388,7 +481,7 @@ class Handlers:
             partitions = []
             try:
                 topic = self._topic(wanted["name"])
-                topic_error = E.NONE
+                topic_error = E.NONE if self.view.leads() else E.NOT_LEADER_OR_FOLLOWER
             except LogkitError as exc:
                 topic, topic_error = None, _code_for(exc)
             for p in wanted["partitions"]:
@@ -397,8 +490,13 @@ class Handlers:
                     partitions.append({"partition_index": index, "error_code": topic_error})
                     continue
                 try:
-                    offset, timestamp = self._offset_for(topic.partition(index),
-                                                         p["timestamp"])
+                    partition = topic.partition(index)
+                    code = _epoch_check(p.get("current_leader_epoch", -1),
+                                        partition.leader_epoch)
+                    if code:
+                        partitions.append({"partition_index": index, "error_code": code})
+                        continue
+                    offset, timestamp = self._offset_for(partition, p["timestamp"])
                 except LogkitError as exc:
                     partitions.append({"partition_index": index,
                                        "error_code": _code_for(exc)})
@@ -406,7 +504,7 @@ class Handlers:
                 partitions.append({"partition_index": index, "error_code": E.NONE,
                                    "timestamp": timestamp, "offset": offset,
                                    "old_style_offsets": [] if offset < 0 else [offset],
-                                   "leader_epoch": 0})
+                                   "leader_epoch": partition.leader_epoch})
             topics.append({"name": wanted["name"], "partitions": partitions})
         return {"topics": topics}
 
@@ -452,21 +550,33 @@ class Handlers:
         if count == -1:
             count = self.broker.config["num.partitions"]
         factor = wanted["replication_factor"]
+        me = self.node_id
         if wanted["assignments"]:
-            # One broker: an assignment is valid when it puts each partition 0..n-1 on
-            # this node alone (the count and factor, if given, must agree with it).
-            placed = sorted(a["partition_index"] for a in wanted["assignments"])
-            if wanted["num_partitions"] not in (-1, len(placed)) or factor not in (-1, 1) \
-                    or placed != list(range(len(placed))) \
-                    or any(a["broker_ids"] != [NODE_ID] for a in wanted["assignments"]):
+            # An assignment is valid when it places partitions 0..n-1, each on this node
+            # (the leader) and the same number of distinct brokers; that number is the
+            # replication factor (the count and factor, if given, must agree). Which
+            # followers fill the other places is decided as for create_topic: the first
+            # to report (docs/replication.md), not by the ids named here.
+            assignments = wanted["assignments"]
+            placed = sorted(a["partition_index"] for a in assignments)
+            sizes = {len(a["broker_ids"]) for a in assignments}
+            size = sizes.pop() if len(sizes) == 1 else 0
+            if wanted["num_partitions"] not in (-1, len(placed)) \
+                    or placed != list(range(len(placed))) or size < 1 \
+                    or factor not in (-1, size) \
+                    or any(me not in a["broker_ids"]
+                           or len(set(a["broker_ids"])) != size for a in assignments):
                 return _create_error(name, E.INVALID_REPLICA_ASSIGNMENT,
-                                     f"an assignment must place partitions 0..n-1 on "
-                                     f"broker {NODE_ID} alone")
-            count, factor = len(placed), 1
-        if factor not in (-1, 1):
+                                     f"an assignment must place partitions 0..n-1, each on "
+                                     f"broker {me} (this listener's) and the same number "
+                                     "of distinct brokers")
+            count, factor = len(placed), size
+        if factor == -1:
+            factor = self.broker.config["default.replication.factor"]
+        if not 1 <= factor <= MAX_REPLICATION_FACTOR:
             return _create_error(name, E.INVALID_REPLICATION_FACTOR,
-                                 f"replication factor {factor} is larger than the one "
-                                 "broker of this listener")
+                                 f"replication factor must be in 1..{MAX_REPLICATION_FACTOR},"
+                                 f" got {factor}")
         config = {c["name"]: c["value"] for c in wanted["configs"]}
         try:
             validate_topic_name(name)
@@ -478,7 +588,8 @@ class Handlers:
                     raise TopicExistsError(f"topic {name!r} already exists")
                 topic = None
             else:
-                topic = self.broker.create_topic(name, count, config=config)
+                topic = self.broker.create_topic(name, count, config=config,
+                                                 replication_factor=factor)
         except LogkitError as exc:
             return _create_error(name, _code_for(exc), str(exc)[:500])
         configs = None if topic is None else [
@@ -486,8 +597,8 @@ class Handlers:
              "config_source": source, "is_sensitive": False}
             for key, value, source in self._topic_configs(topic)]
         return {"name": name, "error_code": E.NONE, "error_message": None,
-                "topic_id": bytes.fromhex(topic.topic_id) if topic else bytes(16),
-                "num_partitions": count, "replication_factor": 1, "configs": configs}
+                "topic_id": self._wire_id(topic) if topic else bytes(16),
+                "num_partitions": count, "replication_factor": factor, "configs": configs}
 
     def delete_topics(self, request: Request, session: Session) -> dict[str, Any]:
         body = request.body
@@ -539,13 +650,17 @@ class Handlers:
                 f"topic {name!r} has {have} partition(s); the new total must be larger "
                 f"and at most {MAX_PARTITIONS}, got {count} (partitions are added, never "
                 "removed)")
-        # One broker: an assignment may only place each new partition on this node.
+        # An assignment must place each new partition on this node (the leader) and
+        # as many distinct brokers as the topic's replication factor.
+        factor = getattr(topic, "replication_factor", 1)
         if assignments is not None and (
                 len(assignments) != count - have
-                or any(a["broker_ids"] != [NODE_ID] for a in assignments)):
+                or any(self.node_id not in a["broker_ids"]
+                       or len(set(a["broker_ids"])) != factor
+                       or len(a["broker_ids"]) != factor for a in assignments)):
             return E.INVALID_REPLICA_ASSIGNMENT, (
                 f"an assignment must place each of the {count - have} new partition(s) "
-                f"on broker {NODE_ID} alone")
+                f"on broker {self.node_id} and {factor - 1} other distinct broker(s)")
         if validate_only:
             return E.NONE, None
         try:
@@ -790,6 +905,56 @@ class Handlers:
         return {"groups": out}
 
 
+_GROUP_KEYS = (8, 9, 11, 12, 13, 14)          # answered by the group coordinator
+_ADMIN_KEYS = (19, 20, 37)                     # answered by the controller
+_LEADER_ONLY = frozenset(_GROUP_KEYS + _ADMIN_KEYS)
+
+
+def _not_leading(request: Request) -> dict[str, Any]:
+    """The answer of a listener whose broker does not lead (a follower, a fenced old
+    leader) to a group or admin request: NOT_COORDINATOR / NOT_CONTROLLER, so the
+    client asks FindCoordinator / Metadata again and goes to the leader."""
+    key, body, code = request.api.key, request.body, E.NOT_COORDINATOR
+    message = "this listener's broker does not lead: ask FindCoordinator again"
+    if key == 11:
+        return _join_error(code, body["member_id"])
+    if key == 14:
+        return {"error_code": code, "assignment": b""}
+    if key == 12:
+        return {"error_code": code}
+    if key == 13:
+        return {"error_code": code, "members": []}
+    if key == 8:
+        return {"topics": [{"name": t["name"], "partitions": [
+            {"partition_index": p["partition_index"], "error_code": code}
+            for p in t["partitions"]]} for t in body["topics"]]}
+    if key == 9:
+        if request.version >= 8:
+            return {"groups": [{"group_id": g["group_id"], "error_code": code,
+                                "topics": []} for g in body["groups"]]}
+        return {"topics": [], "error_code": code}
+    code, message = E.NOT_CONTROLLER, "this listener's broker does not lead: refresh " \
+        "the metadata and ask the controller"
+    if key == 19:
+        return {"topics": [_create_error(t["name"], code, message) for t in body["topics"]]}
+    if key == 20:
+        names = [(t["name"], t["topic_id"]) for t in body["topics"]] \
+            if request.version >= 6 else [(n, bytes(16)) for n in body["topic_names"]]
+        return {"responses": [{"name": n, "topic_id": i, "error_code": code,
+                               "error_message": message} for n, i in names]}
+    assert key == 37
+    return {"results": [{"name": t["name"], "error_code": code, "error_message": message}
+                        for t in body["topics"]]}
+
+
+def _epoch_check(asked: int, ours: int) -> int:
+    """Kafka's check of a request's current_leader_epoch (KIP-320): an older one is
+    FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH, -1 (not sent) passes."""
+    if asked is None or asked < 0 or asked == ours:
+        return E.NONE
+    return E.FENCED_LEADER_EPOCH if asked < ours else E.UNKNOWN_LEADER_EPOCH
+
+
 def _produce_result(index: int, code: int, message: str | None = None) -> dict[str, Any]:
     return {"index": index, "error_code": code, "base_offset": -1,
             "log_append_time_ms": -1, "log_start_offset": -1, "error_message": message}
@@ -823,11 +988,3 @@ def _check_batch(records: bytes | None) -> tuple[int, str] | None:
     if size > len(records):
         return E.CORRUPT_MESSAGE, "the batch length field points past the records"
     return None
-
-
-def _cluster_id(path: str) -> str:
-    """A stable 22-character cluster id (Kafka's base64 UUID shape) for a broker root."""
-    import base64
-    import os
-    raw = uuid.uuid5(uuid.NAMESPACE_URL, "logkit:" + os.path.realpath(path)).bytes
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")

@@ -27,9 +27,10 @@ import collections
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..listener import POLL_SLICE_S, ThreadedListener
+from .cluster import LeaderView, Node, node_id_for, remove_listener, write_listener
 from .errors import FrameTooLargeError, ProtocolError
 from .frame import MAX_REQUEST_BYTES, FrameDecoder, encode_response, parse_request
 from .handlers import Handlers, Session
@@ -64,7 +65,9 @@ class KafkaServer(ThreadedListener):
                  max_connections: int = MAX_CONNECTIONS,
                  initial_rebalance_delay_ms: int = 0,
                  ssl_context: ssl.SSLContext | None = None,
-                 sasl_plain_users: Mapping[str, str] | None = None) -> None:
+                 sasl_plain_users: Mapping[str, str] | None = None,
+                 node_id: int | None = None,
+                 view: Callable[[Node], Any] | None = None) -> None:
         for name, value in (("max_request_bytes", max_request_bytes),
                             ("idle_timeout_ms", idle_timeout_ms),
                             ("request_timeout_ms", request_timeout_ms),
@@ -85,10 +88,23 @@ class KafkaServer(ThreadedListener):
         advertised = advertised_host or (host if host not in ("", "0.0.0.0", "::")
                                          else socket.gethostname())
         self.advertised_host = advertised
+        # the node this listener is in Metadata (cluster.py): broker.id, else from the root
+        self.node = Node(node_id if node_id is not None
+                         else node_id_for(broker.path, broker.config), advertised, self.port)
+        self.on_close: list[Callable[[], None]] = []    # run once every thread is joined
         self.handlers = Handlers(broker, host=advertised, port=self.port,
+                                 view=(view or (lambda node: LeaderView(broker, node)))(
+                                     self.node),
                                  initial_rebalance_delay_ms=initial_rebalance_delay_ms,
                                  closing=self._closing)
         self.handlers.sasl = self._users is not None
+        self._root = broker.path
+        try:
+            write_listener(self._root, self.node,      # where replicas' listeners look
+                           self.handlers.view.cluster_id())
+        except OSError as exc:
+            log.warning("Kafka listener: cannot name itself in %s (%s); replicas will "
+                        "not learn its address", self._root, exc)
         self._start_accepting()
         log.info("Kafka listener on %s:%d (advertised %s) for %s", host, self.port,
                  advertised, broker.path)
@@ -100,6 +116,16 @@ class KafkaServer(ThreadedListener):
 
     def __repr__(self) -> str:
         return f"KafkaServer({self.bootstrap_servers!r})"
+
+    @property
+    def node_id(self) -> int:
+        """This listener's node id in Metadata."""
+        return self.node.node_id
+
+    def lead(self, broker: Any) -> None:
+        """Answer as the leader over `broker` from now on (a serving follower was
+        promoted; `Follower.serve`): the same node, host and port."""
+        self.handlers.lead(broker, LeaderView(broker, self.node))
 
     # ---- one connection --------------------------------------------------------------
 
@@ -214,6 +240,18 @@ class KafkaServer(ThreadedListener):
 
     def _closing_hook(self) -> None:
         self.handlers.groups.close()
+
+    def _closed_hook(self) -> None:
+        try:
+            remove_listener(self._root, self.node)
+        except OSError:
+            pass
+        self.handlers.close()
+        for hook in self.on_close:
+            try:
+                hook()
+            except Exception:                   # a hook's failure must not stop the rest
+                log.exception("Kafka listener: a close hook failed")
 
 
 def serve(broker: Any, host: str = "127.0.0.1", port: int = 0, **options: Any) -> KafkaServer:

@@ -38,7 +38,7 @@ from ..notify import DOORBELL_FILE, Doorbell
 from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
-from .lease import Lease, read_lease, replica_id, take_next
+from .lease import Lease, read_lease, replica_id, take_next, wire_topic_ids
 from .leader import progress_body
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
@@ -130,6 +130,7 @@ class DirectorySource(ReplicaSource):
 
     def topics(self) -> dict[str, TopicInfo]:
         broker = self._open()
+        wire_ids = wire_topic_ids(self.path)       # the leader is a promoted follower
         out = {}
         for name in broker.topics():
             try:
@@ -141,7 +142,8 @@ class DirectorySource(ReplicaSource):
             self._topics[name] = topic
             overrides = {k: v for k, v in topic.config.items() if _DEFAULTS.get(k) != v}
             out[name] = TopicInfo(name, topic.num_partitions, overrides, topic.topic_id,
-                                  topic.replication_factor)
+                                  topic.replication_factor,
+                                  wire_ids.get(topic.topic_id))
         return out
 
     def _call(self, topic: str, partition: int, fn: Callable[[Partition], _T]) -> _T:
@@ -216,6 +218,12 @@ class DirectorySource(ReplicaSource):
             doorbell.ring()
             if self._seen is not None:           # our own ring is no news to wait()
                 self._seen = (self._seen + 1) & 0xFFFFFFFF
+
+    def leader_listener(self) -> dict[str, Any] | None:
+        """What `<leader>/listener.json` names (the leader's Kafka listener writes it
+        while it runs: logkit/protocol/cluster.py)."""
+        from ..protocol.cluster import read_listener_body
+        return read_listener_body(self.path)
 
     def lease(self) -> Lease | None:
         """The lease in the leader's root when it names that root's own replica (a lease

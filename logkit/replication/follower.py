@@ -122,6 +122,12 @@ class Follower:
         self.promoted = threading.Event()            # set by an automatic promotion
         self._lease_check_s = min(LEASE_CHECK_S,
                                   self.config["broker.session.timeout.ms"] / 10000)
+        # the Kafka listener (serve()): the leader's, as the source names it; ours,
+        # reported with the progress; the leader broker opened for ours on promotion
+        self.leader_listener: Any = None             # protocol.cluster.Node or None
+        self._server: Any = None
+        self._listener_body: dict[str, Any] | None = None
+        self.leading_broker: Broker | None = None
         self._reset_run_state()
 
     def _reset_run_state(self) -> None:
@@ -172,6 +178,78 @@ class Follower:
     def log_end_offsets(self) -> dict[TopicPartition, int]:
         """The log end offset of each partition copied so far."""
         return dict(self._ends)
+
+    def seen_leader_epoch(self, tp: TopicPartition) -> int:
+        """The newest leader epoch seen from the leader for `tp` (0 before any)."""
+        return int(self._state.get("leader_epochs", {}).get(_tp_name(tp), 0))
+
+    def wire_topic_id(self, topic: str) -> str | None:
+        """The id Kafka clients know `topic` by (the leader's; its first leader's if it
+        was promoted itself), None before the topic was copied."""
+        return self._state.get("wire_ids", {}).get(topic)
+
+    def caught_up_ms(self, tp: TopicPartition) -> int | None:
+        """When `tp` last held the leader's log end (Kafka's lastCaughtUpTimeMs)."""
+        return self._caught_up_ms.get(tp)
+
+    # ---- the Kafka listener ----------------------------------------------------------
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0, **options: Any) -> Any:
+        """Serve this follower's directory over Kafka's wire protocol on host:port (0:
+        a free port), as `Broker.serve` does (the same options; docs/kafka-protocol.md,
+        "Replicas on the wire"). Until promoted, its Metadata names the leader (the
+        source's `leader_listener()`) and its Produce, Fetch, group and admin answers
+        send clients there (NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR, NOT_CONTROLLER);
+        the follower reports the listener with its progress, so the leader's Metadata
+        names it too. Once promoted (by `promote()` or automatically) the listener
+        answers as the leader with the new epoch, over a Broker this follower opens on
+        its directory (`leading_broker`). Call after `start()` (or `catch_up()`); the
+        handle's `close()` also closes the brokers it used."""
+        from ..protocol.cluster import FollowerView, node_id_for
+        from ..protocol.server import KafkaServer
+        if self._server is not None and not self._server.closed:
+            raise IllegalStateError(f"{self!r} already serves on "
+                                    f"{self._server.bootstrap_servers}")
+        reader = Broker(self.path, read_only=True)
+        try:
+            server = KafkaServer(reader, host, port,
+                                 node_id=node_id_for(self.path, self.config),
+                                 view=lambda node: FollowerView(self, node), **options)
+        except BaseException:
+            reader.close()
+            raise
+        server.on_close.append(reader.close)
+        server.on_close.append(self._listener_closed)
+        self._server = server
+        self._listener_body = server.node._asdict()
+        self._reported_at = 0.0                      # report it at the next cycle
+        self._metadata_asked += 1
+        if self.promoted.is_set() or self._state.get("role") == "leader":
+            self._lead_listener()
+        return server
+
+    def _listener_closed(self) -> None:
+        self._server, self._listener_body = None, None
+        broker, self.leading_broker = self.leading_broker, None
+        if broker is not None:
+            broker.close()
+
+    def _lead_listener(self) -> None:
+        """After a promotion: open the directory as the leader and hand it to the
+        listener, which answers as the leader from then on."""
+        server = self._server
+        if server is None or server.closed or self.leading_broker is not None:
+            return
+        try:
+            broker = Broker(self.path, config=self.config)
+        except (LogkitError, OSError) as exc:
+            log.error("%s: promoted, but the listener cannot open the directory as the "
+                      "leader (%s): it goes on answering as a follower", self.path, exc)
+            return
+        self.leading_broker = broker
+        server.lead(broker)
+        log.info("%s: the Kafka listener on %s now answers as the leader", self.path,
+                 server.bootstrap_servers)
 
     @staticmethod
     def recorded_source(path: str | os.PathLike[str]) -> str | None:
@@ -401,6 +479,7 @@ class Follower:
                 return False
         self._stopping.set()
         self.promoted.set()
+        self._lead_listener()
         return True
 
     def _isr_rank(self) -> tuple[int | None, str]:
@@ -538,7 +617,8 @@ class Follower:
         if self._ends == self._reported and now - self._reported_at < idle_s:
             return
         self.source.report_progress(self._state["follower_id"],
-                                    Progress(self._ends, self._caught_up_ms))
+                                    Progress(self._ends, self._caught_up_ms,
+                                             self._listener_body))
         self._reported = dict(self._ends)
         self._reported_at = now
 
@@ -569,6 +649,7 @@ class Follower:
                 self._sync_config(broker, name, info)
             state["topics"][name] = info.topic_id
             state["configs"][name] = info.config
+            state.setdefault("wire_ids", {})[name] = info.wire_topic_id or info.topic_id
         for name in sorted(local - leader.keys()):
             if name in state["topics"]:
                 log.warning("%s: topic %s is gone from the leader; deleting its copy",
@@ -585,6 +666,25 @@ class Follower:
         self._sync_offsets(broker, set(partitions))
         if json.dumps(state, sort_keys=True) != before:
             self._save_state()
+        if self._server is not None:
+            self._note_leader_listener()
+
+    def _note_leader_listener(self) -> None:
+        """The leader's Kafka listener as the source names it (kept when it names
+        none: a leader killed, or between two looks)."""
+        from ..protocol.cluster import keep_cluster_id, parse_node
+        try:
+            found = self.source.leader_listener()
+            if found and isinstance(found.get("cluster_id"), str):
+                keep_cluster_id(self.path, found["cluster_id"])
+        except (LogkitError, OSError) as exc:
+            log.debug("%s: the leader's listener cannot be read: %s", self.path, exc)
+            return
+        node = parse_node(found) if found else None
+        if node is not None and node != self.leader_listener:
+            log.info("%s: the leader's Kafka listener is node %d at %s:%d", self.path,
+                     node.node_id, node.host, node.port)
+            self.leader_listener = node
 
     def _sync_config(self, broker: Broker, name: str, info: TopicInfo) -> None:
         applied = self._state["configs"].get(name)
@@ -921,6 +1021,7 @@ class Follower:
         self.stop()
         with self._driver:
             self._promote_locked(unclean=unclean)
+        self._lead_listener()
 
     def _promote_locked(self, *, unclean: bool) -> None:
         self._open()
@@ -947,6 +1048,11 @@ class Follower:
                          self.path, _tp_name(p.topic_partition), epoch, p.log_end_offset)
             renew_lease(self.path, self._state["follower_id"], lease_epoch,
                         ttl_ms=self.config["broker.session.timeout.ms"])
+            # Kafka clients keep knowing each topic by the id the old leader gave it
+            wire = self._state.get("wire_ids", {})
+            self._state["wire_topic_ids"] = {
+                broker.topic(name).topic_id: wire[name]
+                for name in broker.topics() if name in wire}
             self._state["role"] = "leader"
             self._save_state()
         finally:

@@ -99,19 +99,26 @@ class Progress(dict):
     leader's}. A dict, so sources that know only the log ends take it as before."""
 
     caught_up_ms: dict[TopicPartition, int]
+    listener: dict[str, Any] | None         # the follower's Kafka listener, if it serves
 
     def __init__(self, ends: Mapping[TopicPartition, int] = (),  # type: ignore[assignment]
-                 caught_up_ms: Mapping[TopicPartition, int] | None = None) -> None:
+                 caught_up_ms: Mapping[TopicPartition, int] | None = None,
+                 listener: Mapping[str, Any] | None = None) -> None:
         super().__init__(ends)
         self.caught_up_ms = dict(caught_up_ms or {})
+        self.listener = dict(listener) if listener else None
 
 
 def progress_body(follower_id: str, progress: Mapping[TopicPartition, int]) -> dict:
     """The JSON body of a progress file."""
     caught = getattr(progress, "caught_up_ms", {})
-    return {"follower_id": follower_id, "time_ms": _now_ms(),
+    body = {"follower_id": follower_id, "time_ms": _now_ms(),
             "log_end_offsets": {_tp_key(tp): end for tp, end in sorted(progress.items())},
             "caught_up_ms": {_tp_key(tp): ms for tp, ms in sorted(caught.items())}}
+    listener = getattr(progress, "listener", None)
+    if listener:
+        body["listener"] = dict(listener)
+    return body
 
 
 class _Report(NamedTuple):
@@ -120,13 +127,16 @@ class _Report(NamedTuple):
     time_ms: int
     ends: dict[str, int]
     caught_up_ms: dict[str, int]
+    listener: dict[str, Any] | None = None    # {node_id, host, port} of its listener
 
 
 def _parse_report(body: Any) -> _Report | None:
     try:
         ends = {str(k): int(v) for k, v in body["log_end_offsets"].items()}
         caught = {str(k): int(v) for k, v in (body.get("caught_up_ms") or {}).items()}
-        return _Report(int(body["time_ms"]), ends, caught)
+        listener = body.get("listener")
+        return _Report(int(body["time_ms"]), ends, caught,
+                       listener if isinstance(listener, dict) else None)
     except (TypeError, KeyError, ValueError, AttributeError):
         return None
 

@@ -49,7 +49,7 @@ from ..tail import open_file
 
 __all__ = ["Lease", "LeaseKeeper", "LeaderLog", "LeaderMeta", "LEASE_FILE",
            "LEASE_LOCK_FILE", "REPLICA_ID_FILE", "read_lease", "take_next", "renew",
-           "release", "replica_id"]
+           "release", "replica_id", "wire_topic_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,21 @@ def replica_id(root: str | os.PathLike[str], *, create: bool = True) -> str | No
         return replica_id(root, create=False)
     os.unlink(tmp)
     return made
+
+
+def wire_topic_ids(root: str | os.PathLike[str]) -> dict[str, str]:
+    """{local topic id: the id Kafka clients know it by} for a promoted follower's
+    root (`wire_topic_ids` in its follower.json: the first leader's ids, which its
+    Kafka listener goes on reporting); empty for any other root."""
+    try:
+        fd = open_file(os.path.join(os.fspath(root), FOLLOWER_STATE_FILE), os.O_RDONLY)
+        with open(fd, encoding="utf-8") as f:
+            found = json.load(f).get("wire_topic_ids")
+    except (OSError, ValueError, AttributeError, StorageError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): str(v) for k, v in found.items()}
 
 
 def replicated(root: str) -> bool:

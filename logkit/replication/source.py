@@ -48,6 +48,7 @@ class TopicInfo(NamedTuple):
     config: dict[str, Any]
     topic_id: str
     replication_factor: int = 1          # the leader and replication_factor - 1 followers
+    wire_topic_id: str | None = None     # the id Kafka clients know it by, when not topic_id
 
 
 class PartitionInfo(NamedTuple):
@@ -106,6 +107,11 @@ class ReplicaSource(abc.ABC):
         sleeps; a source that can be woken does better."""
         if timeout_s > 0:
             time.sleep(timeout_s)
+
+    def leader_listener(self) -> dict[str, Any] | None:
+        """The leader's Kafka listener, `{node_id, host, port}`, when it runs one and
+        this source can tell (a serving follower names it in Metadata); default None."""
+        return None
 
     def describe(self) -> str:
         """A short name of the leader for messages and `follower.json`."""
