@@ -17,8 +17,8 @@ import pytest
 
 import logkit
 from logkit.replication.epochs import read_checkpoint
-from logkit.replication.lease import (read_lease, release, renew, replica_id,
-                                      take_next)
+from logkit.replication.lease import (LeaseKeeper, read_lease, release, renew,
+                                      replica_id, take_next)
 from tests.helpers.procs import ROOT_DIR
 
 HELPER = os.path.join(os.path.dirname(__file__), "helpers", "failover_proc.py")
@@ -98,6 +98,19 @@ def test_a_broker_whose_lease_names_a_newer_holder_refuses_every_write(tmp_path)
         consumer.close()
         assert p.log_end_offset == 5
         p.check()
+
+
+def test_a_lease_keeper_fenced_through_its_public_method_refuses_writes(tmp_path):
+    """LeaseKeeper.fence(): what the object-store shipper calls once the store's lease
+    names another replica."""
+    with logkit.Broker(tmp_path / "L") as broker:
+        keeper = LeaseKeeper(broker.path, broker.config)
+        keeper.check()                                       # unleased: writes allowed
+        keeper.fence("the store's lease names replica r2")
+        keeper.fence("a second call changes nothing")
+        assert keeper.fenced and not keeper.leading
+        with pytest.raises(logkit.NotLeaderError, match="names replica r2"):
+            keeper.check()
 
 
 def test_a_running_leader_fences_itself_once_a_newer_holder_takes_its_lease(tmp_path):

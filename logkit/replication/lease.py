@@ -309,6 +309,13 @@ class LeaseKeeper:
                                  f"broker.session.timeout.ms={self.ttl_ms}; writes wait "
                                  "for a renewal (another replica may be taking over)")
 
+    def fence(self, message: str) -> None:
+        """Refuse every write from now on, for good, with NotLeaderError(`message`):
+        another replica leads (its lease is held elsewhere, e.g. in the object store a
+        Shipper ships to). A no-op once fenced."""
+        if self._fence is None:
+            self._fenced(message)
+
     def follow(self) -> None:
         """The root is a Follower's: no write checks, no renewals."""
         self._stop.set()

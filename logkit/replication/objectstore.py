@@ -529,8 +529,8 @@ class Shipper:
         self._stop.set()
         log.warning("%r: stops shipping: %s", self, message)
         keeper = getattr(self._broker, "_lease", None)
-        if keeper is not None and not keeper.fenced:
-            keeper._fenced(message)
+        if keeper is not None:
+            keeper.fence(message)
 
     def _ship_once(self) -> None:
         with self._pass_lock:
