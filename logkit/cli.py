@@ -482,6 +482,10 @@ def add_follow(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--config", action="append", metavar="KEY=VALUE",
                      help="a broker setting, Kafka's names, e.g. "
                      "replica.fetch.max.bytes=4194304 (repeatable)")
+    cmd.add_argument("--serve", metavar="[HOST:]PORT",
+                     help="also serve Kafka's wire protocol on HOST:PORT (127.0.0.1 by "
+                     "default): it sends clients to the leader until this replica is "
+                     "promoted, then answers as the leader (set broker.id with --config)")
     _storage_option(cmd)
 
 
@@ -520,13 +524,25 @@ def cmd_follow(args: argparse.Namespace) -> int:
     from . import Follower
     config = _config_pairs(args.config, "--config")
     follower = Follower(args.directory, _follow_source(args), config=config or None)
+    server = None
+    if args.serve:
+        host, _, port = args.serve.rpartition(":")
+        if not port.isdigit():
+            raise UsageError(f"--serve takes [HOST:]PORT, got {args.serve!r}")
     with _stop_on_signals() as stop:
         follower.start()
         try:
+            if args.serve:
+                server = follower.serve(host.strip("[]") or "127.0.0.1", int(port))
+                print(f"serving Kafka clients on {server.bootstrap_servers}", flush=True)
             print(f"following {args.source} into {args.directory}", flush=True)
-            while not stop.requested and follower.running:
+            # once promoted, a serving follower goes on serving, as the leader
+            while not stop.requested and (follower.running or (
+                    server is not None and follower.promoted.is_set())):
                 time.sleep(POLL_MS / 1000)
         finally:
+            if server is not None:
+                server.close()
             follower.stop()
     if follower.error is not None:
         raise follower.error

@@ -218,6 +218,61 @@ def test_kafka_python_reads_the_replicas_isr_and_leader(pair):
         assert (p["replica_nodes"], p["isr_nodes"]) == ([1, 2], [1, 2])
 
 
+def test_listeners_are_learned_over_a_tcp_source_too(tmp_path):
+    secret = "s3cret"
+    with logkit.Broker(tmp_path / "L", config={**FAST, "broker.id": 1}) as leader, \
+            leader.serve() as leader_server, \
+            leader.serve_replication(secret=secret) as replication:
+        leader.create_topic(TOPIC, 1, replication_factor=2)
+        source = logkit.TcpSource("127.0.0.1", replication.port, secret=secret)
+        with logkit.Follower(tmp_path / "F", source,
+                             config={**FAST, "broker.id": 2}) as follower:
+            follower.catch_up(timeout=20)
+            with follower.serve() as follower_server:
+                raw = Raw(leader_server)
+                try:
+                    wait_until(lambda: _in_sync(raw, 2) and follower.leader_listener
+                               is not None, 20, "both listeners known")
+                    assert follower.leader_listener.port == leader_server.port
+                    assert {b["node_id"] for b in _metadata(raw)["brokers"]} == {1, 2}
+                finally:
+                    raw.close()
+                other = Raw(follower_server)
+                try:
+                    meta = _metadata(other)
+                    assert meta["topics"][0]["partitions"][0]["leader_id"] == 1
+                    assert meta["topics"][0]["topic_id"] == \
+                        bytes.fromhex(leader.topic(TOPIC).topic_id)
+                finally:
+                    other.close()
+
+
+def test_logkit_follow_serve_runs_a_followers_listener(tmp_path):
+    cli = "import sys; from logkit.cli import main; sys.exit(main())"
+    with logkit.Broker(tmp_path / "L", config={"broker.id": 1}) as leader, \
+            leader.serve() as leader_server:
+        leader.create_topic(TOPIC, 1, replication_factor=2)
+        proc = subprocess.Popen([sys.executable, "-c", cli, "follow", str(tmp_path / "L"),
+                                 str(tmp_path / "F"), "--serve", "127.0.0.1:0",
+                                 "--config", "broker.id=7"],
+                                stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": ROOT_DIR})
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith("serving Kafka clients on 127.0.0.1:"), line
+            port = int(line.rsplit(":", 1)[1])
+            raw = Raw(leader_server)
+            try:
+                wait_until(lambda: any(b["node_id"] == 7 and b["port"] == port
+                                       for b in _metadata(raw)["brokers"]), 20,
+                           "the leader naming the follower's listener")
+            finally:
+                raw.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0
+
+
 # ---- real processes, confluent-kafka -------------------------------------------------
 
 def _spawn(*args):

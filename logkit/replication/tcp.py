@@ -74,10 +74,11 @@ SERVER_LABEL = b"logkit-replication/1 server proof"
 
 # request kinds (client -> server)
 AUTH = 0x10
-TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE, TAKE_LEASE = range(1, 9)
+TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE, TAKE_LEASE, LISTENER = \
+    range(1, 10)
 REQUEST_KINDS = {TOPICS: "topics", PARTITION: "partition", FETCH: "fetch",
                  COMMITTED: "committed_offsets", REPORT: "report_progress", WAIT: "wait",
-                 LEASE: "lease", TAKE_LEASE: "take_lease"}
+                 LEASE: "lease", TAKE_LEASE: "take_lease", LISTENER: "leader_listener"}
 # answer kinds (server -> client)
 RESULT, BATCHES, ERROR, HELLO, AUTH_OK = 0x80, 0x81, 0x82, 0x83, 0x84
 
@@ -301,7 +302,7 @@ class TcpSource(ReplicaSource):
     def topics(self) -> dict[str, TopicInfo]:
         answer = self._json(TOPICS, {})
         return {name: TopicInfo(name, t["partitions"], t["config"], t["topic_id"],
-                                t.get("replication_factor", 1))
+                                t.get("replication_factor", 1), t.get("wire_topic_id"))
                 for name, t in answer["topics"].items()}
 
     def partition(self, topic: str, partition: int) -> PartitionInfo:
@@ -329,11 +330,19 @@ class TcpSource(ReplicaSource):
     def report_progress(self, follower_id: str,
                         log_end_offsets: Mapping[TopicPartition, int]) -> None:
         caught = getattr(log_end_offsets, "caught_up_ms", {})   # leader.Progress
-        self._json(REPORT, {"follower_id": follower_id,
-                            "log_end_offsets": [[tp.topic, tp.partition, end]
-                                                for tp, end in log_end_offsets.items()],
-                            "caught_up_ms": [[tp.topic, tp.partition, ms]
-                                             for tp, ms in caught.items()]})
+        body = {"follower_id": follower_id,
+                "log_end_offsets": [[tp.topic, tp.partition, end]
+                                    for tp, end in log_end_offsets.items()],
+                "caught_up_ms": [[tp.topic, tp.partition, ms] for tp, ms in caught.items()]}
+        listener = getattr(log_end_offsets, "listener", None)
+        if listener:
+            body["listener"] = listener          # the follower's Kafka listener
+        self._json(REPORT, body)
+
+    def leader_listener(self) -> dict[str, Any] | None:
+        """The leader's Kafka listener, as the server's DirectorySource reads it."""
+        found = self._json(LISTENER, {}).get("listener")
+        return found if isinstance(found, dict) else None
 
     def lease(self) -> Lease | None:
         """The leader's lease, as its DirectorySource reads it (None: no lease, or one

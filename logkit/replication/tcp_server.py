@@ -47,8 +47,8 @@ from ..segment import DELETED_SUFFIX
 from ..topic import TopicPartition
 from .directory import DirectorySource
 from .leader import Progress
-from .tcp import (AUTH, AUTH_OK, BATCHES, COMMITTED, ERROR, FETCH, HELLO, LEASE, MAC_BYTES,
-                  MAGIC, MAX_FETCH_BYTES, MAX_REQUEST_BYTES, MAX_WAIT_MS, NONCE_BYTES,
+from .tcp import (AUTH, AUTH_OK, BATCHES, COMMITTED, ERROR, FETCH, HELLO, LEASE, LISTENER,
+                  MAC_BYTES, MAGIC, MAX_FETCH_BYTES, MAX_REQUEST_BYTES, MAX_WAIT_MS, NONCE_BYTES,
                   PARTITION, REPORT, REQUEST_KINDS, RESULT, SIZE, TAKE_LEASE, TOPICS, WAIT,
                   client_proof, frame, json_frame, lease_body, secret_bytes, server_proof)
 
@@ -157,7 +157,8 @@ class ReplicationServer(ThreadedListener):
     def _handlers(self) -> dict[int, Callable[[dict[str, Any]], Any]]:
         return {TOPICS: self._topics, PARTITION: self._partition, FETCH: self._fetch,
                 COMMITTED: self._committed, REPORT: self._report, WAIT: self._wait,
-                LEASE: self._lease, TAKE_LEASE: self._take_lease}
+                LEASE: self._lease, TAKE_LEASE: self._take_lease,
+                LISTENER: self._leader_listener}
 
     def __repr__(self) -> str:
         return f"ReplicationServer('{self.host}:{self.port}')"
@@ -293,7 +294,8 @@ class ReplicationServer(ThreadedListener):
             topics = self._source.topics()
         return {"topics": {name: {"partitions": t.partitions, "config": t.config,
                                   "topic_id": t.topic_id,
-                                  "replication_factor": t.replication_factor}
+                                  "replication_factor": t.replication_factor,
+                                  "wire_topic_id": t.wire_topic_id}
                            for name, t in topics.items()}}
 
     def _partition(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -362,9 +364,20 @@ class ReplicationServer(ThreadedListener):
         follower_id = _str(request, "follower_id")
         ends = _offsets(request, "log_end_offsets")
         caught = _offsets(request, "caught_up_ms") if "caught_up_ms" in request else {}
+        listener = request.get("listener")
+        if listener is not None and not (
+                isinstance(listener, dict) and len(listener) <= 8
+                and all(isinstance(k, str) and isinstance(v, (str, int))
+                        and not isinstance(v, bool) and len(str(v)) <= 255
+                        for k, v in listener.items())):
+            raise _Refused("listener must be a small object of strings and integers")
         with self._source_lock:
-            self._source.report_progress(follower_id, Progress(ends, caught))
+            self._source.report_progress(follower_id, Progress(ends, caught, listener))
         return {}
+
+    def _leader_listener(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._source_lock:
+            return {"listener": self._source.leader_listener()}
 
     def _lease(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._source_lock:
@@ -405,4 +418,4 @@ class ReplicationServer(ThreadedListener):
 
 
 assert set(REQUEST_KINDS) == {TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE,
-                              TAKE_LEASE}
+                              TAKE_LEASE, LISTENER}
