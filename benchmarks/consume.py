@@ -1,5 +1,7 @@
 """The consume benchmark: read back every record (touching each value) through logkit's
-consumer and through `Partition.read`, beside SQLite in WAL mode, persist-queue, `os.read`
+consumer (without a group, and as a group member) and through `Partition.read` (the
+reference the consumer's ratio is taken against: the three alternate, median of
+REPEATS rounds), beside SQLite in WAL mode, persist-queue, `os.read`
 of the same batches and kafka-python's batch parser over the same file; Kafka's 2014
 figure as a labelled anchor.
 
@@ -10,14 +12,17 @@ short read fails the run), and the peers read the same records' bytes.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from ._common import (KAFKA_2014, NOT_INSTALLED, TOPIC, BenchConfig, Progress, Result,
-                      append_all, encoded_batches, make_records, measure, open_broker,
-                      records_per_batch, scratch)
+                      append_all, encoded_batches, interleaved_medians, make_records,
+                      measure, open_broker, peak_rss_mb, records_per_batch,
+                      reset_peak_rss, scratch)
 from ._peers import kafka_python, persist_queue, sqlite_open, sqlite_read, sqlite_write
 
 MAX_RECORDS_PER_POLL = 500
 IDLE_POLLS_MAX = 50                   # empty 100 ms polls before the consumer gives up
+REPEATS = 5                           # timed rounds of the logkit rows (median reported)
 
 
 def run(config: BenchConfig) -> list[Result]:
@@ -32,19 +37,23 @@ def run(config: BenchConfig) -> list[Result]:
         progress.done()
         topic = broker.topic(TOPIC)
 
-        def client_poll() -> None:
-            consumer = broker.consumer(TOPIC, group_id=None, auto_offset_reset="earliest",
-                                       enable_auto_commit=False)
-            seen = idle = 0
-            while seen < count and idle < IDLE_POLLS_MAX:
-                records = consumer.poll(timeout_ms=100, max_records=MAX_RECORDS_PER_POLL)
-                idle = 0 if records else idle + 1
-                for r in records:
-                    r.value
-                seen += len(records)
-            consumer.close()
-            if seen != count:
-                raise RuntimeError(f"consumer.poll returned {seen} of {count} records")
+        def poll_all(group_id: str | None) -> Callable[[], None]:
+            def run_consumer() -> None:
+                consumer = broker.consumer(TOPIC, group_id=group_id,
+                                           auto_offset_reset="earliest",
+                                           enable_auto_commit=False)
+                seen = idle = 0
+                while seen < count and idle < IDLE_POLLS_MAX:
+                    records = consumer.poll(timeout_ms=100,
+                                            max_records=MAX_RECORDS_PER_POLL)
+                    idle = 0 if records else idle + 1
+                    for r in records:
+                        r.value
+                    seen += len(records)
+                consumer.close()
+                if seen != count:
+                    raise RuntimeError(f"consumer.poll returned {seen} of {count} records")
+            return run_consumer
 
         def log_read() -> None:
             seen = 0
@@ -61,10 +70,24 @@ def run(config: BenchConfig) -> list[Result]:
             if seen != count:
                 raise RuntimeError(f"Partition.read returned {seen} of {count} records")
 
-        out.append(measure("consume", "logkit consumer.poll(max_records=500) + iterate",
-                           count, count * payload_each, client_poll, headline=True))
-        out.append(measure("consume", "logkit Partition.read(max_records=500) + iterate",
-                           count, count * payload_each, log_read))
+        # The client rows and their reference alternate, after a warm-up round, and
+        # each reports its median: the machine's noise hits all three alike.
+        reset_peak_rss()
+        medians = interleaved_medians({"poll": poll_all(None),
+                                       "group": poll_all("bench-consume"),
+                                       "read": log_read}, REPEATS)
+        rss = peak_rss_mb()
+        reference = medians["read"]
+        for key, system in (
+                ("poll", "logkit consumer.poll(max_records=500) + iterate"),
+                ("group", "logkit consumer.poll, group member (subscribe) + iterate"),
+                ("read", "logkit Partition.read(max_records=500) + iterate")):
+            seconds = medians[key]
+            out.append(Result("consume", system, count, seconds, count / seconds,
+                              count * payload_each / seconds / 1e6, peak_rss_mb=rss,
+                              headline=key == "poll",
+                              extra={"median_of": REPEATS, "partitions": config.partitions,
+                                     "vs_partition_read": reference / seconds}))
         broker.close()
         out += _peer_rows(config, path, pairs[:min(count, config.peer_records_cap)])
     out.append(Result("consume", "Kafka 2014, 1 consumer (historical anchor, not this "

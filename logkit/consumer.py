@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import re
 import threading
 import time
@@ -64,6 +65,8 @@ __all__ = ["Consumer", "OffsetAndTimestamp"]
 DEFAULTS: dict[str, Any] = resolve(CONSUMER, None)
 
 log = logging.getLogger(__name__)
+
+_VALUE = operator.attrgetter("value")
 
 
 def _check_poll_arguments(timeout_ms: Any, max_records: Any) -> float:
@@ -478,7 +481,11 @@ class Consumer:
                 drained[tp] = position
                 continue
             self._next = start + i + 1
-            budget -= sum(len(r.value or b"") for r in records)   # the stored bytes
+            full = len(out) + len(records) >= max_records
+            if not full:
+                # the stored values' bytes against fetch_max_bytes, counted only when
+                # another partition may be read (C-level iteration, no Python per record)
+                budget -= sum(map(len, filter(None, map(_VALUE, records))))
             if decoding:
                 records, error = self._decoded(tp, records)
                 if error is not None:
@@ -491,7 +498,7 @@ class Consumer:
                     return out
             positions[tp] = records[-1].offset + 1
             out.extend(records)
-            if len(out) >= max_records or budget <= 0:
+            if full or budget <= 0:
                 break
         return out
 
