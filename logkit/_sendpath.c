@@ -14,9 +14,18 @@
  * forked child producer.py's at-fork hook sets `slow`, sending every call to the Python
  * method, which raises ForkedProcessError.
  *
- * Thread-safety: like the Python fast path it takes no lock. It appends the row to the
- * open batch's deque (atomic under the GIL) and re-checks `batch.sealed` afterwards;
- * a row that raced a sealer goes to Producer._rescue (see producer.py).
+ * The accumulator's per-record state lives in C fields here (BatchBase, TopicBase,
+ * which accumulator.py's Batch and TopicBatches subclass when this module is built), so
+ * a record costs a dict lookup or two, two allocations (the row, the future) and a list
+ * append; the Python code reads and writes the same fields by their names.
+ *
+ * Thread-safety: like the Python fast path it takes no lock. With this module built the
+ * rows go straight into `Batch.rows` (no inbox): the check that the batch is open and
+ * has room and the append are one step under the GIL (nothing between them allocates
+ * or runs Python code), and a sealer sets `sealed` holding the GIL, so a row is either
+ * in the batch before it is sealed or not added at all (then the Python method takes
+ * the call). The accumulator's own adds (under its lock) append to `rows` too, so rows
+ * keep their send order.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -98,39 +107,153 @@ static PyTypeObject FutureBaseType = {
     .tp_members = future_members,
 };
 
-static PyObject *
-new_future(PyObject *type, PyObject *batch, PyObject *row, PyObject *acks)
+/* ---- BatchBase and TopicBase: the fields this path reads, as C fields.
+ *
+ * accumulator.py's Batch and TopicBatches subclass them when this module is built (the
+ * pure-Python twins there have the same names), so a record's check-and-add is a few
+ * loads and stores instead of attribute lookups. BatchBase: `rows` (the list the batch
+ * encodes), `size` (estimated bytes plus the accumulator's bias), `sealed`. TopicBase:
+ * `open` (list: partition -> open batch or None), `cache` (dict: key -> partition),
+ * `sticky` (the null-key partition). */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *rows;
+    Py_ssize_t size;
+    char sealed;
+} BatchBase;
+
+static PyTypeObject BatchBaseType;
+
+static int
+batch_traverse(BatchBase *self, visitproc visit, void *arg)
 {
-    PyTypeObject *tp = (PyTypeObject *)type;
-    if (!PyType_Check(type) || !PyType_IsSubtype(tp, &FutureBaseType)) {
-        PyObject *args[3] = {batch, row, acks};
-        return PyObject_Vectorcall(type, args, 3, NULL);
-    }
-    FutureBase *future = (FutureBase *)tp->tp_alloc(tp, 0);
-    if (future == NULL)
-        return NULL;
-    future->batch = Py_NewRef(batch);
-    future->row = Py_NewRef(row);
-    future->acks = Py_NewRef(acks);
-    return (PyObject *)future;
+    Py_VISIT(self->rows);
+    return 0;
 }
+
+static int
+batch_clear(BatchBase *self)
+{
+    Py_CLEAR(self->rows);
+    return 0;
+}
+
+static void
+batch_dealloc(BatchBase *self)
+{
+    PyObject_GC_UnTrack(self);
+    batch_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* offer(row, size) -> bool: add `row` to the open batch unless it is sealed, in one
+ * step no other thread can split (no allocation, no Python code between the check and
+ * the add: the GIL is held throughout). */
+static PyObject *
+batch_offer(BatchBase *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "offer(row, size) takes 2 arguments");
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->sealed || self->rows == NULL || !PyList_CheckExact(self->rows))
+        Py_RETURN_FALSE;
+    if (PyList_Append(self->rows, args[0]) < 0)
+        return NULL;
+    self->size += size;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef batch_methods[] = {
+    {"offer", (PyCFunction)(void (*)(void))batch_offer, METH_FASTCALL,
+     "offer(row, size) -> bool: add row unless the batch is sealed (atomic)."},
+    {NULL}
+};
+
+static PyMemberDef batch_members[] = {
+    {"rows", T_OBJECT_EX, offsetof(BatchBase, rows), 0, NULL},
+    {"size", T_PYSSIZET, offsetof(BatchBase, size), 0, NULL},
+    {"sealed", T_BOOL, offsetof(BatchBase, sealed), 0, NULL},
+    {NULL}
+};
+
+static PyTypeObject BatchBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "logkit._sendpath.BatchBase",
+    .tp_doc = "The fields of accumulator.Batch that the send path reads.",
+    .tp_basicsize = sizeof(BatchBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_traverse = (traverseproc)batch_traverse,
+    .tp_clear = (inquiry)batch_clear,
+    .tp_members = batch_members,
+    .tp_methods = batch_methods,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *open;
+    PyObject *cache;
+    Py_ssize_t sticky;
+} TopicBase;
+
+static int
+topic_traverse(TopicBase *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->open);
+    Py_VISIT(self->cache);
+    return 0;
+}
+
+static int
+topic_clear(TopicBase *self)
+{
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->cache);
+    return 0;
+}
+
+static void
+topic_dealloc(TopicBase *self)
+{
+    PyObject_GC_UnTrack(self);
+    topic_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef topic_members[] = {
+    {"open", T_OBJECT_EX, offsetof(TopicBase, open), 0, NULL},
+    {"cache", T_OBJECT_EX, offsetof(TopicBase, cache), 0, NULL},
+    {"sticky", T_PYSSIZET, offsetof(TopicBase, sticky), 0, NULL},
+    {NULL}
+};
+
+static PyTypeObject TopicBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "logkit._sendpath.TopicBase",
+    .tp_doc = "The fields of accumulator.TopicBatches that the send path reads.",
+    .tp_basicsize = sizeof(TopicBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)topic_dealloc,
+    .tp_traverse = (traverseproc)topic_traverse,
+    .tp_clear = (inquiry)topic_clear,
+    .tp_members = topic_members,
+};
 
 /* ---- Sender ------------------------------------------------------------------------ */
 
-/* Python attributes read by name (interned in PyInit__sendpath), each marked with a
- * comment naming this file where it is defined: on a topic state (producer.py's
- * _TopicState), `sticky` and `cache` (logkit/producer.py) and `open` (its base class,
- * logkit/accumulator.py's TopicBatches); on an open batch (accumulator.py's Batch),
- * `size`, `inbox` (a deque, whose `append` is called) and `sealed`; `key` and `value`
- * are send()'s keyword names. Renaming one on the Python side without changing it here
- * breaks this path. */
-static PyObject *s_sticky, *s_cache, *s_open, *s_size, *s_inbox, *s_sealed, *s_append,
-                *s_key, *s_value;
+/* send()'s keyword names, interned in PyInit__sendpath. */
+static PyObject *s_key, *s_value;
 
 typedef struct {
     PyObject_HEAD
     PyObject *fallback;      /* bound Producer.send (the Python method) */
-    PyObject *rescue;        /* bound Producer._rescue */
     PyObject *states;        /* dict: topic name -> _TopicState (the accumulator's) */
     PyObject *future_type;   /* FutureRecordMetadata */
     PyObject *acks;          /* int */
@@ -143,6 +266,24 @@ static PyObject *
 fallback(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+/* partition p's open batch if it is a BatchBase that is not sealed and has room for
+ * `size` more bytes; else NULL (borrowed). */
+static BatchBase *
+open_batch(TopicBase *state, Py_ssize_t p, Py_ssize_t size, Py_ssize_t batch_size)
+{
+    PyObject *open = state->open;
+    if (open == NULL || !PyList_CheckExact(open) || p < 0 || p >= PyList_GET_SIZE(open))
+        return NULL;
+    PyObject *item = PyList_GET_ITEM(open, p);
+    if (!PyObject_TypeCheck(item, &BatchBaseType))
+        return NULL;
+    BatchBase *batch = (BatchBase *)item;
+    if (batch->sealed || batch->size + size > batch_size || batch->rows == NULL ||
+            !PyList_CheckExact(batch->rows))
+        return NULL;
+    return batch;
 }
 
 static PyObject *
@@ -172,82 +313,65 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     }
     if (!PyBytes_CheckExact(value) || (key != Py_None && !PyBytes_CheckExact(key)))
         return fallback(self, args, nargsf, kwnames);
-    PyObject *state = PyDict_GetItemWithError(self->states, topic);     /* borrowed */
-    if (state == NULL) {
+    PyObject *state_obj = PyDict_GetItemWithError(self->states, topic);  /* borrowed */
+    if (state_obj == NULL) {
         if (PyErr_Occurred()) return NULL;
         return fallback(self, args, nargsf, kwnames);
     }
+    if (!PyObject_TypeCheck(state_obj, &TopicBaseType))
+        return fallback(self, args, nargsf, kwnames);
+    TopicBase *state = (TopicBase *)state_obj;
     Py_ssize_t size = PyBytes_GET_SIZE(value) + RECORD_OVERHEAD_BYTES;
-    PyObject *partition;                                                 /* new ref */
+    Py_ssize_t p;
     if (key == Py_None) {
-        partition = PyObject_GetAttr(state, s_sticky);
-        if (partition == NULL) return NULL;
+        p = state->sticky;
     } else {
         size += PyBytes_GET_SIZE(key);
-        PyObject *cache = PyObject_GetAttr(state, s_cache);
-        if (cache == NULL) return NULL;
-        partition = PyDict_GetItemWithError(cache, key);
-        Py_XINCREF(partition);
-        Py_DECREF(cache);
+        if (state->cache == NULL || !PyDict_CheckExact(state->cache))
+            return fallback(self, args, nargsf, kwnames);
+        PyObject *partition = PyDict_GetItemWithError(state->cache, key);   /* borrowed */
         if (partition == NULL) {
             if (PyErr_Occurred()) return NULL;
             return fallback(self, args, nargsf, kwnames);   /* computes and caches it */
         }
+        p = PyLong_AsSsize_t(partition);
+        if (p == -1 && PyErr_Occurred()) return NULL;
     }
-    Py_ssize_t p = PyLong_AsSsize_t(partition);
-    if (p == -1 && PyErr_Occurred()) { Py_DECREF(partition); return NULL; }
-    PyObject *open = PyObject_GetAttr(state, s_open);
-    if (open == NULL) { Py_DECREF(partition); return NULL; }
-    if (!PyList_CheckExact(open) || p < 0 || p >= PyList_GET_SIZE(open)) {
-        Py_DECREF(open); Py_DECREF(partition);
+    /* A look first, so a full batch costs no allocation; then the row and the future
+     * are made, and the batch is looked up again: an allocation may run the garbage
+     * collector, whose finalizers may let another thread seal the batch. From the
+     * second look to the add nothing allocates or runs Python code, so the check and
+     * the add are one step for every other thread (the GIL is not released). */
+    if (open_batch(state, p, size, self->batch_size) == NULL)
+        return fallback(self, args, nargsf, kwnames);
+    PyTypeObject *tp = (PyTypeObject *)self->future_type;
+    if (!PyType_Check(self->future_type) || !PyType_IsSubtype(tp, &FutureBaseType))
+        return fallback(self, args, nargsf, kwnames);
+    Py_INCREF(state);
+    PyObject *row = PyTuple_New(4);
+    if (row == NULL) { Py_DECREF(state); return NULL; }
+    PyTuple_SET_ITEM(row, 0, Py_NewRef(key));
+    PyTuple_SET_ITEM(row, 1, Py_NewRef(value));
+    PyTuple_SET_ITEM(row, 2, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(row, 3, Py_NewRef(Py_None));
+    PyObject_GC_UnTrack(row);            /* bytes and None only: never in a cycle */
+    FutureBase *future = (FutureBase *)tp->tp_alloc(tp, 0);
+    if (future == NULL) { Py_DECREF(row); Py_DECREF(state); return NULL; }
+    BatchBase *batch = open_batch(state, p, size, self->batch_size);
+    if (batch == NULL) {                 /* sealed or filled meanwhile */
+        Py_DECREF(future); Py_DECREF(row); Py_DECREF(state);
         return fallback(self, args, nargsf, kwnames);
     }
-    PyObject *batch = PyList_GET_ITEM(open, p);
-    Py_INCREF(batch);
-    Py_DECREF(open);
-    PyObject *result = NULL, *row = NULL, *inbox = NULL, *batch_size_obj = NULL;
-    if (batch == Py_None) goto slow;
-    batch_size_obj = PyObject_GetAttr(batch, s_size);
-    if (batch_size_obj == NULL) goto done;
-    Py_ssize_t filled = PyLong_AsSsize_t(batch_size_obj);
-    if (filled == -1 && PyErr_Occurred()) goto done;
-    if (filled + size > self->batch_size) goto slow;
-    row = PyTuple_Pack(4, key, value, Py_None, Py_None);
-    if (row == NULL) goto done;
-    inbox = PyObject_GetAttr(batch, s_inbox);
-    if (inbox == NULL) goto done;
-    PyObject *ok = PyObject_CallMethodOneArg(inbox, s_append, row);
-    if (ok == NULL) goto done;
-    Py_DECREF(ok);
-    PyObject *sealed = PyObject_GetAttr(batch, s_sealed);
-    if (sealed == NULL) goto done;
-    int is_sealed = PyObject_IsTrue(sealed);
-    Py_DECREF(sealed);
-    if (is_sealed < 0) goto done;
-    if (is_sealed) {
-        PyObject *size_obj = PyLong_FromSsize_t(size);
-        if (size_obj == NULL) goto done;
-        PyObject *rescue_args[5] = {state, partition, batch, row, size_obj};
-        result = PyObject_Vectorcall(self->rescue, rescue_args, 5, NULL);
-        Py_DECREF(size_obj);
-        goto done;
+    if (PyList_Append(batch->rows, row) < 0) {
+        Py_DECREF(future); Py_DECREF(row); Py_DECREF(state);
+        return NULL;
     }
-    PyObject *new_size = PyLong_FromSsize_t(filled + size);
-    if (new_size == NULL) goto done;
-    int rc = PyObject_SetAttr(batch, s_size, new_size);
-    Py_DECREF(new_size);
-    if (rc < 0) goto done;
-    result = new_future(self->future_type, batch, row, self->acks);
-    goto done;
-slow:
-    result = fallback(self, args, nargsf, kwnames);
-done:
-    Py_XDECREF(batch_size_obj);
-    Py_XDECREF(inbox);
-    Py_XDECREF(row);
-    Py_DECREF(batch);
-    Py_DECREF(partition);
-    return result;
+    batch->size += size;
+    future->batch = Py_NewRef((PyObject *)batch);
+    future->row = row;                   /* the reference PyTuple_New gave */
+    future->acks = Py_NewRef(self->acks);
+    Py_DECREF(state);
+    return (PyObject *)future;
 }
 
 static PyObject *
@@ -259,13 +383,12 @@ sender_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
 static int
 sender_init(Sender *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *fallback_fn, *rescue, *states, *future_type, *acks;
+    PyObject *fallback_fn, *states, *future_type, *acks;
     Py_ssize_t batch_size;
-    if (!PyArg_ParseTuple(args, "OOO!OOn", &fallback_fn, &rescue, &PyDict_Type, &states,
+    if (!PyArg_ParseTuple(args, "OO!OOn", &fallback_fn, &PyDict_Type, &states,
                           &future_type, &acks, &batch_size))
         return -1;
     Py_XSETREF(self->fallback, Py_NewRef(fallback_fn));
-    Py_XSETREF(self->rescue, Py_NewRef(rescue));
     Py_XSETREF(self->states, Py_NewRef(states));
     Py_XSETREF(self->future_type, Py_NewRef(future_type));
     Py_XSETREF(self->acks, Py_NewRef(acks));
@@ -279,7 +402,6 @@ static int
 sender_traverse(Sender *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->fallback);
-    Py_VISIT(self->rescue);
     Py_VISIT(self->states);
     Py_VISIT(self->future_type);
     Py_VISIT(self->acks);
@@ -290,7 +412,6 @@ static int
 sender_clear(Sender *self)
 {
     Py_CLEAR(self->fallback);
-    Py_CLEAR(self->rescue);
     Py_CLEAR(self->states);
     Py_CLEAR(self->future_type);
     Py_CLEAR(self->acks);
@@ -313,7 +434,7 @@ static PyMemberDef sender_members[] = {
 static PyTypeObject SenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "logkit._sendpath.Sender",
-    .tp_doc = "Sender(send_py, rescue, states, future_type, acks, batch_size): "
+    .tp_doc = "Sender(send_py, states, future_type, acks, batch_size): "
               "Producer.send's common case in C.",
     .tp_basicsize = sizeof(Sender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -336,11 +457,10 @@ PyMODINIT_FUNC
 PyInit__sendpath(void)
 {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
-    INTERN(s_sticky, "sticky"); INTERN(s_cache, "cache"); INTERN(s_open, "open");
-    INTERN(s_size, "size"); INTERN(s_inbox, "inbox"); INTERN(s_sealed, "sealed");
-    INTERN(s_append, "append"); INTERN(s_key, "key"); INTERN(s_value, "value");
+    INTERN(s_key, "key"); INTERN(s_value, "value");
 #undef INTERN
-    if (PyType_Ready(&SenderType) < 0 || PyType_Ready(&FutureBaseType) < 0)
+    if (PyType_Ready(&SenderType) < 0 || PyType_Ready(&FutureBaseType) < 0 ||
+            PyType_Ready(&BatchBaseType) < 0 || PyType_Ready(&TopicBaseType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -351,11 +471,15 @@ PyInit__sendpath(void)
         Py_DECREF(m);
         return NULL;
     }
-    Py_INCREF(&FutureBaseType);
-    if (PyModule_AddObject(m, "FutureBase", (PyObject *)&FutureBaseType) < 0) {
-        Py_DECREF(&FutureBaseType);
-        Py_DECREF(m);
-        return NULL;
+    PyTypeObject *bases[3] = {&FutureBaseType, &BatchBaseType, &TopicBaseType};
+    const char *names[3] = {"FutureBase", "BatchBase", "TopicBase"};
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(bases[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)bases[i]) < 0) {
+            Py_DECREF(bases[i]);
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

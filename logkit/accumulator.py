@@ -36,9 +36,25 @@ the batches not yet released as done; `in_flight` counts sealed batches not yet 
 
 Thread-safety: `lock` guards every structure here (opening and sealing batches, the
 queues, the counters); it is never held while encoding or appending. The producer's
-lock-free hot path reads `TopicBatches.open` and appends to `Batch.inbox` without it
-(see `Producer.send` for why no row is lost or taken twice); sealing sets
-`Batch.sealed` before draining the inbox, under the lock.
+lock-free hot path reads `TopicBatches.open` and adds rows to the open batch without it.
+Two ways, chosen once by whether logkit/_sendpath.c is built (`DIRECT_ROWS`):
+- compiled: rows go straight into `Batch.rows` through `Batch.offer` (and the C send
+  path), whose check-that-it-is-open and append are one step under the GIL; sealing
+  sets `Batch.sealed` (lock held) and the rows are final. `Batch` and `TopicBatches`
+  then keep their hot fields (`rows`, `size`, `sealed`; `open`, `cache`, `sticky`) in C
+  (`_sendpath.BatchBase`, `_sendpath.TopicBase`).
+- pure Python: rows go to `Batch.inbox` (deque.append is atomic) and the sender checks
+  `sealed` afterwards (see `Producer.send` for why no row is lost or taken twice);
+  sealing sets `Batch.sealed` before draining the inbox into `rows`, under the lock.
+
+Linger 0 under load (Kafka's `ready` check, for a local log): with `linger_ms=0` a batch
+is due at once only while the producer is quiet. When a look of the sender thread finds
+open batches that grew since its previous look, or a sealed batch still being appended
+(as Kafka's sender has a request in flight), records are still flowing: it appends only
+batches at least BUSY_LINGER_S old and looks again after QUIET_CHECK_S, so a saturated
+producer seals full batches itself and never writes a trickle of tiny ones; a producer
+that stops gets its last batches appended within about QUIET_CHECK_S (plus the GIL
+hand-off). `flush()`, `future.result()` and a full buffer never wait.
 """
 
 from __future__ import annotations
@@ -49,25 +65,52 @@ import threading
 import time
 from typing import Any, Callable
 
+from . import _native
 from .errors import ClosedError, LogkitTimeoutError
 from .records import RECORDS_OFFSET, RecordMetadata
 
-__all__ = ["Batch", "TopicBatches", "RecordAccumulator"]
+__all__ = ["Batch", "TopicBatches", "RecordAccumulator", "DIRECT_ROWS"]
 
 SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
 RESERVE_STEPS = 8                   # past half the buffer, batches reserve batch_size / 8
+QUIET_CHECK_S = 0.0002              # linger_ms=0: a busy producer's batches looked at again
+BUSY_LINGER_S = 0.005               # linger_ms=0: a batch waits at most this while busy
 
 log = logging.getLogger(__name__)
 
+_sendpath = _native.sendpath
+# Rows go straight into Batch.rows (the compiled check-and-add); else through the inbox.
+DIRECT_ROWS = _sendpath is not None
+_NO_INBOX: tuple = ()               # a compiled build's Batch.inbox: nothing to drain
 
-class Batch:
+
+class _PyBatchFields:
+    """The fields of a Batch that the send paths read; `_sendpath.BatchBase` is the
+    compiled twin (C fields, and `offer`)."""
+
+    __slots__ = ("rows", "size", "sealed")
+
+
+class _PyTopicFields:
+    """The fields of a TopicBatches that the send paths read; `_sendpath.TopicBase` is
+    the compiled twin. `cache` (key -> partition) and `sticky` (the null-key partition)
+    are the producer's partitioner state (producer.py's _TopicState fills them)."""
+
+    __slots__ = ("open", "cache", "sticky")
+
+
+_BatchFields: Any = _PyBatchFields if _sendpath is None else _sendpath.BatchBase
+_TopicFields: Any = _PyTopicFields if _sendpath is None else _sendpath.TopicBase
+
+
+class Batch(_BatchFields):
     """Records bound for one partition, appended together as one Kafka record batch.
 
-    logkit/_sendpath.c reads `size`, `inbox` (calling its `append`) and `sealed` by name:
-    rename one here and the C file must change too (then rebuild it)."""
+    logkit/_sendpath.c reads `rows`, `size` and `sealed` (C fields of its BatchBase when
+    built): rename one here and the C file must change too (then rebuild it)."""
 
-    __slots__ = ("state", "partition", "inbox", "sealed", "rows", "size", "reserved",
-                 "bias", "created", "done",
+    __slots__ = ("state", "partition", "inbox", "reserved",
+                 "bias", "created", "finished", "waiter", "seen",
                  "base_offset", "timestamp_ms", "error", "callbacks", "_index",
                  "outcomes")
 
@@ -75,18 +118,24 @@ class Batch:
                  bias: int = 0) -> None:
         self.state = state
         self.partition = partition
-        # send() appends rows to `inbox` without the lock (deque.append is atomic);
-        # sealing sets `sealed`, then moves the inbox into `rows` (see Producer.send
-        # for why no row is lost or taken twice).
-        self.inbox: collections.deque[tuple] = collections.deque()  # read by _sendpath.c
-        self.sealed = False                                          # read by _sendpath.c
-        self.rows: list[tuple] = []             # the rows encoded, once sealed
-        # estimated encoded bytes so far plus `bias`; read by _sendpath.c
+        # Pure Python: send() appends rows to `inbox` without the lock (deque.append is
+        # atomic); sealing sets `sealed`, then moves the inbox into `rows` (see
+        # Producer.send for why no row is lost or taken twice). Compiled: rows go
+        # straight into `rows` (Batch.offer) and the inbox stays empty.
+        self.inbox: Any = _NO_INBOX if DIRECT_ROWS else collections.deque()
+        self.sealed = False
+        self.rows: list[tuple] = []             # the rows encoded (pure: once sealed)
+        # estimated encoded bytes so far plus `bias`
         self.size = RECORDS_OFFSET + bias
+        self.seen = -1                      # size at the sender's last look (linger 0)
         self.reserved = reserved            # buffer_memory held until appended
         self.bias = bias                    # batch_size - reserved, while that is > 0
         self.created = time.monotonic()
-        self.done = threading.Event()
+        # Stored or failed for good (set once, by Producer._resolve); a thread that
+        # must block for it makes `waiter` (an Event) on demand: most batches never
+        # have one (an Event costs microseconds to make).
+        self.finished = False
+        self.waiter: threading.Event | None = None
         self.base_offset = -1
         self.timestamp_ms = -1              # what records without a timestamp got
         self.error: BaseException | None = None
@@ -113,20 +162,23 @@ class Batch:
                               self.timestamp_ms if ts is None else ts)
 
 
-class TopicBatches:
+class TopicBatches(_TopicFields):
     """One topic's batches: the open one per partition, the sealed queues, and whether a
     thread is appending each partition now (one appender per partition keeps the order).
 
     The producer subclasses it to keep its partitioner state on the same object (one
-    lookup on the hot path). logkit/_sendpath.c reads `open` by name."""
+    lookup on the hot path). logkit/_sendpath.c reads `open`, `cache` and `sticky` (C
+    fields of its TopicBase when built)."""
 
-    __slots__ = ("name", "topic", "count", "open", "sealed", "busy")
+    __slots__ = ("name", "topic", "count", "sealed", "busy")
 
     def __init__(self, topic: Any) -> None:
         self.name = topic.name
         self.topic = topic
         self.count = topic.num_partitions
-        self.open: list[Batch | None] = [None] * self.count          # read by _sendpath.c
+        self.cache: dict[bytes, int] = {}
+        self.sticky = 0
+        self.open: list[Batch | None] = [None] * self.count
         self.sealed: list[collections.deque[Batch]] = [collections.deque()
                                                        for _ in range(self.count)]
         self.busy = [False] * self.count
@@ -152,7 +204,9 @@ class RecordAccumulator:
         self.reserved = 0
         self.in_flight = 0             # sealed batches not yet appended
         self.exhausted = 0             # senders waiting for buffer space
+        self.waiting = 0               # threads waiting on `changed`
         self.sender_idle = False       # the sender thread waits with no open batch
+        self.busy_linger_s = self.linger_s   # the linger the last look applied
         self.retry: set[tuple[TopicBatches, int]] = set()   # requeued: the sender appends
         self.closed = False
 
@@ -170,8 +224,8 @@ class RecordAccumulator:
                 raise ClosedError("producer is closed")
             sealed = False
             batch = state.open[p]
-            if batch is not None and batch.size + size > self.batch_size and batch.inbox \
-                    and not self._grow(batch, size):
+            if batch is not None and batch.size + size > self.batch_size \
+                    and (batch.rows or batch.inbox) and not self._grow(batch, size):
                 self.seal(state, p)
                 sealed, batch = True, None
             if batch is None:
@@ -188,7 +242,10 @@ class RecordAccumulator:
                 self.open_count += 1
                 if self.sender_idle or not self.linger_s:
                     self.wake.notify()        # else it wakes for an older batch
-            batch.inbox.append(row)
+            if DIRECT_ROWS:                   # open (sealing needs this lock): in order
+                batch.rows.append(row)
+            else:
+                batch.inbox.append(row)
             batch.size += size
             if batch.size - batch.bias >= self.batch_size:
                 self.seal(state, p)
@@ -234,11 +291,13 @@ class RecordAccumulator:
                 f"no room in buffer_memory={self.buffer_memory} within "
                 f"max_block_ms={self.max_block_ms}: appends are not keeping up")
         self.exhausted += 1                      # the sender ignores linger meanwhile
+        self.waiting += 1
         self.wake.notify()
         try:
             self.changed.wait(min(remaining, SENDER_IDLE_WAIT_S))
         finally:
             self.exhausted -= 1
+            self.waiting -= 1
 
     # ---- sealing ---------------------------------------------------------------------
 
@@ -298,7 +357,8 @@ class RecordAccumulator:
                 state.sealed[p].appendleft(batch)
                 self.retry.add((state, p))
                 self.wake.notify()
-            self.changed.notify_all()
+            if self.waiting:                     # notify_all costs a microsecond
+                self.changed.notify_all()
 
     def wait_appended(self, deadline: float | None, timeout: float | None) -> None:
         """Block until no sealed batch waits to be appended (flush)."""
@@ -307,21 +367,42 @@ class RecordAccumulator:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise LogkitTimeoutError(f"flush did not finish within {timeout} s")
-                self.changed.wait(SENDER_IDLE_WAIT_S if remaining is None
-                                  else min(remaining, SENDER_IDLE_WAIT_S))
+                self.waiting += 1
+                try:
+                    self.changed.wait(SENDER_IDLE_WAIT_S if remaining is None
+                                      else min(remaining, SENDER_IDLE_WAIT_S))
+                finally:
+                    self.waiting -= 1
 
     # ---- the ready decision (the sender thread) --------------------------------------
 
     def _due(self, now: float) -> list[tuple[TopicBatches, int]]:
         """Seal the batches that are linger_ms old (all of them when the buffer is
-        exhausted or the producer is closing); the partitions to drain. Lock held."""
+        exhausted or the producer is closing); the partitions to drain. Lock held.
+
+        linger_ms=0: while records are still flowing (an open batch grew since the
+        previous look) or a sealed batch is being appended (the sending thread is busy
+        appending, not done sending), only batches BUSY_LINGER_S old are due (see the
+        module docstring); once no batch grew between two looks and no append is in
+        progress, all are."""
+        linger = self.linger_s
+        if not linger and not (self.exhausted or self.closed):
+            growing = False
+            for state in self.states.values():
+                for batch in state.open:
+                    if batch is not None and batch.size != batch.seen:
+                        batch.seen = batch.size
+                        growing = True
+            if growing or self.in_flight:
+                linger = BUSY_LINGER_S
         due = []
         for state in self.states.values():
             for p, batch in enumerate(state.open):
-                if batch is not None and (now - batch.created >= self.linger_s
+                if batch is not None and (now - batch.created >= linger
                                           or self.exhausted or self.closed):
                     self.seal(state, p)
                     due.append((state, p))
+        self.busy_linger_s = linger
         return due
 
     def next_ready(self) -> list[tuple[TopicBatches, int]] | None:
@@ -343,8 +424,10 @@ class RecordAccumulator:
             if not due and not retry:
                 oldest = min(b.created for s in self.states.values()
                              for b in s.open if b is not None)
-                self.wake.wait(min(SENDER_IDLE_WAIT_S,
-                                   max(0.0, oldest + self.linger_s - now)))
+                wait = max(0.0, oldest + self.busy_linger_s - now)
+                if not self.linger_s:          # busy at linger 0: look again soon
+                    wait = min(wait, QUIET_CHECK_S)
+                self.wake.wait(min(SENDER_IDLE_WAIT_S, wait))
             return retry + due
 
     # ---- lifecycle -------------------------------------------------------------------

@@ -55,8 +55,8 @@ the producer carries on.
 The compiled twin: `logkit/_sendpath.c` (optional, like `_speedups`) does send()'s
 common case — bytes in, default partitioner, known topic, room in the open batch — and
 hands every other call to the Python `send` unchanged; LOGKIT_PURE_PYTHON=1 disables it
-(`logkit._native` makes that choice). It reads some Python attributes by name; each is
-marked "_sendpath.c" where it is defined (here and in logkit/accumulator.py).
+(`logkit._native` makes that choice). When built, the fields it reads are C fields of
+the accumulator's Batch and TopicBatches (logkit/accumulator.py, `DIRECT_ROWS`).
 
 Timeouts — every wait is bounded, including the wait for a partition's append lock held
 by another process (which may be stalled: stopped, swapped out, on a hung disk):
@@ -95,8 +95,9 @@ returns at once: the parent's batches are the parent's to append.
 Thread-safety: every public method may be called from any thread. One lock (the
 accumulator's) guards the batching structure (opening and sealing batches, buffer
 accounting); it is never held while encoding or appending. The hot path of `send()`
-takes no lock: it appends to the open batch's deque (an atomic operation) and re-checks
-that the batch was not sealed meanwhile (see `Producer.send`).
+takes no lock: compiled, it checks that the batch is open and adds the row in one step
+under the GIL; pure Python, it appends to the open batch's deque (an atomic operation)
+and re-checks that the batch was not sealed meanwhile (see `Producer.send`).
 Invariant: each record's future resolves exactly once, with the offset it was stored at
 or the error that kept it out; a record is never appended twice; batches of one
 partition are appended in the order they were sealed, so records keep their send order
@@ -115,7 +116,7 @@ import weakref
 from typing import Any, Callable, Mapping
 
 from . import _fork, _native
-from .accumulator import Batch, RecordAccumulator, TopicBatches
+from .accumulator import DIRECT_ROWS, Batch, RecordAccumulator, TopicBatches
 from .compression import codec_id, require
 from .config import PRODUCER, resolve
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
@@ -147,17 +148,15 @@ class _TopicState(TopicBatches):
     """The producer's view of one topic: its batches (the accumulator's part) and its
     partitioner state, on one object so that send() does one lookup.
 
-    logkit/_sendpath.c reads `sticky` and `cache` (and the base class's `open`) by name:
-    rename one here and the C file must change too (then rebuild it)."""
+    `cache` (key -> partition: murmur2 is pure) and `sticky` (the null-key partition)
+    are fields of the base class, which logkit/_sendpath.c reads (C fields when built)."""
 
-    __slots__ = ("producer", "cache", "sticky", "round_robin")
+    __slots__ = ("producer", "round_robin")
 
     def __init__(self, producer: "Producer", topic: Any) -> None:
         super().__init__(topic)
         self.producer = producer
-        # key -> partition (murmur2 is pure); read by _sendpath.c
-        self.cache: dict[bytes, int] = {}
-        self.sticky = random.randrange(self.count)                  # read by _sendpath.c
+        self.sticky = random.randrange(self.count)
         self.round_robin = -1
 
     def keyed(self, key: bytes) -> int:
@@ -213,7 +212,7 @@ class FutureRecordMetadata(_FutureBase):
     __slots__ = ()
 
     def done(self) -> bool:
-        return self._acks == 0 or self._batch.done.is_set()
+        return self._acks == 0 or self._batch.finished
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         """Block until the record is stored; its RecordMetadata, or the append's error."""
@@ -222,7 +221,7 @@ class FutureRecordMetadata(_FutureBase):
             ts = self._row[3]
             return RecordMetadata(batch.state.name, batch.partition, -1,
                                   batch.timestamp_ms if ts is None else ts)
-        if not batch.done.is_set():
+        if not batch.finished:
             self._wait(timeout)
         outcome = batch.outcome(self._row)
         if isinstance(outcome, BaseException):
@@ -233,7 +232,7 @@ class FutureRecordMetadata(_FutureBase):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         batch = self._batch
-        if not batch.done.is_set():
+        if not batch.finished:
             self._wait(timeout)
         outcome = batch.outcome(self._row)
         return outcome if isinstance(outcome, BaseException) else None
@@ -247,8 +246,14 @@ class FutureRecordMetadata(_FutureBase):
             _fork.check_owner(producer._pid, "this producer")
         deadline = None if timeout is None else time.monotonic() + timeout
         producer._append_if_open(batch, deadline)
-        if not batch.done.wait(None if deadline is None
-                               else max(0.0, deadline - time.monotonic())):
+        if batch.finished:
+            return
+        with _callback_lock:                  # _resolve sets `finished` holding it
+            event = batch.waiter
+            if event is None and not batch.finished:
+                event = batch.waiter = threading.Event()
+        if event is not None and not event.wait(
+                None if deadline is None else max(0.0, deadline - time.monotonic())):
             raise LogkitTimeoutError(f"record not stored within {timeout} s")
 
     def add_callback(self, fn: Callable[[RecordMetadata], Any]) -> "FutureRecordMetadata":
@@ -261,12 +266,12 @@ class FutureRecordMetadata(_FutureBase):
 
     def _add(self, ok: Callable | None, err: Callable | None) -> "FutureRecordMetadata":
         batch = self._batch
-        if not batch.done.is_set():
+        if not batch.finished:
             producer = batch.state.producer
             if producer._pid != _fork._pid:
                 _fork.check_owner(producer._pid, "this producer")
         with _callback_lock:
-            if not batch.done.is_set():
+            if not batch.finished:
                 batch.callbacks.append((self._row, ok, err))
                 return self
         _run_callback(batch, self._row, ok, err)
@@ -426,7 +431,7 @@ class Producer:
         if _CSender is not None and not self._slow:
             # The instance attribute shadows the method: the C twin does the fast path
             # and hands every other call to the Python method, arguments unchanged.
-            self.send = _CSender(Producer.send.__get__(self), self._rescue, self._states,
+            self.send = _CSender(Producer.send.__get__(self), self._states,
                                  FutureRecordMetadata, self._acks, self._batch_size)
         _producers.add(self)
 
@@ -458,13 +463,19 @@ class Producer:
                 p = state.keyed(key)
         else:
             return self._send_general(topic, value, key, None, None, None)
-        # Lock-free: a sealer sets batch.sealed, then (holding the lock) drains the
-        # inbox. A row appended before `sealed` was set is drained; a row appended
-        # after is seen by the check below and rescued. Sizes may undercount under
-        # races between sending threads; that only moves when a batch is sealed.
+        # Lock-free. Compiled (DIRECT_ROWS): Batch.offer checks that the batch is open
+        # and adds the row in one step. Pure Python: a sealer sets batch.sealed, then
+        # (holding the lock) drains the inbox; a row appended before `sealed` was set
+        # is drained, a row appended after is seen by the check below and rescued.
+        # Sizes may undercount under races between sending threads; that only moves
+        # when a batch is sealed.
         row = (key, value, None, None)
         batch = state.open[p]
         if batch is None or batch.size + size > self._batch_size:
+            return self._enqueue(state, p, row, size)
+        if DIRECT_ROWS:
+            if batch.offer(row, size):
+                return FutureRecordMetadata(batch, row, self._acks)
             return self._enqueue(state, p, row, size)
         batch.inbox.append(row)
         if batch.sealed:
@@ -474,8 +485,8 @@ class Producer:
 
     def _rescue(self, state: _TopicState, p: int, batch: Batch, row: tuple,
                 size: int) -> FutureRecordMetadata:
-        """`row` went into a batch that was being sealed: keep it there if the drain
-        took it, else take it back out and send it again. (Called by _sendpath.c.)"""
+        """`row` went into the inbox of a batch that was being sealed (pure Python):
+        keep it there if the drain took it, else take it back out and send it again."""
         if not self._accumulator.take_back(batch, row):
             return FutureRecordMetadata(batch, row, self._acks)
         return self._enqueue(state, p, row, size)
@@ -725,8 +736,11 @@ class Producer:
     def _resolve(self, batch: Batch) -> None:
         """Mark the batch done and run its callbacks (in this thread)."""
         with _callback_lock:
-            batch.done.set()
+            batch.finished = True             # before the swap: adds check it first
+            event = batch.waiter
             callbacks, batch.callbacks = batch.callbacks, []
+        if event is not None:
+            event.set()
         _in_callback.active = True
         try:
             for row, ok, err in callbacks:

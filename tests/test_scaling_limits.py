@@ -197,7 +197,7 @@ def test_a_producing_process_holds_at_most_three_descriptors_per_partition(tmp_p
     with logkit.Broker(str(tmp_path), background=False) as broker:
         broker.create_topic("t", partitions=partitions,
                             config={"segment.bytes": 4096, "index.interval.bytes": 1})
-        producer = broker.producer()
+        producer = broker.producer(batch_size=1024)  # batches of a few records each
         for n in range(partitions * 100):            # several rolls per partition
             producer.send("t", b"v" * 100, key=b"%d" % n)
         producer.flush()

@@ -1,0 +1,160 @@
+"""The record accumulator's decisions and the two ways rows reach a batch: linger_ms=0
+holds back batches that are still growing (no trickle of tiny batches while the
+producer is saturated) and takes quiet ones at once; compiled and Python send paths
+mixed on one partition keep send order; the pure-Python inbox protocol still holds
+(run in a LOGKIT_PURE_PYTHON=1 child)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from logkit import accumulator as accumulator_module
+from logkit.accumulator import RecordAccumulator, TopicBatches
+from tests.helpers.clients import SEND_PATHS, use_path
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROW = (None, b"v" * 100, None, None)
+ROW_BYTES = 121
+
+
+def linger0(**overrides) -> RecordAccumulator:
+    options = dict(batch_size=16384, buffer_memory=1 << 20, linger_ms=0,
+                   max_block_ms=1000)
+    return RecordAccumulator(**(options | overrides))
+
+
+def add(accumulator, state, p=0):
+    batch, sealed = accumulator.add(state, p, ROW, ROW_BYTES, deadline=1e18)
+    assert batch is not None and not sealed
+    return batch
+
+
+def test_linger0_holds_back_a_growing_batch_and_takes_a_quiet_one(broker):
+    """A look that finds the open batch grown since the previous look leaves it open
+    (records are still flowing); the next look, with no growth in between, seals it."""
+    topic = broker.create_topic("t", 2)
+    accumulator = linger0()
+    state = accumulator.states["t"] = TopicBatches(topic)
+    batch = add(accumulator, state)
+    now = batch.created
+    assert accumulator._due(now) == [] and state.open[0] is batch      # grew: held
+    add(accumulator, state)
+    assert accumulator._due(now) == [] and not batch.sealed            # grew again
+    assert accumulator._due(now) == [(state, 0)] and batch.sealed      # quiet: due
+    assert len(batch.rows) == 2
+
+
+def test_linger0_holds_back_a_quiet_batch_while_an_append_is_in_progress(broker):
+    """A sealed batch not yet appended (the sending thread appending it) means records
+    are still coming: a quiet open batch waits for the next look after the append."""
+    topic = broker.create_topic("t", 2)
+    accumulator = linger0()
+    state = accumulator.states["t"] = TopicBatches(topic)
+    add(accumulator, state, 0)
+    accumulator.seal(state, 0)                       # in flight: sealed, not appended
+    batch = add(accumulator, state, 1)
+    now = batch.created
+    assert accumulator._due(now) == [] and accumulator._due(now) == []
+    claimed = accumulator.claim(state, 0)
+    accumulator.release(state, 0, claimed, True)     # appended
+    assert accumulator._due(now) == [(state, 1)] and batch.sealed
+
+
+def test_linger0_takes_a_growing_batch_once_it_is_busy_linger_old(broker):
+    """Records flowing do not hold a batch forever: BUSY_LINGER_S after its creation it
+    is due even while still growing."""
+    topic = broker.create_topic("t", 1)
+    accumulator = linger0()
+    state = accumulator.states["t"] = TopicBatches(topic)
+    batch = add(accumulator, state)
+    late = batch.created + accumulator_module.BUSY_LINGER_S
+    assert accumulator._due(late) == [(state, 0)] and batch.sealed
+
+
+def test_linger0_takes_every_batch_at_once_when_the_buffer_is_exhausted(broker):
+    """A sender waiting for buffer space makes every open batch due, growing or not."""
+    topic = broker.create_topic("t", 2)
+    accumulator = linger0()
+    state = accumulator.states["t"] = TopicBatches(topic)
+    add(accumulator, state, 0)
+    add(accumulator, state, 1)
+    accumulator.exhausted = 1
+    assert sorted(p for _, p in accumulator._due(0.0)) == [0, 1]
+
+
+def test_a_positive_linger_is_unchanged_by_the_busy_rule(broker):
+    """linger_ms > 0: a batch is due linger_ms after its creation, grown or not."""
+    topic = broker.create_topic("t", 1)
+    accumulator = linger0(linger_ms=50)
+    state = accumulator.states["t"] = TopicBatches(topic)
+    batch = add(accumulator, state)
+    assert accumulator._due(batch.created + 0.049) == []
+    assert accumulator._due(batch.created + 0.051) == [(state, 0)]
+
+
+@pytest.mark.parametrize("path", SEND_PATHS)
+def test_fast_and_general_sends_mixed_on_one_partition_keep_send_order(broker, path):
+    """Sends the fast path takes (bytes, no headers) and sends it hands to the general
+    path (headers, explicit partition, first sight of a key) alternate on one partition
+    within open batches: the log holds them in send order."""
+    topic = broker.create_topic("t", 1)
+    producer = use_path(broker.producer(linger_ms=60_000, batch_size=4000), path)
+    futures = []
+    for i in range(600):
+        value = b"%04d" % i
+        if i % 7 == 0:
+            futures.append(producer.send("t", value, headers=[("h", b"x")]))
+        elif i % 5 == 0:
+            futures.append(producer.send("t", value, key=b"k%d" % i))
+        elif i % 3 == 0:
+            futures.append(producer.send("t", value, partition=0))
+        else:
+            futures.append(producer.send("t", value))
+    producer.flush()
+    assert [f.result(timeout=5).offset for f in futures] == list(range(600))
+    assert [r.value for r in topic.partition(0).read(0, max_records=1000)] == \
+        [b"%04d" % i for i in range(600)]
+    producer.close()
+
+
+def test_a_saturated_linger0_producer_writes_full_batches(broker):
+    """linger_ms=0 and one thread sending as fast as it can: batches leave full (sealed
+    by the sending thread), not as the trickle a sender thread taking every open batch
+    at once would write. Only the last batch per partition (the flush) may be short."""
+    topic = broker.create_topic("t", 1)
+    producer = broker.producer(linger_ms=0, batch_size=2000)
+    for _ in range(1500):
+        producer.send("t", b"v" * 100)
+    producer.flush()
+    partition = topic.partition(0)
+    data = partition.batches_since(0, upto=partition.log_end_offset)
+    counts = []
+    pos = 0
+    while pos < len(data):
+        length = int.from_bytes(data[pos + 8:pos + 12], "big")
+        counts.append(int.from_bytes(data[pos + 57:pos + 61], "big"))
+        pos += 12 + length
+    assert sum(counts) == 1500
+    assert sum(1 for n in counts[:-1] if n < 10) <= len(counts) // 10, counts
+    producer.close()
+
+
+@pytest.mark.skipif(accumulator_module._sendpath is None,
+                    reason="this run is already the pure-Python one")
+def test_the_pure_python_send_path_passes_the_producer_tests_that_race_it():
+    """The inbox protocol (pure Python) is what a build without _sendpath runs: the
+    producer tests that race sealers against lock-free sends pass in a
+    LOGKIT_PURE_PYTHON=1 child."""
+    env = dict(os.environ, LOGKIT_PURE_PYTHON="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/test_producer.py", "tests/test_accumulator.py", "-k",
+         "sent_again or concurrent_sends or keyed_records or mixed_on_one_partition "
+         "or linger0"], cwd=CHECKOUT, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout.split("\n")[-2]
