@@ -48,10 +48,11 @@ def values_for(shape: str, start: int, stop: int) -> list[bytes]:
 
 
 def prepare(root: str, shape: str, records: int) -> str:
-    """The same rows into topic `bench` of a broker at root and into Parquet files."""
+    """The same rows into topic `bench` of a broker at root/log and into Parquet files
+    under root/parquet (a broker refuses a directory that holds anything else)."""
     parquet_dir = os.path.join(root, "parquet")
     os.makedirs(parquet_dir)
-    with logkit.Broker(root) as broker:
+    with logkit.Broker(os.path.join(root, "log")) as broker:
         topic = broker.create_topic("bench", PARTITIONS)
         chunk = 200_000
         for n, start in enumerate(range(0, records, chunk)):
@@ -148,7 +149,7 @@ def main() -> int:
         for shape, root in roots.items():
             parquet_dir = prepare(root, shape, n)
             readers[f"logkit data source ({shape})"] = scan(
-                spark.read.format("logkit").option("path", root)
+                spark.read.format("logkit").option("path", os.path.join(root, "log"))
                 .option("subscribe", "bench").load())
             readers[f"spark.read.parquet ({shape})"] = scan(spark.read.parquet(parquet_dir))
         readers["transport floor (no-work Python source)"] = scan(
