@@ -12,7 +12,13 @@
  * bytes), so the timestamp range and header type checks of Producer._send_general run
  * for every record whichever path is built. Fork safety costs nothing here either: in a
  * forked child producer.py's at-fork hook sets `slow`, sending every call to the Python
- * method, which raises ForkedProcessError.
+ * method, which raises ForkedProcessError; it also calls forked(), after which
+ * callback registration takes the Python path (which raises) too.
+ *
+ * Callbacks: FutureBase.add_callback/add_errback register (row, ok, err, index) on the
+ * batch in C, and run_callbacks is Producer._resolve's loop for a batch stored whole
+ * (RecordMetadata made as a plain tuple of its type, offset = base + the row's index);
+ * errors, split batches and anything unusual take the Python code.
  *
  * The accumulator's per-record state lives in C fields here (BatchBase, TopicBase,
  * which accumulator.py's Batch and TopicBatches subclass when this module is built), so
@@ -44,7 +50,13 @@ typedef struct {
     PyObject *batch;
     PyObject *row;
     PyObject *acks;
+    Py_ssize_t index;        /* the row's place in batch.rows; -1: not known */
 } FutureBase;
+
+/* Set in a forked child (producer.py's at-fork hook calls forked()): every callback
+ * registration then takes the Python path, which raises ForkedProcessError. */
+static int in_forked_child = 0;
+static PyObject *s_add;      /* "_add": FutureRecordMetadata's Python registration */
 
 static int
 future_init(FutureBase *self, PyObject *args, PyObject *kwds)
@@ -55,6 +67,7 @@ future_init(FutureBase *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->batch, Py_NewRef(batch));
     Py_XSETREF(self->row, Py_NewRef(row));
     Py_XSETREF(self->acks, Py_NewRef(acks));
+    self->index = -1;
     return 0;
 }
 
@@ -90,6 +103,29 @@ static PyMemberDef future_members[] = {
     {"_batch", T_OBJECT_EX, offsetof(FutureBase, batch), READONLY, NULL},
     {"_row", T_OBJECT_EX, offsetof(FutureBase, row), READONLY, NULL},
     {"_acks", T_OBJECT_EX, offsetof(FutureBase, acks), READONLY, NULL},
+    {"_index", T_PYSSIZET, offsetof(FutureBase, index), READONLY, NULL},
+    {NULL}
+};
+
+static PyObject *future_add(FutureBase *self, PyObject *ok, PyObject *err);
+
+static PyObject *
+future_add_callback(FutureBase *self, PyObject *fn)
+{
+    return future_add(self, fn, Py_None);
+}
+
+static PyObject *
+future_add_errback(FutureBase *self, PyObject *fn)
+{
+    return future_add(self, Py_None, fn);
+}
+
+static PyMethodDef future_methods[] = {
+    {"add_callback", (PyCFunction)future_add_callback, METH_O,
+     "Call fn(metadata) once the record is stored (at once if it already is)."},
+    {"add_errback", (PyCFunction)future_add_errback, METH_O,
+     "Call fn(error) if the record could not be stored."},
     {NULL}
 };
 
@@ -105,6 +141,7 @@ static PyTypeObject FutureBaseType = {
     .tp_traverse = (traverseproc)future_traverse,
     .tp_clear = (inquiry)future_clear,
     .tp_members = future_members,
+    .tp_methods = future_methods,
 };
 
 /* ---- BatchBase and TopicBase: the fields this path reads, as C fields.
@@ -121,6 +158,8 @@ typedef struct {
     PyObject *rows;
     Py_ssize_t size;
     char sealed;
+    char finished;           /* set once by Producer._resolve, before it takes callbacks */
+    PyObject *callbacks;     /* list of (row, ok, err, index) waiting for the append */
 } BatchBase;
 
 static PyTypeObject BatchBaseType;
@@ -129,6 +168,7 @@ static int
 batch_traverse(BatchBase *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->rows);
+    Py_VISIT(self->callbacks);
     return 0;
 }
 
@@ -136,6 +176,7 @@ static int
 batch_clear(BatchBase *self)
 {
     Py_CLEAR(self->rows);
+    Py_CLEAR(self->callbacks);
     return 0;
 }
 
@@ -178,6 +219,8 @@ static PyMemberDef batch_members[] = {
     {"rows", T_OBJECT_EX, offsetof(BatchBase, rows), 0, NULL},
     {"size", T_PYSSIZET, offsetof(BatchBase, size), 0, NULL},
     {"sealed", T_BOOL, offsetof(BatchBase, sealed), 0, NULL},
+    {"finished", T_BOOL, offsetof(BatchBase, finished), 0, NULL},
+    {"callbacks", T_OBJECT_EX, offsetof(BatchBase, callbacks), 0, NULL},
     {NULL}
 };
 
@@ -193,6 +236,142 @@ static PyTypeObject BatchBaseType = {
     .tp_clear = (inquiry)batch_clear,
     .tp_members = batch_members,
     .tp_methods = batch_methods,
+};
+
+/* FutureRecordMetadata.add_callback / add_errback: register (row, ok, err, index) on
+ * a batch that is not finished yet, in one step (the entry is made first: an
+ * allocation may run the collector); anything else -- a finished batch (run it now),
+ * a forked child, a Python-made batch -- goes to the Python `_add`. Producer._resolve
+ * sets `finished` before it takes the list, so an entry is either taken or not added. */
+static PyObject *
+future_add(FutureBase *self, PyObject *ok, PyObject *err)
+{
+    PyObject *index = NULL, *entry = NULL;
+    if (in_forked_child || self->batch == NULL || self->row == NULL ||
+            !PyObject_TypeCheck(self->batch, &BatchBaseType))
+        goto python;
+    BatchBase *batch = (BatchBase *)self->batch;
+    if (batch->finished)
+        goto python;
+    index = PyLong_FromSsize_t(self->index);
+    if (index == NULL) return NULL;
+    entry = PyTuple_Pack(4, self->row, ok, err, index);
+    Py_DECREF(index);
+    if (entry == NULL) return NULL;
+    if (batch->finished || batch->callbacks == NULL || !PyList_CheckExact(batch->callbacks))
+        goto python;
+    if (PyList_Append(batch->callbacks, entry) < 0) {
+        Py_DECREF(entry);
+        return NULL;
+    }
+    Py_DECREF(entry);
+    return Py_NewRef((PyObject *)self);
+python:
+    Py_XDECREF(entry);
+    PyObject *args[3] = {(PyObject *)self, ok, err};
+    return PyObject_VectorcallMethod(s_add, args, 3, NULL);
+}
+
+/* run_callbacks(callbacks, metadata_type, topic, partition, base_offset, timestamp_ms,
+ *               outcome, on_raise): Producer._resolve's loop for a batch stored whole
+ * (no error, not split): ok(RecordMetadata(topic, partition, base_offset + index,
+ * the row's timestamp or timestamp_ms)) per entry; an entry without an index asks
+ * outcome(row). A callback that raises an Exception is handed to on_raise(exc) and the
+ * others still run; a BaseException (KeyboardInterrupt...) propagates at once, as in
+ * the Python loop. */
+static PyObject *
+run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "run_callbacks takes 8 arguments");
+        return NULL;
+    }
+    PyObject *callbacks = args[0], *md_type = args[1], *topic = args[2],
+             *partition = args[3], *outcome = args[6], *on_raise = args[7];
+    Py_ssize_t base = PyLong_AsSsize_t(args[4]);
+    if (base == -1 && PyErr_Occurred()) return NULL;
+    PyObject *timestamp = args[5];
+    if (!PyList_CheckExact(callbacks) || !PyType_Check(md_type)) {
+        PyErr_SetString(PyExc_TypeError, "run_callbacks: a list and a type");
+        return NULL;
+    }
+    PyTypeObject *tp = (PyTypeObject *)md_type;
+    /* a tuple subclass adding no fields (a NamedTuple) is made as a tuple of 4 */
+    int plain = PyType_IsSubtype(tp, &PyTuple_Type) &&
+                tp->tp_basicsize == PyTuple_Type.tp_basicsize &&
+                tp->tp_itemsize == PyTuple_Type.tp_itemsize && tp->tp_dictoffset == 0;
+    Py_ssize_t n = PyList_GET_SIZE(callbacks);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entry = PyList_GET_ITEM(callbacks, i);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
+            PyErr_SetString(PyExc_TypeError, "run_callbacks: entries are 4-tuples");
+            return NULL;
+        }
+        PyObject *row = PyTuple_GET_ITEM(entry, 0), *ok = PyTuple_GET_ITEM(entry, 1);
+        if (ok == Py_None)
+            continue;                    /* an errback: the batch has no error */
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 3));
+        if (index == -1 && PyErr_Occurred()) return NULL;
+        PyObject *md;
+        if (index < 0 || !PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 4) {
+            md = PyObject_CallOneArg(outcome, row);
+        } else {
+            PyObject *ts = PyTuple_GET_ITEM(row, 3);
+            if (ts == Py_None) ts = timestamp;
+            PyObject *offset = PyLong_FromSsize_t(base + index);
+            if (offset == NULL) return NULL;
+            if (plain) {
+                md = tp->tp_alloc(tp, 4);
+                if (md != NULL) {
+                    PyTuple_SET_ITEM(md, 0, Py_NewRef(topic));
+                    PyTuple_SET_ITEM(md, 1, Py_NewRef(partition));
+                    PyTuple_SET_ITEM(md, 2, offset);
+                    PyTuple_SET_ITEM(md, 3, Py_NewRef(ts));
+                } else {
+                    Py_DECREF(offset);
+                }
+            } else {
+                PyObject *fields[4] = {topic, partition, offset, ts};
+                md = PyObject_Vectorcall(md_type, fields, 4, NULL);
+                Py_DECREF(offset);
+            }
+        }
+        if (md == NULL) return NULL;
+        PyObject *result = PyObject_CallOneArg(ok, md);
+        Py_DECREF(md);
+        if (result != NULL) {
+            Py_DECREF(result);
+            continue;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL;                 /* KeyboardInterrupt, SystemExit: propagate */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL && value != NULL)
+            PyException_SetTraceback(value, tb);
+        PyObject *logged = PyObject_CallOneArg(on_raise, value ? value : Py_None);
+        Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+        if (logged == NULL) return NULL;
+        Py_DECREF(logged);
+    }
+    Py_RETURN_NONE;
+}
+
+/* forked(): called in a forked child by producer.py's at-fork hook. */
+static PyObject *
+mark_forked(PyObject *module, PyObject *unused)
+{
+    in_forked_child = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"run_callbacks", (PyCFunction)(void (*)(void))run_callbacks, METH_FASTCALL,
+     "Producer._resolve's callback loop for a batch stored whole."},
+    {"forked", (PyCFunction)mark_forked, METH_NOARGS,
+     "Mark this process a forked child: callback registration takes the Python path."},
+    {NULL}
 };
 
 typedef struct {
@@ -362,6 +541,7 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         Py_DECREF(future); Py_DECREF(row); Py_DECREF(state);
         return fallback(self, args, nargsf, kwnames);
     }
+    future->index = PyList_GET_SIZE(batch->rows);
     if (PyList_Append(batch->rows, row) < 0) {
         Py_DECREF(future); Py_DECREF(row); Py_DECREF(state);
         return NULL;
@@ -450,14 +630,15 @@ static PyTypeObject SenderType = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "logkit._sendpath",
-    "Producer.send()'s common case in C (optional; see logkit/producer.py).", -1, NULL,
+    "Producer.send()'s common case in C (optional; see logkit/producer.py).", -1,
+    module_methods,
 };
 
 PyMODINIT_FUNC
 PyInit__sendpath(void)
 {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
-    INTERN(s_key, "key"); INTERN(s_value, "value");
+    INTERN(s_key, "key"); INTERN(s_value, "value"); INTERN(s_add, "_add");
 #undef INTERN
     if (PyType_Ready(&SenderType) < 0 || PyType_Ready(&FutureBaseType) < 0 ||
             PyType_Ready(&BatchBaseType) < 0 || PyType_Ready(&TopicBaseType) < 0)

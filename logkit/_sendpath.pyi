@@ -2,9 +2,10 @@
 Producer.send()'s common case in C. Import it through `logkit._native`.
 
 `BatchBase` and `TopicBase` hold, as C fields, what the compiled path reads: the
-accumulator's Batch (`rows`, `size`, `sealed`) and TopicBatches (`open`, `cache`,
-`sticky`) subclass them when this module is built (logkit/accumulator.py). Renaming
-one of them on the Python side breaks the compiled path.
+accumulator's Batch (`rows`, `size`, `sealed`, `finished`, `callbacks`) and
+TopicBatches (`open`, `cache`, `sticky`) subclass them when this module is built
+(logkit/accumulator.py). Renaming one of them on the Python side breaks the compiled
+path.
 """
 
 from typing import Any, Callable
@@ -18,7 +19,12 @@ class FutureBase:
     def _row(self) -> Any: ...
     @property
     def _acks(self) -> Any: ...
+    @property
+    def _index(self) -> int: ...     # the row's place in batch.rows, -1 if not known
     def __init__(self, batch: Any, row: Any, acks: Any) -> None: ...
+    def add_callback(self, fn: Callable[[Any], Any], /) -> Any:
+        """Register fn(metadata) in C; every other case goes to the Python `_add`."""
+    def add_errback(self, fn: Callable[[BaseException], Any], /) -> Any: ...
 
 class BatchBase:
     """The fields of accumulator.Batch that the send path reads and writes."""
@@ -26,6 +32,8 @@ class BatchBase:
     rows: list[tuple]
     size: int
     sealed: bool
+    finished: bool
+    callbacks: list[tuple]
     def offer(self, row: tuple, size: int, /) -> bool:
         """Add `row` unless the batch is sealed, in one step (no lock, GIL held)."""
 
@@ -35,6 +43,15 @@ class TopicBase:
     open: list[Any]
     cache: dict[bytes, int]
     sticky: int
+
+def run_callbacks(callbacks: list[tuple], metadata_type: type, topic: str,
+                  partition: int, base_offset: int, timestamp_ms: int,
+                  outcome: Callable[[tuple], Any],
+                  on_raise: Callable[[BaseException], Any], /) -> None:
+    """Producer._resolve's callback loop for a batch stored whole."""
+
+def forked() -> None:
+    """Mark this process a forked child (callback registration takes Python's path)."""
 
 class Sender:
     """Sender(send_py, states, future_type, acks, batch_size): callable like

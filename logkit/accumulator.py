@@ -88,7 +88,7 @@ class _PyBatchFields:
     """The fields of a Batch that the send paths read; `_sendpath.BatchBase` is the
     compiled twin (C fields, and `offer`)."""
 
-    __slots__ = ("rows", "size", "sealed")
+    __slots__ = ("rows", "size", "sealed", "finished", "callbacks")
 
 
 class _PyTopicFields:
@@ -106,12 +106,13 @@ _TopicFields: Any = _PyTopicFields if _sendpath is None else _sendpath.TopicBase
 class Batch(_BatchFields):
     """Records bound for one partition, appended together as one Kafka record batch.
 
-    logkit/_sendpath.c reads `rows`, `size` and `sealed` (C fields of its BatchBase when
-    built): rename one here and the C file must change too (then rebuild it)."""
+    logkit/_sendpath.c reads `rows`, `size`, `sealed`, `finished` and `callbacks` (C
+    fields of its BatchBase when built): rename one here and the C file must change too
+    (then rebuild it)."""
 
     __slots__ = ("state", "partition", "inbox", "reserved",
-                 "bias", "created", "finished", "waiter", "seen",
-                 "base_offset", "timestamp_ms", "error", "callbacks", "_index",
+                 "bias", "created", "waiter", "seen",
+                 "base_offset", "timestamp_ms", "error", "_index",
                  "outcomes")
 
     def __init__(self, state: "TopicBatches", partition: int, reserved: int,
@@ -139,7 +140,8 @@ class Batch(_BatchFields):
         self.base_offset = -1
         self.timestamp_ms = -1              # what records without a timestamp got
         self.error: BaseException | None = None
-        self.callbacks: list[tuple[tuple, Callable | None, Callable | None]] = []
+        # (row, ok, err, index in rows or -1) per registered callback, until resolved
+        self.callbacks: list[tuple[tuple, Callable | None, Callable | None, int]] = []
         self._index: dict[int, int] | None = None
         # Set only when the batch had to be split: id(row) -> offset or error.
         self.outcomes: dict[int, int | BaseException] | None = None

@@ -113,6 +113,7 @@ import threading
 import time
 import warnings
 import weakref
+from functools import partial
 from typing import Any, Callable, Mapping
 
 from . import _fork, _native
@@ -131,6 +132,7 @@ __all__ = ["Producer", "FutureRecordMetadata"]
 # The compiled twin of send()'s fast path (logkit/_sendpath.c), chosen once by _native.
 _sendpath = _native.sendpath
 _CSender = None if _sendpath is None else _sendpath.Sender
+_run_callbacks = None if _sendpath is None else _sendpath.run_callbacks
 
 # Keyword -> default, from the one settings table (logkit/config.py, scope "producer").
 DEFAULTS: dict[str, Any] = resolve(PRODUCER, None)
@@ -189,15 +191,26 @@ class _TopicState(TopicBatches):
 
 
 class _PyFutureBase:
-    """The fields of a future; `_sendpath.FutureBase` is the compiled twin, which the
-    C send path allocates without running a Python __init__."""
+    """The fields of a future and its callback registration; `_sendpath.FutureBase` is
+    the compiled twin, which the C send path allocates without running a Python
+    __init__ and whose add_callback/add_errback register in C (the Python `_add` of
+    FutureRecordMetadata takes every case they do not)."""
 
-    __slots__ = ("_batch", "_row", "_acks")
+    __slots__ = ("_batch", "_row", "_acks", "_index")
 
     def __init__(self, batch: Batch, row: tuple, acks: int) -> None:
         self._batch = batch
         self._row = row
         self._acks = acks
+        self._index = -1                  # the row's place in batch.rows: not known
+
+    def add_callback(self, fn: Callable[[RecordMetadata], Any]) -> Any:
+        """Call fn(metadata) once the record is stored (at once if it already is)."""
+        return self._add(fn, None)       # type: ignore[attr-defined]
+
+    def add_errback(self, fn: Callable[[BaseException], Any]) -> Any:
+        """Call fn(error) if the record could not be stored."""
+        return self._add(None, fn)       # type: ignore[attr-defined]
 
 
 _FutureBase: Any = _PyFutureBase if _sendpath is None else _sendpath.FutureBase
@@ -256,13 +269,7 @@ class FutureRecordMetadata(_FutureBase):
                 None if deadline is None else max(0.0, deadline - time.monotonic())):
             raise LogkitTimeoutError(f"record not stored within {timeout} s")
 
-    def add_callback(self, fn: Callable[[RecordMetadata], Any]) -> "FutureRecordMetadata":
-        """Call fn(metadata) once the record is stored (at once if it already is)."""
-        return self._add(fn, None)
-
-    def add_errback(self, fn: Callable[[BaseException], Any]) -> "FutureRecordMetadata":
-        """Call fn(error) if the record could not be stored."""
-        return self._add(None, fn)
+    # add_callback(fn) / add_errback(fn) come from the base (compiled or _PyFutureBase)
 
     def _add(self, ok: Callable | None, err: Callable | None) -> "FutureRecordMetadata":
         batch = self._batch
@@ -272,7 +279,7 @@ class FutureRecordMetadata(_FutureBase):
                 _fork.check_owner(producer._pid, "this producer")
         with _callback_lock:
             if not batch.finished:
-                batch.callbacks.append((self._row, ok, err))
+                batch.callbacks.append((self._row, ok, err, self._index))
                 return self
         _run_callback(batch, self._row, ok, err)
         return self
@@ -290,6 +297,8 @@ def _after_fork_in_child() -> None:
     global _callback_lock
     _callback_lock = threading.Lock()
     try:                               # must not raise: later hooks (meta's) must run
+        if _sendpath is not None:
+            _sendpath.forked()         # add_callback in C: the checking Python path
         for producer in list(_producers):
             producer._slow = True
             if _CSender is not None and isinstance(producer.__dict__.get("send"), _CSender):
@@ -308,6 +317,11 @@ def _log_unexpected(exc: BaseException, batch: Batch) -> None:
     records' futures, which must resolve, and to the log with its traceback."""
     log.error("appending %d record(s) to %s-%d failed unexpectedly", len(batch.rows),
               batch.state.name, batch.partition, exc_info=exc)
+
+
+def _callback_raised(batch: Batch, exc: BaseException) -> None:
+    log.error("a send callback for %s-%d raised", batch.state.name, batch.partition,
+              exc_info=exc)
 
 
 def _run_callback(batch: Batch, row: tuple, ok: Callable | None,
@@ -741,14 +755,21 @@ class Producer:
             callbacks, batch.callbacks = batch.callbacks, []
         if event is not None:
             event.set()
+        if not callbacks:
+            return
         _in_callback.active = True
         try:
-            for row, ok, err in callbacks:
+            if _run_callbacks is not None and batch.error is None \
+                    and batch.outcomes is None:      # stored whole: the compiled loop
+                _run_callbacks(callbacks, RecordMetadata, batch.state.name,
+                               batch.partition, batch.base_offset, batch.timestamp_ms,
+                               batch.outcome, partial(_callback_raised, batch))
+                return
+            for row, ok, err, _ in callbacks:
                 try:
                     _run_callback(batch, row, ok, err)
-                except Exception:    # a user callback must not break the producer
-                    log.exception("a send callback for %s-%d raised", batch.state.name,
-                                  batch.partition)
+                except Exception as exc:  # a user callback must not break the producer
+                    _callback_raised(batch, exc)
         finally:
             _in_callback.active = False
 

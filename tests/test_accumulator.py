@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from logkit import ForkedProcessError
 from logkit import accumulator as accumulator_module
 from logkit.accumulator import RecordAccumulator, TopicBatches
 from tests.helpers.clients import SEND_PATHS, use_path
@@ -154,7 +155,82 @@ def test_the_pure_python_send_path_passes_the_producer_tests_that_race_it():
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "tests/test_producer.py", "tests/test_accumulator.py", "-k",
          "sent_again or concurrent_sends or keyed_records or mixed_on_one_partition "
-         "or linger0"], cwd=CHECKOUT, env=env, capture_output=True, text=True,
+         "or linger0 or callback"], cwd=CHECKOUT, env=env, capture_output=True, text=True,
         timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout.split("\n")[-2]
+
+
+@pytest.mark.parametrize("path", SEND_PATHS)
+def test_every_callback_runs_once_with_its_records_metadata(broker, path):
+    """Callbacks registered on futures of both send paths, with and without explicit
+    timestamps, over several batches: each runs exactly once, with the same
+    RecordMetadata result() gives; errbacks of stored records never run."""
+    broker.create_topic("t", 3)
+    producer = use_path(broker.producer(linger_ms=60_000, batch_size=1500), path)
+    seen: dict[int, list] = {}
+    errors: list = []
+    futures = []
+    for i in range(400):
+        if i % 9 == 0:
+            future = producer.send("t", b"%d" % i, key=b"k%d" % (i % 11),
+                                   timestamp_ms=1_700_000_000_000 + i)
+        else:
+            future = producer.send("t", b"%d" % i, key=b"k%d" % (i % 11))
+        future.add_callback(lambda md, i=i: seen.setdefault(i, []).append(md))
+        future.add_errback(errors.append)
+        futures.append(future)
+    producer.flush()
+    assert not errors
+    for i, future in enumerate(futures):
+        md = future.result(timeout=5)
+        assert seen[i] == [md]
+        if i % 9 == 0:
+            assert md.timestamp == 1_700_000_000_000 + i
+    late: list = []
+    futures[0].add_callback(late.append)              # already stored: runs at once
+    assert late == [futures[0].result()]
+    producer.close()
+
+
+def test_callbacks_of_a_split_batch_get_each_records_own_outcome(broker):
+    """A batch over the topic's max.message.bytes is appended in parts (the Python
+    loop resolves it): the record too big alone fails its errback, the others run
+    their callbacks with their own offsets."""
+    broker.create_topic("t", 1, config={"max.message.bytes": 400})
+    producer = broker.producer(linger_ms=60_000)
+    stored: list = []
+    failed: list = []
+    for value in (b"a" * 50, b"b" * 50, b"c" * 600, b"d" * 50):
+        future = producer.send("t", value)
+        future.add_callback(lambda md, v=value: stored.append((v[:1], md.offset)))
+        future.add_errback(lambda exc, v=value: failed.append(v[:1]))
+    producer.flush()
+    assert failed == [b"c"]
+    assert sorted(stored) == [(b"a", 0), (b"b", 1), (b"d", 2)]
+    producer.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_add_callback_in_a_forked_child_raises(broker):
+    """A future of the parent's, still pending, refuses a callback in a forked child
+    (ForkedProcessError, through the compiled registration's fork flag too)."""
+    broker.create_topic("t", 1)
+    producer = broker.producer(linger_ms=60_000)
+    pending = producer.send("t", b"pending")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            pending.add_callback(print)
+        except ForkedProcessError:
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    got: list = []
+    pending.add_callback(got.append)                   # the parent is untouched
+    producer.flush()
+    assert got == [pending.result(timeout=5)]
+    producer.close()
