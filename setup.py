@@ -13,4 +13,7 @@ setup(ext_modules=[
     # Producer.send()'s common case (logkit/producer.py falls back to Python without it).
     Extension("logkit._sendpath", sources=["logkit/_sendpath.c"], optional=True,
               extra_compile_args=["-O3", "-std=c99"]),
+    # The doorbell's futex wait/wake (logkit/notify.py falls back to ctypes without it).
+    Extension("logkit._doorbell", sources=["logkit/_doorbell.c"], optional=True,
+              extra_compile_args=["-O2", "-std=gnu99"]),
 ])
