@@ -361,6 +361,9 @@ _ROWS: tuple[Setting, ...] = (
     _client(CONSUMER, None, "any", float("inf"), "iteration (for record in consumer) ends "
             "after this long without a record", keyword="consumer_timeout_ms",
             check=_timeout_or_forever, unit="ms", shape="int or float('inf')"),
+    _client(CONSUMER, None, "int", 0, "a poll() with nothing to return spins this long on "
+            "the doorbell before it sleeps (CPU for wake-up latency; 0: sleep at once)",
+            keyword="poll_spin_us", minimum=0, maximum=10000, unit="µs"),
     _client(CONSUMER, "session.timeout.ms", "int", 45000, "a member without a heartbeat "
             "this long is evicted", minimum=1, unit="ms"),
     _client(CONSUMER, "heartbeat.interval.ms", "int", 3000, "period of the heartbeat "

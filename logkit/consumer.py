@@ -136,6 +136,11 @@ class Consumer:
         self._drained: dict[TopicPartition, int] = {}
         self._drained_bell: int | None = None
         self._buffer: list[Record] = []       # fetched, not yet handed out by __next__
+        # How long a poll() that found nothing spins on the doorbell before it sleeps
+        # (once per call: poll_spin_us, the only setting here that is not Kafka's).
+        self._spin_s: float = settings["poll_spin_us"] / 1e6
+        self._decoding = self._key_deserializer is not None or \
+            self._value_deserializer is not None
         # A partition whose position is a record that did not deserialize: fetched
         # first until it decodes or is seeked past (see _fetch).
         self._stuck: TopicPartition | None = None
@@ -397,6 +402,7 @@ class Consumer:
         deadline = time.monotonic() + _check_poll_arguments(timeout_ms, max_records) / 1000
         doorbell = self._broker.doorbell
         coordinator = self._coordinator
+        spin_s = self._spin_s
         while True:
             with self._lock:
                 # close() (from another thread, or the broker's) ends the poll here:
@@ -422,7 +428,8 @@ class Consumer:
             if doorbell is None or seen is None:   # a read-only broker: nobody rings
                 time.sleep(min(remaining, 0.005))
             else:
-                doorbell.wait(seen, remaining)
+                doorbell.wait(seen, remaining, spin_s)
+                spin_s = 0.0                   # one spin per call: then sleep at once
 
     def _fetch(self, max_records: int, bell: int | None = None) -> list[Record]:
         """Up to max_records from the fetchable partitions, each in turn from its
@@ -444,18 +451,20 @@ class Consumer:
             return []
         count = len(fetchable)
         start = self._next % count
-        order = fetchable[start:] + fetchable[:start] if start else list(fetchable)
         stuck, self._stuck = self._stuck, None       # set again if it still fails
-        if stuck is not None and stuck in order:     # its error comes before anything
-            order.remove(stuck)
-            order.insert(0, stuck)
+        if stuck is None:                            # the list is only read: no copy
+            order = fetchable[start:] + fetchable[:start] if start else fetchable
+        else:
+            order = fetchable[start:] + fetchable[:start]
+            if stuck in order:                       # its error comes before anything
+                order.remove(stuck)
+                order.insert(0, stuck)
         if bell is None or bell != self._drained_bell:
             self._drained.clear()
             self._drained_bell = bell
         drained = self._drained
         self._next = start + 1
-        decoding = self._key_deserializer is not None or \
-            self._value_deserializer is not None
+        decoding = self._decoding
         out: list[Record] = []
         budget = self.config["fetch_max_bytes"]
         per_partition = self.config["max_partition_fetch_bytes"]

@@ -44,6 +44,11 @@ __all__ = ["ConsumerCoordinator"]
 
 log = logging.getLogger(__name__)
 
+# A member reads its group's generation from LMDB on a poll only when the doorbell's
+# rebalance or metadata counter moved since its last read, or this long passed (a hint
+# can be missed: a process killed between its commit and its bump).
+GENERATION_RECHECK_S = 0.05
+
 
 class ConsumerCoordinator:
     """The group side of one `Consumer` with a `group_id`."""
@@ -68,6 +73,10 @@ class ConsumerCoordinator:
         self.fenced = False              # evicted (seen by the heartbeat): re-join on poll
         self.closed = False
         self.last_poll_ms = int(time.time() * 1000)
+        # The doorbell counters (see _changes) at the last complete sync, and when the
+        # generation must be read again whatever they say.
+        self._synced_changes: int | None = None
+        self._recheck_at = 0.0
         self.last_commit = time.monotonic()
         self.listener_errors: list[BaseException] = []
         self.heartbeat_stop = threading.Event()
@@ -131,11 +140,37 @@ class ConsumerCoordinator:
 
     # ---- rebalance -------------------------------------------------------------------
 
+    def _changes(self) -> int | None:
+        """The doorbell's rebalance and metadata counters as one number (None without
+        a doorbell: a read-only broker, where every sync reads the generation)."""
+        doorbell = self.broker.doorbell
+        if doorbell is None:
+            return None
+        return doorbell.groups_version() << 32 | doorbell.metadata_version()
+
     def sync(self) -> None:
-        """Learn a new generation: revoke, release, acquire, call back (on poll)."""
+        """Learn a new generation: revoke, release, acquire, call back (on poll).
+
+        The steady state costs no LMDB read: when nothing is pending (every assigned
+        partition owned, not fenced) and the doorbell's counters have not moved since
+        the last complete sync, the generation cannot have changed through any
+        committed rebalance — apart from a missed hint, which the re-read every
+        GENERATION_RECHECK_S catches."""
         subscriptions, group = self.subscriptions, self.group
         if not subscriptions.topics:
             return
+        changes = self._changes()          # read before the generation, never after
+        if changes is not None and changes == self._synced_changes and not self.fenced \
+                and group.member_id is not None \
+                and len(subscriptions.owned) == len(subscriptions.assigned) \
+                and time.monotonic() < self._recheck_at:
+            return
+        self._sync()
+        self._synced_changes = changes
+        self._recheck_at = time.monotonic() + GENERATION_RECHECK_S
+
+    def _sync(self) -> None:
+        subscriptions, group = self.subscriptions, self.group
         if self.fenced or group.member_id is None:
             # Evicted (session or poll timeout): our partitions may belong to others now.
             lost = subscriptions.lose_all()
@@ -150,7 +185,7 @@ class ConsumerCoordinator:
             state = group.state()
             if group.member_id not in state["members"]:
                 self.fenced = True             # evicted: rejoin on this same sync
-                return self.sync()
+                return self._sync()
             self.generation = state["generation"]
             new = group.assignment(state)
             owned, assigned = subscriptions.owned, subscriptions.assigned

@@ -229,6 +229,7 @@ class GroupCoordinator:
         self.member_id: str | None = None
         self._key = group_id.encode()
         self._gen_key = b"gen\0" + self._key
+        self._rebalances = 0              # grows in every write that rebalances
 
     # ---- state -----------------------------------------------------------------------
 
@@ -244,7 +245,15 @@ class GroupCoordinator:
         return self.meta.read(body, operation=f"{what} of group {self.group_id!r}")
 
     def _write(self, body: Any, what: str) -> Any:
-        return self.meta.write(body, operation=f"{what} in group {self.group_id!r}")
+        """`body` in a write transaction; a rebalance in it is announced on the
+        doorbell once committed (members poll the generation only when it moves)."""
+        before = self._rebalances
+        result = self.meta.write(body, operation=f"{what} in group {self.group_id!r}")
+        if self._rebalances != before:
+            doorbell = getattr(self.broker, "doorbell", None)
+            if doorbell is not None:
+                doorbell.groups_changed()
+        return result
 
     def generation(self) -> int:
         """The current generation; a cheap read (one small key)."""
@@ -256,6 +265,7 @@ class GroupCoordinator:
         return self._read(self._load, "read the state")
 
     def _rebalance(self, txn: Any, state: dict[str, Any]) -> None:
+        self._rebalances += 1             # announced by _write after the commit
         if not state["members"]:
             state["protocol"] = self.strategy
         _reassign(self.meta, txn, self.group_id, state)

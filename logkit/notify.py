@@ -8,8 +8,9 @@ and sleeps until the counter changes or its timeout passes, so a blocked `poll()
 no CPU and wakes within microseconds of an append in any process.
 
 Invariant: a waiter never sleeps past its timeout, and never longer than
-`MAX_SLEEP_S` at a time: two appenders in different processes can bump the counter to the
-same value (the bump is not atomic across processes), and the cap bounds the cost of that
+`MAX_SLEEP_S` at a time (after at most `MAX_SPIN_S` of spinning): two appenders in
+different processes can bump the counter to the same value (the ctypes path's bump is
+not atomic across processes; the C path's is), and the cap bounds the cost of that
 rare missed change. Where futexes are unavailable (not Linux, unknown architecture),
 waiting falls back to short sleeps.
 
@@ -19,6 +20,17 @@ change commits, read by producers once per batch to learn a new partition count
 without a metadata read per record. It is a hint, not the truth: a reader that sees it
 move reads the topic records; one that misses a bump (two bumps racing to one value,
 a writer killed between its commit and its bump) learns at its periodic re-read.
+A third, at `GROUPS_WORD_OFFSET`, counts rebalances (a group's members or assignment
+changed: group.py bumps it after the write commits), so a polling group member reads
+its generation from LMDB only when it moved — a hint too, with a periodic re-read
+behind it (logkit/coordinator.py).
+
+The futex calls go through `logkit._doorbell` (C: no ctypes conversion per call, the
+GIL released, the ring word bumped atomically) when it is built; otherwise through
+ctypes, which behaves the same. `wait()` can spin on the word for a bounded time
+before it sleeps (`spin_s`, at most `MAX_SPIN_S`; the consumer's `poll_spin_us`): a
+change seen while spinning skips the sleeping process's wake-up, at the price of the
+CPU spent spinning.
 
 The file is opened without following links (a link planted at the path raises
 `StorageError` naming it) and allocated for real before it is mapped, so a full disk
@@ -37,6 +49,7 @@ import stat
 import struct
 import time
 
+from ._native import FORCED_PURE_PYTHON
 from .errors import StorageError, storage_error
 
 __all__ = ["Doorbell"]
@@ -45,11 +58,13 @@ log = logging.getLogger(__name__)
 
 DOORBELL_FILE = "doorbell"
 MAX_SLEEP_S = 0.005
+MAX_SPIN_S = 0.01                  # the longest spin wait() does before it sleeps
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(
     platform.machine().lower())
 _WORD = struct.Struct("<I")
 METADATA_WORD_OFFSET = 64          # the metadata-change counter, apart from the ring word
+GROUPS_WORD_OFFSET = 128           # the group-membership change counter
 
 
 class _Timespec(ctypes.Structure):
@@ -69,6 +84,21 @@ def _load_syscall():
 
 
 _syscall = _load_syscall()
+
+
+def _load_extension():
+    if FORCED_PURE_PYTHON:
+        return None
+    try:
+        from . import _doorbell
+    except ImportError:
+        log.debug("logkit._doorbell is not built: the doorbell's futex calls go "
+                  "through ctypes")
+        return None
+    return _doorbell if _doorbell.HAVE_FUTEX else None
+
+
+_cdoorbell = _load_extension()        # tests set it to None to run the ctypes path
 
 
 class Doorbell:
@@ -110,6 +140,8 @@ class Doorbell:
         self._word: ctypes.c_uint32 | None = ctypes.c_uint32.from_buffer(mm)
         self._metadata: ctypes.c_uint32 | None = ctypes.c_uint32.from_buffer(
             mm, METADATA_WORD_OFFSET)
+        self._groups: ctypes.c_uint32 | None = ctypes.c_uint32.from_buffer(
+            mm, GROUPS_WORD_OFFSET)
         self._address = ctypes.addressof(self._word)
 
     @property
@@ -132,23 +164,58 @@ class Doorbell:
         if word is not None:
             word.value = (word.value + 1) & 0xFFFFFFFF
 
+    def groups_version(self) -> int:
+        """The rebalance counter (0 once closed)."""
+        word = self._groups
+        return 0 if word is None else word.value
+
+    def groups_changed(self) -> None:
+        """Announce a committed rebalance to every process (nothing once closed)."""
+        word = self._groups
+        if word is not None:
+            word.value = (word.value + 1) & 0xFFFFFFFF
+
     def ring(self) -> None:
         """Announce new data to every waiting process (nothing once closed)."""
         word = self._word                      # pins the page for this call
         if word is None:
+            return
+        extension, mm = _cdoorbell, self._mm
+        if extension is not None and mm is not None:
+            try:
+                extension.ring(mm, 0)          # holds the mapping for the call itself
+            except ValueError:                 # closed meanwhile: nothing to ring
+                pass
             return
         word.value = (word.value + 1) & 0xFFFFFFFF
         if _syscall is not None:
             _syscall(_SYS_FUTEX, ctypes.c_void_p(self._address), _FUTEX_WAKE, 0x7FFFFFFF,
                      None, None, 0)
 
-    def wait(self, seen: int, timeout_s: float) -> None:
-        """Sleep until the counter differs from `seen`, or timeout_s (capped) passes.
-        Returns at once once closed."""
-        timeout_s = min(timeout_s, MAX_SLEEP_S)
+    def wait(self, seen: int, timeout_s: float, spin_s: float = 0.0) -> None:
+        """Sleep until the counter differs from `seen`, or timeout_s (capped at
+        MAX_SLEEP_S) passes; first spin on the counter for up to spin_s (capped at
+        MAX_SPIN_S and at timeout_s). Returns at once once closed."""
+        spin_s = max(min(spin_s, MAX_SPIN_S, timeout_s), 0.0)
+        timeout_s = min(timeout_s, spin_s + MAX_SLEEP_S)     # the sleep's cap after it
         word = self._word                      # pins the page across the futex wait
         if timeout_s <= 0 or word is None:
             return
+        extension, mm = _cdoorbell, self._mm
+        if extension is not None and mm is not None:
+            try:
+                extension.wait(mm, 0, seen, timeout_s, spin_s)
+            except ValueError:                 # closed meanwhile: return at once
+                pass
+            return
+        if spin_s > 0:
+            end = time.monotonic() + spin_s
+            while word.value == seen:
+                if time.monotonic() >= end:
+                    break
+            else:
+                return
+            timeout_s -= spin_s
         if _syscall is None:
             time.sleep(min(timeout_s, 0.0002))
             return
@@ -159,7 +226,7 @@ class Doorbell:
 
     def close(self) -> None:
         mm, self._mm = self._mm, None
-        self._word = self._metadata = None     # from here on: no-ops
+        self._word = self._metadata = self._groups = None     # from here on: no-ops
         if mm is None:
             return
         try:
