@@ -11,8 +11,11 @@ Two data shapes, each written to a logkit topic and to Parquet with identical ro
 A third reader, the *transport floor*, is a Python data source that does no work: it
 yields the same Arrow batches (same schema and sizes) from memory. Its time is what any
 PySpark Python data source pays to hand N rows to the JVM on this machine, so
-"logkit - floor" is the part of the time that is ours. Repeats are interleaved (one of
-each reader per round) so the machine's noise hits every reader alike; medians reported.
+"logkit - floor" is the part of the time that is ours. When the JVM reader's jar is
+built (spark/jvm, `make jar`), `format("logkit")` is read twice per shape: through the
+JVM reader and, with `spark.logkit.jvm.enabled=false`, through the Python source.
+Repeats are interleaved (one of each reader per round) so the machine's noise hits every
+reader alike; medians reported.
 """
 
 from __future__ import annotations
@@ -136,8 +139,13 @@ def main() -> int:
     spark.dataSource.register(FloorSource)
     n = args.records
 
-    def scan(df: Any) -> Callable[[], None]:
+    from pyspark_logkit import jvm_reader
+    jvm = jvm_reader(spark)
+
+    def scan(df: Any, use_jvm: bool | None = None) -> Callable[[], None]:
         def run() -> None:
+            if use_jvm is not None:
+                spark.conf.set("spark.logkit.jvm.enabled", str(use_jvm).lower())
             row = df.selectExpr(*QUERY).collect()[0]
             assert row.n == n, (row.n, n)
         return run
@@ -148,9 +156,11 @@ def main() -> int:
         readers = {}
         for shape, root in roots.items():
             parquet_dir = prepare(root, shape, n)
-            readers[f"logkit data source ({shape})"] = scan(
-                spark.read.format("logkit").option("path", os.path.join(root, "log"))
-                .option("subscribe", "bench").load())
+            logkit_df = (spark.read.format("logkit").option("path", os.path.join(root, "log"))
+                         .option("subscribe", "bench").load())
+            if jvm:
+                readers[f"logkit JVM reader ({shape})"] = scan(logkit_df, True)
+            readers[f"logkit data source ({shape})"] = scan(logkit_df, False)
             readers[f"spark.read.parquet ({shape})"] = scan(spark.read.parquet(parquet_dir))
         readers["transport floor (no-work Python source)"] = scan(
             spark.read.format("logkit_bench_floor").option("records", n).load())
@@ -169,8 +179,11 @@ def main() -> int:
     for shape in roots:
         ours = medians[f"logkit data source ({shape})"]
         theirs = medians[f"spark.read.parquet ({shape})"]
-        print(f"{shape}: logkit/parquet {ours / theirs:.2f}x (target <= 1.5x); "
-              f"floor/parquet {floor / theirs:.2f}x; logkit/floor {ours / floor:.2f}x")
+        if jvm:
+            fast = medians[f"logkit JVM reader ({shape})"]
+            print(f"{shape}: JVM reader/parquet {fast / theirs:.2f}x (target <= 1.5x)")
+        print(f"{shape}: Python source/parquet {ours / theirs:.2f}x; "
+              f"floor/parquet {floor / theirs:.2f}x; Python source/floor {ours / floor:.2f}x")
     return 0
 
 

@@ -5,6 +5,11 @@ PySpark (4.x) discovers this package by its `pyspark_` name prefix and registers
 `DefaultSource` under its name, so `spark.read.format("logkit")` works with no set-up;
 `register(spark)` does it explicitly. Options and schema mirror Spark's Kafka source;
 see docs/spark.md.
+
+With the JVM reader's jar (`jars/logkit-spark.jar`, built when a JDK is present) on the
+session's classpath — `local_session()` adds it, or `spark.jars=<jar_path()>` — the name
+`logkit` resolves to the JVM source (`logkit.spark.LogkitProvider`), which reads batch
+queries itself and hands everything else to this Python source.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from .typed import arrow_type
 from .writer import LogkitBatchWriter, LogkitStreamWriter, SinkOptions
 
 __all__ = ["DefaultSource", "LogkitDataSource", "LogkitSparkError", "register",
-           "python_for_workers", "local_session"]
+           "python_for_workers", "local_session", "jar_path", "jvm_reader"]
+
+JAR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jars", "logkit-spark.jar")
+JVM_PROVIDER = "logkit.spark.LogkitProvider"
 
 
 class LogkitDataSource(DataSource):
@@ -62,8 +70,29 @@ DefaultSource = LogkitDataSource
 
 
 def register(spark: Any) -> None:
-    """Register the source on a session explicitly (auto-discovery also works)."""
+    """Register the source on a session explicitly (auto-discovery also works). With the
+    JVM reader on the classpath the name is already the JVM source's, which hands what it
+    does not read itself to this one: nothing to do."""
+    if jvm_reader(spark):
+        return
     spark.dataSource.register(LogkitDataSource)
+
+
+def jar_path() -> str | None:
+    """The JVM reader's jar shipped in this package, None when it was not built."""
+    return JAR if os.path.isfile(JAR) else None
+
+
+def jvm_reader(spark: Any) -> bool:
+    """Whether format("logkit") resolves to the JVM reader on this session (its jar is
+    on the classpath and `spark.logkit.jvm.enabled` is not false)."""
+    try:
+        spark._jvm.java.lang.Class.forName(JVM_PROVIDER, False,
+                                            spark._jvm.org.apache.spark.util.Utils
+                                            .getContextOrSparkClassLoader())
+    except Exception:       # noqa: BLE001 - py4j raises its own error for a missing class
+        return False
+    return spark.conf.get("spark.logkit.jvm.enabled", "true").lower() != "false"
 
 
 def python_for_workers() -> str:
@@ -74,16 +103,20 @@ def python_for_workers() -> str:
 
 
 def local_session(app_name: str = "logkit", *, log4j_config: str | None = None,
-                  **confs: str) -> Any:
+                  jvm_reader: bool = True, **confs: str) -> Any:
     """A local[2] SparkSession set up for logkit: workers run this interpreter, the UI
-    and console progress are off, 2 shuffle partitions, JVM logging at ERROR.
-    `log4j_config` names a log4j2 properties file; `confs` are extra Spark settings."""
+    and console progress are off, 2 shuffle partitions, JVM logging at ERROR, and the
+    JVM reader's jar on the classpath when it was built (`jvm_reader=False` leaves it
+    off). `log4j_config` names a log4j2 properties file; `confs` are extra Spark
+    settings."""
     python_for_workers()
     from pyspark.sql import SparkSession
     builder = (SparkSession.builder.master("local[2]").appName(app_name)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2"))
+    if jvm_reader and jar_path() and "spark.jars" not in confs:
+        builder = builder.config("spark.jars", jar_path())
     if log4j_config:
         builder = builder.config("spark.driver.extraJavaOptions",
                                  f"-Dlog4j2.configurationFile={log4j_config}")

@@ -1,0 +1,40 @@
+/*
+ * One Spark input partition of the JVM reader: a topic partition's offsets
+ * [start, end) and the byte ranges of the segment files that hold them, as the Python
+ * planner resolved them (logkit's Partition.batch_file_ranges: whole batches below the
+ * published end of each segment).
+ *
+ * Invariant: the reader reads no byte outside these ranges.
+ */
+package logkit.spark;
+
+import org.apache.spark.sql.connector.read.InputPartition;
+
+final class OffsetRange implements InputPartition {
+    private static final long serialVersionUID = 1L;
+
+    final String topic;
+    final int partition;
+    final long start;
+    final long end;
+    final boolean failOnDataLoss;
+    final String[] paths;
+    final long[] positions;
+    final long[] lengths;
+
+    OffsetRange(String topic, int partition, long start, long end, boolean failOnDataLoss,
+                String[] paths, long[] positions, long[] lengths) {
+        this.topic = topic;
+        this.partition = partition;
+        this.start = start;
+        this.end = end;
+        this.failOnDataLoss = failOnDataLoss;
+        this.paths = paths;
+        this.positions = positions;
+        this.lengths = lengths;
+    }
+
+    String name() {
+        return topic + "-" + partition;
+    }
+}
