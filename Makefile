@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo test lint bench install clean jar
 
 $(STAMP): pyproject.toml setup.cfg
 	# strace drives the crash-point enumeration (tests/test_crashpoints.py); as root on
@@ -18,9 +18,14 @@ $(STAMP): pyproject.toml setup.cfg
 	# An editable install hides pyspark_logkit from pkgutil.iter_modules, which is how
 	# PySpark discovers data sources: put spark/ itself on the venv's path too.
 	$(PY) -c "import site, sys; open(site.getsitepackages()[0] + '/logkit-spark-source.pth', 'w').write(sys.argv[1] + '\n')" "$(abspath spark)"
+	# The Spark JVM reader's jar, when javac is here (else the Python source reads).
+	$(PY) spark/jvm/build_jar.py || true
 	touch $(STAMP)
 
 install: $(STAMP)
+
+jar: $(STAMP)
+	$(PY) spark/jvm/build_jar.py
 
 demo: $(STAMP)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo.py
