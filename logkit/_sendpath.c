@@ -437,6 +437,7 @@ typedef struct {
     PyObject *future_type;   /* FutureRecordMetadata */
     PyObject *acks;          /* int */
     Py_ssize_t batch_size;
+    int future_is_base;      /* future_type subclasses FutureBase (checked once) */
     int slow;                /* set when the producer closes: everything goes to Python */
     vectorcallfunc vectorcall;
 } Sender;
@@ -445,6 +446,23 @@ static PyObject *
 fallback(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+/* The last concrete types seen to subclass BatchBase / TopicBase (accumulator.Batch,
+ * producer._TopicState): an identity compare instead of a walk of the MRO per record.
+ * Strong references, so a cached pointer never outlives its type. */
+static PyObject *batch_type_seen, *topic_type_seen;
+
+static inline int
+is_kind(PyObject *obj, PyTypeObject *base, PyObject **seen)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    if ((PyObject *)tp == *seen)
+        return 1;
+    if (!PyType_IsSubtype(tp, base))
+        return 0;
+    Py_XSETREF(*seen, Py_NewRef((PyObject *)tp));
+    return 1;
 }
 
 /* partition p's open batch if it is a BatchBase that is not sealed and has room for
@@ -456,7 +474,7 @@ open_batch(TopicBase *state, Py_ssize_t p, Py_ssize_t size, Py_ssize_t batch_siz
     if (open == NULL || !PyList_CheckExact(open) || p < 0 || p >= PyList_GET_SIZE(open))
         return NULL;
     PyObject *item = PyList_GET_ITEM(open, p);
-    if (!PyObject_TypeCheck(item, &BatchBaseType))
+    if (!is_kind(item, &BatchBaseType, &batch_type_seen))
         return NULL;
     BatchBase *batch = (BatchBase *)item;
     if (batch->sealed || batch->size + size > batch_size || batch->rows == NULL ||
@@ -497,7 +515,7 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
         if (PyErr_Occurred()) return NULL;
         return fallback(self, args, nargsf, kwnames);
     }
-    if (!PyObject_TypeCheck(state_obj, &TopicBaseType))
+    if (!is_kind(state_obj, &TopicBaseType, &topic_type_seen))
         return fallback(self, args, nargsf, kwnames);
     TopicBase *state = (TopicBase *)state_obj;
     Py_ssize_t size = PyBytes_GET_SIZE(value) + RECORD_OVERHEAD_BYTES;
@@ -524,7 +542,7 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     if (open_batch(state, p, size, self->batch_size) == NULL)
         return fallback(self, args, nargsf, kwnames);
     PyTypeObject *tp = (PyTypeObject *)self->future_type;
-    if (!PyType_Check(self->future_type) || !PyType_IsSubtype(tp, &FutureBaseType))
+    if (!self->future_is_base)
         return fallback(self, args, nargsf, kwnames);
     Py_INCREF(state);
     PyObject *row = PyTuple_New(4);
@@ -573,6 +591,8 @@ sender_init(Sender *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->future_type, Py_NewRef(future_type));
     Py_XSETREF(self->acks, Py_NewRef(acks));
     self->batch_size = batch_size;
+    self->future_is_base = PyType_Check(future_type) &&
+        PyType_IsSubtype((PyTypeObject *)future_type, &FutureBaseType);
     self->slow = 0;
     self->vectorcall = (vectorcallfunc)sender_call;
     return 0;
