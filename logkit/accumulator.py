@@ -53,8 +53,12 @@ open batches that grew since its previous look, or a sealed batch still being ap
 (as Kafka's sender has a request in flight), records are still flowing: it appends only
 batches at least BUSY_LINGER_S old and looks again after QUIET_CHECK_S, so a saturated
 producer seals full batches itself and never writes a trickle of tiny ones; a producer
-that stops gets its last batches appended within about QUIET_CHECK_S (plus the GIL
-hand-off). `flush()`, `future.result()` and a full buffer never wait.
+that stops gets its last batches appended within about 2 x QUIET_CHECK_S (plus the GIL
+hand-off). Batches opened while the sender thread was idle (no open batch) are quiet
+on its first look: a lone record leaves at once, as before. The sender thread is woken
+only from idle; while busy it looks on its own clock, so it does not take the GIL from
+a saturated sending thread at every new batch (that hand-off halved the linger_ms=0
+rate). `flush()`, `future.result()` and a full buffer never wait.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ __all__ = ["Batch", "TopicBatches", "RecordAccumulator", "DIRECT_ROWS"]
 
 SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
 RESERVE_STEPS = 8                   # past half the buffer, batches reserve batch_size / 8
-QUIET_CHECK_S = 0.0002              # linger_ms=0: a busy producer's batches looked at again
+QUIET_CHECK_S = 0.001               # linger_ms=0: a busy producer's batches looked at again
 BUSY_LINGER_S = 0.005               # linger_ms=0: a batch waits at most this while busy
 
 log = logging.getLogger(__name__)
@@ -209,6 +213,7 @@ class RecordAccumulator:
         self.waiting = 0               # threads waiting on `changed`
         self.sender_idle = False       # the sender thread waits with no open batch
         self.busy_linger_s = self.linger_s   # the linger the last look applied
+        self.after_idle = False        # the sender's next look follows an idle wait
         self.retry: set[tuple[TopicBatches, int]] = set()   # requeued: the sender appends
         self.closed = False
 
@@ -242,8 +247,8 @@ class RecordAccumulator:
                                               max(0, self.batch_size - reserve))
                 self.reserved += reserve
                 self.open_count += 1
-                if self.sender_idle or not self.linger_s:
-                    self.wake.notify()        # else it wakes for an older batch
+                if self.sender_idle:          # else it looks again on its own
+                    self.wake.notify()
             if DIRECT_ROWS:                   # open (sealing needs this lock): in order
                 batch.rows.append(row)
             else:
@@ -388,13 +393,15 @@ class RecordAccumulator:
         module docstring); once no batch grew between two looks and no append is in
         progress, all are."""
         linger = self.linger_s
+        after_idle, self.after_idle = self.after_idle, False
         if not linger and not (self.exhausted or self.closed):
             growing = False
+            fresh = after_idle                # batches opened while it slept: quiet
             for state in self.states.values():
                 for batch in state.open:
                     if batch is not None and batch.size != batch.seen:
+                        growing = growing or not (fresh and batch.seen < 0)
                         batch.seen = batch.size
-                        growing = True
             if growing or self.in_flight:
                 linger = BUSY_LINGER_S
         due = []
@@ -420,6 +427,7 @@ class RecordAccumulator:
                 self.sender_idle = True
                 self.wake.wait(SENDER_IDLE_WAIT_S)
                 self.sender_idle = False
+                self.after_idle = True
                 return []
             now = time.monotonic()
             due = self._due(now) if self.open_count else []

@@ -49,6 +49,20 @@ def test_linger0_holds_back_a_growing_batch_and_takes_a_quiet_one(broker):
     assert len(batch.rows) == 2
 
 
+def test_linger0_takes_a_batch_opened_while_the_sender_was_idle_at_once(broker):
+    """A batch opened while the sender thread slept with nothing open (a lone record
+    after a pause) is due on its first look, as linger_ms=0 promises; one it has seen
+    before and that grew since is held back."""
+    topic = broker.create_topic("t", 2)
+    accumulator = linger0()
+    state = accumulator.states["t"] = TopicBatches(topic)
+    batch = add(accumulator, state, 0)
+    accumulator.after_idle = True                    # what next_ready sets after idling
+    assert accumulator._due(batch.created) == [(state, 0)] and batch.sealed
+    other = add(accumulator, state, 1)
+    assert accumulator._due(other.created) == []     # not after idle: held for a look
+
+
 def test_linger0_holds_back_a_quiet_batch_while_an_append_is_in_progress(broker):
     """A sealed batch not yet appended (the sending thread appending it) means records
     are still coming: a quiet open batch waits for the next look after the append."""
