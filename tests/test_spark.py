@@ -1,5 +1,11 @@
 """The logkit Spark data source on a real local[2] session: batch read/write, streaming
-read with limits and restart, exactly-once streaming writes under replay, bad options."""
+read with limits and restart, exactly-once streaming writes under replay, bad options.
+
+The batch read tests run twice when the JVM reader's jar is built: through the JVM
+reader (`jvm`) and through the Python source (`python`, spark.logkit.jvm.enabled=false),
+on the one shared session. Everything else runs on the session's default: the JVM
+source when the jar is there, which hands streaming, writes, headers and typed columns
+to the Python source."""
 
 from __future__ import annotations
 
@@ -31,6 +37,23 @@ def reader(spark, root, **options):
     return spark.read.format("logkit").options(path=str(root), **options).load()
 
 
+@pytest.fixture(params=["jvm", "python"])
+def read_path(request, spark):
+    """Which reader serves format("logkit") batch reads in this test."""
+    from pyspark_logkit import jvm_reader
+    if request.param == "jvm" and not jvm_reader(spark):
+        pytest.skip("the JVM reader's jar is not built (no javac?): make jar")
+    spark.conf.set("spark.logkit.jvm.enabled", str(request.param == "jvm").lower())
+    yield request.param
+    spark.conf.unset("spark.logkit.jvm.enabled")
+
+
+def read_plan(df):
+    """Which reader a DataFrame's scan runs: 'jvm' or 'python'."""
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    return "jvm" if "JVM reader" in plan else "python"
+
+
 def test_batch_read_matches_the_log(spark, tmp_path):
     """A batch read returns every record with Spark's Kafka schema and headers."""
     fill(tmp_path, "events", 500, headers=True)
@@ -48,13 +71,14 @@ def test_batch_read_matches_the_log(spark, tmp_path):
             assert [(h.key, h.value) for h in row.headers] == list(record.headers)
 
 
-def test_batch_offsets_and_assign(spark, tmp_path):
+def test_batch_offsets_and_assign(spark, read_path, tmp_path):
     """startingOffsets/endingOffsets JSON and assign select exact ranges."""
     fill(tmp_path, "events", 300)
     start = json.dumps({"events": {"0": 5, "1": -2, "2": -1}})
     end = json.dumps({"events": {"0": 10, "1": 3, "2": -1}})
     df = reader(spark, tmp_path, subscribe="events", startingOffsets=start,
                 endingOffsets=end)
+    assert read_plan(df) == read_path
     got = sorted((r.partition, r.offset) for r in df.select("partition", "offset").collect())
     assert got == [(0, o) for o in range(5, 10)] + [(1, o) for o in range(3)]
     only = reader(spark, tmp_path, assign=json.dumps({"events": [1]}))
@@ -63,7 +87,7 @@ def test_batch_offsets_and_assign(spark, tmp_path):
     assert empty.count() == 0                          # an empty partition list is fine
 
 
-def test_min_partitions_splits_ranges_without_losing_or_repeating(spark, tmp_path):
+def test_min_partitions_splits_ranges_without_losing_or_repeating(spark, read_path, tmp_path):
     """minPartitions / maxRecordsPerPartition cut offset ranges (even inside a Kafka
     batch) into more input partitions; together they still cover each record once."""
     fill(tmp_path, "events", 400, headers=True)
@@ -77,7 +101,7 @@ def test_min_partitions_splits_ranges_without_losing_or_repeating(spark, tmp_pat
         assert sorted((r.partition, r.offset, r.value) for r in df.collect()) == expected
 
 
-def test_data_removed_by_retention_fails_or_is_skipped(spark, tmp_path):
+def test_data_removed_by_retention_fails_or_is_skipped(spark, read_path, tmp_path):
     """Offsets that retention deleted before they were read fail the query with
     failOnDataLoss=true (the default) and are skipped with failOnDataLoss=false."""
     with logkit.Broker(tmp_path) as broker:
@@ -168,7 +192,7 @@ def test_streaming_pattern_picks_up_new_topics_from_their_start(spark, tmp_path)
     assert len(rows) == 27
 
 
-def test_register_is_explicit_and_repeatable(spark, tmp_path):
+def test_register_is_explicit_and_repeatable(spark, read_path, tmp_path):
     """register(spark) registers the source by hand (auto-discovery already did)."""
     import pyspark_logkit
     pyspark_logkit.register(spark)
@@ -303,7 +327,7 @@ def test_exactly_once_commit_recovers_a_half_appended_batch(tmp_path, caplog):
     ({"assign": "[0, 1]"}, "option 'assign' must be JSON like"),
     ({"subscribe": "events", "endingOffsets": "earliest"}, "cannot be 'earliest'"),
 ])
-def test_bad_options_fail_with_a_clear_message(spark, tmp_path, options, message):
+def test_bad_options_fail_with_a_clear_message(spark, read_path, tmp_path, options, message):
     """Bad options raise an error whose message says what is wrong, from our code, not
     a Java stack trace."""
     fill(tmp_path, "events", 3)
@@ -314,7 +338,7 @@ def test_bad_options_fail_with_a_clear_message(spark, tmp_path, options, message
     assert "at org.apache.spark" not in str(info.value)
 
 
-def test_missing_path_is_named(spark):
+def test_missing_path_is_named(spark, read_path):
     """Omitting 'path' says that 'path' is required."""
     with pytest.raises(Exception, match="option 'path' is required"):
         spark.read.format("logkit").option("subscribe", "x").load().collect()
@@ -396,3 +420,85 @@ def test_a_write_option_logkit_does_not_know_is_refused_on_the_driver(tmp_path):
         SinkOptions({"path": str(tmp_path), "topc": "t"}, schema, streaming=False)
     options = SinkOptions({"path": str(tmp_path), "topic": "t"}, schema, streaming=False)
     assert options.topic == "t"
+
+
+# ---- the JVM reader (spark/jvm) beside the Python source --------------------------------
+
+def test_the_jvm_reader_jar_is_built_and_serves_format_logkit(spark, tmp_path):
+    """Where javac is present the package's build made the jar, local_session() put it
+    on the classpath, and format("logkit") batch reads go through it; with
+    spark.logkit.jvm.enabled=false, and for options it does not read (headers), the
+    Python source serves them."""
+    import shutil
+
+    from pyspark_logkit import jar_path, jvm_reader
+    if shutil.which("javac") is None:
+        pytest.skip("no javac: the Python source is the reader (as designed)")
+    assert jar_path() is not None and jar_path().endswith("logkit-spark.jar")
+    assert jvm_reader(spark)
+    fill(tmp_path, "events", 20, partitions=1)
+    assert read_plan(reader(spark, tmp_path, subscribe="events")) == "jvm"
+    assert read_plan(reader(spark, tmp_path, subscribe="events",
+                            includeHeaders="true")) == "python"
+    spark.conf.set("spark.logkit.jvm.enabled", "false")
+    try:
+        assert read_plan(reader(spark, tmp_path, subscribe="events")) == "python"
+    finally:
+        spark.conf.unset("spark.logkit.jvm.enabled")
+
+
+def _rows(df):
+    return sorted((r.topic, r.partition, r.offset, r.key, r.value, r.timestamp,
+                   r.timestampType) for r in df.collect())
+
+
+def test_readers_agree_on_codecs_nulls_and_append_time(spark, read_path, tmp_path):
+    """Every codec logkit writes, null keys and values, and LogAppendTime batches read
+    the same as the log itself; pruned columns (only value, count) too."""
+    with logkit.Broker(tmp_path) as broker:
+        topic = broker.create_topic("mixed", 2)
+        stamped = broker.create_topic("stamped", 1,
+                                      config={"message.timestamp.type": "LogAppendTime"})
+        expected = []
+        for n, codec in enumerate([None, "gzip", "snappy", "lz4", "zstd"]):
+            for p in range(2):
+                rows = [(None if i % 3 == 0 else b"k%d" % i,
+                         None if i % 4 == 1 else b"v%d-%s" % (i, str(codec).encode()),
+                         None, 1_700_000_000_000 + i) for i in range(n * 10, n * 10 + 7)]
+                topic.partition(p).append(rows, compression_type=codec)
+        stamped.partition(0).append([(b"a", b"b", None, 1000)] * 3)
+        for name in ("mixed", "stamped"):
+            for part in broker.topic(name).partitions:
+                expected += [(name, part.partition, r.offset, r.key, r.value, r.timestamp)
+                             for r in part.read(0, 1000)]
+    df = reader(spark, tmp_path, subscribePattern="mixed|stamped")
+    assert read_plan(df) == read_path
+    got = [(t, p, o, k, v, int(ts.timestamp() * 1000)) for t, p, o, k, v, ts, _ in _rows(df)]
+    assert got == sorted(expected, key=lambda r: r[:3])
+    assert {r.timestampType for r in df.select("timestampType").collect()} == {0}
+    assert sorted(r.value for r in df.select("value").collect()
+                  if r.value is not None) == sorted(e[4] for e in expected if e[4] is not None)
+    assert df.count() == len(expected) == 73
+
+
+def test_a_corrupt_batch_fails_the_read_naming_file_and_position(spark, read_path,
+                                                                 tmp_path):
+    """A batch whose bytes do not match its CRC-32C fails the query with the segment
+    file and the batch's byte position; no row of it is returned."""
+    with logkit.Broker(tmp_path) as broker:
+        partition = broker.create_topic("bad", 1).partition(0)
+        partition.append([(b"k", b"first", None, None)])
+        partition.append([(b"k", b"second-value", None, None)])
+        [(path, _, length)] = partition.batch_file_ranges(0)
+        [(_, second, _)] = partition.batch_file_ranges(1)      # the second batch
+    with open(path, "r+b") as f:
+        data = f.read(length)
+        at = data.rindex(b"second-value")
+        f.seek(at)
+        f.write(b"S")
+    with pytest.raises(Exception) as info:
+        reader(spark, tmp_path, subscribe="bad").collect()
+    text = str(info.value)
+    assert "CRC mismatch" in text and path in text
+    assert f"position {second}" in text or f"position={second}" in text or \
+        f"at {second}" in text, text[:2000]
