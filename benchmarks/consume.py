@@ -1,7 +1,9 @@
 """The consume benchmark: read back every record (touching each value) through logkit's
 consumer (without a group, and as a group member) and through `Partition.read` (the
-reference the consumer's ratio is taken against: the three alternate, median of
-REPEATS rounds), beside SQLite in WAL mode, persist-queue, `os.read`
+reference the consumer's ratio is taken against: the three alternate, median rate of
+REPEATS rounds; a consumer's rate is its steady state, the polls after its first,
+with the first poll — joining, resolving positions — and close() timed beside it in
+`extra`), beside SQLite in WAL mode, persist-queue, `os.read`
 of the same batches and kafka-python's batch parser over the same file; Kafka's 2014
 figure as a labelled anchor.
 
@@ -12,10 +14,12 @@ short read fails the run), and the peers read the same records' bytes.
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from typing import Callable
 
 from ._common import (KAFKA_2014, NOT_INSTALLED, TOPIC, BenchConfig, Progress, Result,
-                      append_all, encoded_batches, interleaved_medians, make_records,
+                      append_all, encoded_batches, make_records,
                       measure, open_broker, peak_rss_mb, records_per_batch,
                       reset_peak_rss, scratch)
 from ._peers import kafka_python, persist_queue, sqlite_open, sqlite_read, sqlite_write
@@ -37,12 +41,18 @@ def run(config: BenchConfig) -> list[Result]:
         progress.done()
         topic = broker.topic(TOPIC)
 
-        def poll_all(group_id: str | None) -> Callable[[], None]:
-            def run_consumer() -> None:
+        def poll_all(group_id: str | None) -> Callable[[], dict[str, float]]:
+            def run_consumer() -> dict[str, float]:
+                # Timed: the polls after the first. The first poll joins the group
+                # (a member) and resolves positions, once per consumer: its time and
+                # close()'s are reported beside the rate, not in it.
+                started = time.perf_counter()
                 consumer = broker.consumer(TOPIC, group_id=group_id,
                                            auto_offset_reset="earliest",
                                            enable_auto_commit=False)
-                seen = idle = 0
+                first = len(consumer.poll(timeout_ms=100, max_records=MAX_RECORDS_PER_POLL))
+                steady = time.perf_counter()
+                seen, idle = first, 0
                 while seen < count and idle < IDLE_POLLS_MAX:
                     records = consumer.poll(timeout_ms=100,
                                             max_records=MAX_RECORDS_PER_POLL)
@@ -50,12 +60,17 @@ def run(config: BenchConfig) -> list[Result]:
                     for r in records:
                         r.value
                     seen += len(records)
+                ended = time.perf_counter()
                 consumer.close()
                 if seen != count:
                     raise RuntimeError(f"consumer.poll returned {seen} of {count} records")
+                return {"records": seen - first, "seconds": ended - steady,
+                        "first_poll_ms": (steady - started) * 1000,
+                        "close_ms": (time.perf_counter() - ended) * 1000}
             return run_consumer
 
-        def log_read() -> None:
+        def log_read() -> dict[str, float]:
+            started = time.perf_counter()
             seen = 0
             for p in range(config.partitions):
                 partition = topic.partition(p)
@@ -69,30 +84,48 @@ def run(config: BenchConfig) -> list[Result]:
                     offset = records[-1].offset + 1
             if seen != count:
                 raise RuntimeError(f"Partition.read returned {seen} of {count} records")
+            return {"records": seen, "seconds": time.perf_counter() - started}
 
         # The client rows and their reference alternate, after a warm-up round, and
-        # each reports its median: the machine's noise hits all three alike.
+        # each reports its median rate: the machine's noise hits all three alike.
         reset_peak_rss()
-        medians = interleaved_medians({"poll": poll_all(None),
-                                       "group": poll_all("bench-consume"),
-                                       "read": log_read}, REPEATS)
+        rounds = _alternate({"poll": poll_all(None), "group": poll_all("bench-consume"),
+                             "read": log_read}, REPEATS)
         rss = peak_rss_mb()
-        reference = medians["read"]
+        rates = {key: statistics.median(r["records"] / r["seconds"] for r in runs)
+                 for key, runs in rounds.items()}
         for key, system in (
                 ("poll", "logkit consumer.poll(max_records=500) + iterate"),
                 ("group", "logkit consumer.poll, group member (subscribe) + iterate"),
                 ("read", "logkit Partition.read(max_records=500) + iterate")):
-            seconds = medians[key]
-            out.append(Result("consume", system, count, seconds, count / seconds,
-                              count * payload_each / seconds / 1e6, peak_rss_mb=rss,
-                              headline=key == "poll",
-                              extra={"median_of": REPEATS, "partitions": config.partitions,
-                                     "vs_partition_read": reference / seconds}))
+            rate = rates[key]
+            extra: dict[str, float] = {"median_of": REPEATS,
+                                       "partitions": config.partitions,
+                                       "vs_partition_read": rate / rates["read"]}
+            if key != "read":
+                for field in ("first_poll_ms", "close_ms"):
+                    extra[field] = statistics.median(r[field] for r in rounds[key])
+            out.append(Result("consume", system, count, count / rate, rate,
+                              rate * payload_each / 1e6, peak_rss_mb=rss,
+                              headline=key == "poll", extra=extra))
         broker.close()
         out += _peer_rows(config, path, pairs[:min(count, config.peer_records_cap)])
     out.append(Result("consume", "Kafka 2014, 1 consumer (historical anchor, not this "
                       "machine)", records_per_s=KAFKA_2014["consume_records_per_s"],
                       note="anchor"))
+    return out
+
+
+def _alternate(runs: dict[str, Callable[[], dict[str, float]]], repeats: int
+               ) -> dict[str, list[dict[str, float]]]:
+    """Each run's own figures over `repeats` rounds, after one warm-up round; each
+    round runs every system once."""
+    for fn in runs.values():
+        fn()
+    out: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            out[name].append(fn())
     return out
 
 
