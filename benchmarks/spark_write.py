@@ -6,7 +6,10 @@ Run from the checkout's root:
     .venv/bin/python -m benchmarks.spark_write [--records 500000] [--repeats 3]
 
 Each logkit write appends N more records (staged by the tasks, appended by the driver's
-commit); each Parquet write overwrites its directory. Repeats are interleaved; medians.
+commit); each Parquet write overwrites its directory. When the JVM reader's jar is built
+(spark/jvm, `make jar`) the logkit write runs twice per round: through the jar's batch
+writer and, with `spark.logkit.jvm.enabled=false`, through the Python sink. Repeats are
+interleaved; medians.
 """
 
 from __future__ import annotations
@@ -39,17 +42,27 @@ def main() -> int:
         df = (spark.range(args.records, numPartitions=2)
               .selectExpr("CAST(id AS STRING) AS key", "repeat('x', 100) AS value").cache())
         df.count()
-        writers = {
-            "logkit data source": lambda: df.write.format("logkit").option("path", root)
-            .option("topic", "bench").mode("append").save(),
+        from pyspark_logkit import jvm_reader
+        jvm = jvm_reader(spark)
+
+        def logkit_write(use_jvm: bool):
+            def run() -> None:
+                spark.conf.set("spark.logkit.jvm.enabled", str(use_jvm).lower())
+                (df.write.format("logkit").option("path", root).option("topic", "bench")
+                 .mode("append").save())
+            return run
+
+        writers = {"logkit JVM writer": logkit_write(True)} if jvm else {}
+        writers.update({
+            "logkit data source": logkit_write(False),
             "df.write.parquet": lambda: df.write.mode("overwrite")
             .parquet(os.path.join(root, "parquet")),
-        }
+        })
         medians = interleaved_medians(writers, args.repeats)
         with logkit.Broker(root) as broker:
             topic = broker.topic("bench")
             written = sum(p.log_end_offset for p in topic.partitions)
-        assert written == args.records * (args.repeats + 1), written
+        assert written == args.records * (args.repeats + 1) * (len(writers) - 1), written
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -57,8 +70,11 @@ def main() -> int:
     print("| writer | time | records/s |\n|---|---:|---:|")
     for name, seconds in medians.items():
         print(f"| {name} | {seconds:.2f} s | {args.records / seconds:,.0f} |")
-    ratio = medians["logkit data source"] / medians["df.write.parquet"]
-    print(f"\nlogkit/parquet: {ratio:.2f}x")
+    parquet = medians["df.write.parquet"]
+    if "logkit JVM writer" in medians:
+        print(f"\nJVM writer/parquet: {medians['logkit JVM writer'] / parquet:.2f}x "
+              "(target <= 1.5x)")
+    print(f"Python sink/parquet: {medians['logkit data source'] / parquet:.2f}x")
     return 0
 
 

@@ -502,3 +502,40 @@ def test_a_corrupt_batch_fails_the_read_naming_file_and_position(spark, read_pat
     assert "CRC mismatch" in text and path in text
     assert f"position {second}" in text or f"position={second}" in text or \
         f"at {second}" in text, text[:2000]
+
+
+def test_writers_agree_on_partitioning_nulls_and_all_or_nothing(spark, read_path, tmp_path):
+    """A write with the `topic` option (the JVM writer's shape when the jar is there, the
+    Python sink's otherwise): keyed rows land on murmur2(key) like the producer, a
+    `partition` column picks the partition, null keys stick to one partition per task,
+    string and binary columns, and a task that fails leaves no records and no staging."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("out", 4)
+    root = str(tmp_path)
+    keyed = spark.range(3000, numPartitions=2).selectExpr(
+        "CASE WHEN id % 7 = 0 THEN NULL ELSE CAST(id AS STRING) END AS key",
+        "CAST(repeat('v', CAST(id % 300 AS INT)) AS BINARY) AS value")
+    keyed.write.format("logkit").option("path", root).option("topic", "out") \
+        .mode("append").save()
+    pinned = spark.range(10).selectExpr("CAST(CAST(id AS STRING) AS BINARY) AS key", "'p' AS value",
+                                        "CAST(id % 2 + 2 AS INT) AS partition")
+    pinned.write.format("logkit").option("path", root).option("topic", "out") \
+        .mode("append").save()
+    bad = spark.range(100, numPartitions=2).selectExpr(
+        "'v' AS value", "CAST(IF(id = 77, 9, 0) AS INT) AS partition")
+    with pytest.raises(Exception, match="partition 9 does not exist"):
+        bad.write.format("logkit").option("path", root).option("topic", "out") \
+            .mode("append").save()
+    assert not os.listdir(os.path.join(root, ".spark-staging"))
+    with logkit.Broker(tmp_path) as broker:
+        topic = broker.topic("out")
+        records = [r for p in topic.partitions for r in p.read(0, 10_000)]
+    assert len(records) == 3010
+    written = sorted((r.key or b"", r.key is None, r.value) for r in records
+                     if r.value != b"p")
+    assert written == sorted((b"" if i % 7 == 0 else str(i).encode(), i % 7 == 0,
+                              b"v" * (i % 300)) for i in range(3000))
+    assert all(r.partition == topic.partition_for(r.key) for r in records
+               if r.key is not None and r.value != b"p")
+    assert len({r.partition for r in records if r.key is None}) <= 2   # one per task
+    assert {r.partition for r in records if r.value == b"p"} == {2, 3}

@@ -84,13 +84,12 @@ def jar_path() -> str | None:
 
 
 def jvm_reader(spark: Any) -> bool:
-    """Whether format("logkit") resolves to the JVM reader on this session (its jar is
-    on the classpath and `spark.logkit.jvm.enabled` is not false)."""
-    try:
-        spark._jvm.java.lang.Class.forName(JVM_PROVIDER, False,
-                                            spark._jvm.org.apache.spark.util.Utils
-                                            .getContextOrSparkClassLoader())
-    except Exception:       # noqa: BLE001 - py4j raises its own error for a missing class
+    """Whether format("logkit") resolves to the JVM reader on this session: its jar is
+    in the session's `spark.jars` (or the driver's extra class path) and
+    `spark.logkit.jvm.enabled` is not false."""
+    places = ",".join(spark.conf.get(key, "") or "" for key in
+                      ("spark.jars", "spark.driver.extraClassPath"))
+    if os.path.basename(JAR) not in places:
         return False
     return spark.conf.get("spark.logkit.jvm.enabled", "true").lower() != "false"
 

@@ -1,6 +1,7 @@
 """The JVM reader's planner: `python -m pyspark_logkit.plan`, one process per Spark
 driver, started by the jar's reader (logkit.spark.Planner) and asked one JSON line per
-batch query.
+batch query (and, for the jar's batch writer, the sink's driver side: its option and
+column checks, and the commit and abort of the staged files).
 
 Owns: turning the read options into what the JVM reads — per Spark input partition a
 topic partition's offsets [start, end) and the byte ranges of the segment files that
@@ -24,8 +25,9 @@ import logkit
 from .brokers import broker_for
 from .options import SourceOptions
 from .reader import LogkitBatchReader, _past_lost
+from .writer import SinkOptions, _cleanup, append_staged
 
-__all__ = ["plan", "main"]
+__all__ = ["plan", "plan_write", "answer", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +55,48 @@ def plan(options: dict[str, str]) -> dict[str, Any]:
     return {"ok": True, "failOnDataLoss": source.fail_on_data_loss, "partitions": out}
 
 
+def plan_write(options: dict[str, str], schema_json: str) -> dict[str, Any]:
+    """The JVM writer's plan: the Python sink's checks of the options and columns (and
+    its topic creation), the topic's partition count and batch size limit, and a
+    staging directory of its own."""
+    import uuid
+
+    from pyspark.sql.datasource import CaseInsensitiveDict
+    from pyspark.sql.types import StructType
+    sink = SinkOptions(CaseInsensitiveDict(options),
+                       StructType.fromJson(json.loads(schema_json)), streaming=False)
+    topic = broker_for(sink.path).topic(sink.topic)
+    return {"ok": True, "path": sink.path, "topic": sink.topic, "writerId": uuid.uuid4().hex,
+            "partitions": topic.num_partitions,
+            "limitBytes": topic.config["max.message.bytes"] // 2}
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    """One request of the jar: op "read" (default), "write", "commit" or "abort"."""
+    op = request.get("op", "read")
+    if op == "read":
+        return plan(request["options"])
+    if op == "write":
+        return plan_write(request["options"], request["schema"])
+    if op == "commit":              # the Python batch sink's commit, as it is
+        try:
+            append_staged(request["path"], request["files"], sink_id=None, batch_id=None)
+        finally:
+            _cleanup(request["path"], request["writerId"])
+        return {"ok": True}
+    if op == "abort":
+        _cleanup(request["path"], request["writerId"])
+        return {"ok": True}
+    raise ValueError(f"unknown planner request {op!r}")
+
+
 def serve(requests: TextIO, replies: TextIO) -> None:
     """Answer one JSON request line with one JSON reply line until stdin closes."""
     for line in requests:
         if not line.strip():
             continue
         try:
-            reply = plan(json.loads(line)["options"])
+            reply = answer(json.loads(line))
         except logkit.LogkitError as exc:
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         except Exception as exc:       # noqa: BLE001 - the JVM raises it on the driver

@@ -2,9 +2,9 @@
  * The table behind format("logkit"): batch reads through the JVM reader when it can
  * serve them, everything else through the Python source's table.
  *
- * Invariant: the capabilities and the write path are the Python table's; only
- * newScanBuilder may answer with the JVM scan, and that scan still hands streaming
- * (toMicroBatchStream) to the Python scan.
+ * Invariant: the capabilities are the Python table's (plus batch reads); the JVM scan
+ * and the JVM writer hand streaming (toMicroBatchStream, toStreaming) to the Python
+ * source's, and every shape they do not serve goes to it whole.
  */
 package logkit.spark;
 
@@ -59,6 +59,10 @@ final class LogkitTable implements Table, SupportsRead, SupportsWrite {
 
     @Override
     public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
-        return ((SupportsWrite) python).newWriteBuilder(info);
+        WriteBuilder fallback = ((SupportsWrite) python).newWriteBuilder(info);
+        if (LogkitWrite.jvmWrites(info)) {
+            return new LogkitWrite(info, fallback);
+        }
+        return fallback;
     }
 }

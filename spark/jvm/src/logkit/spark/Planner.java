@@ -53,9 +53,15 @@ final class Planner {
 
     /** The plan for a batch read with these options: {"ok": true, "partitions": [...]}
      *  or {"ok": false, "error": "..."} when logkit refuses them. */
-    static synchronized JsonNode plan(Map<String, String> options) {
+    static JsonNode plan(Map<String, String> options) {
         Map<String, Object> request = new HashMap<>();
+        request.put("op", "read");
         request.put("options", options);
+        return ask(request);
+    }
+
+    /** One request to the planner process, one reply. */
+    static synchronized JsonNode ask(Map<String, Object> request) {
         String line;
         try {
             line = JSON.writeValueAsString(request);
