@@ -26,6 +26,19 @@ CRC, rebuilds the indexes and truncates at the first bad byte. A clean close mar
 tail clean after an fsync, which lets the next boot skip recovery. `flush.messages` and
 `flush.ms` set the fsync policy, as in Kafka.
 
+Group commit (an append that `flush.messages` makes durable): the appender writes and
+publishes its batch under the lock — the log end moves, the high watermark and the
+recovery point do not — releases the lock, then waits for an fdatasync that covers its
+end. One waiter of the process at a time is the flusher: it reads the log end, syncs
+the file outside every lock, so batches appended meanwhile wait for the next round,
+then publishes recovery point = high watermark = that end under the lock and wakes the
+rest. A waiter whose end the shared recovery point already passes (another process
+synced it) returns without syncing. A failed sync is the error of every waiter it
+covered, and the bytes above the recovery point are cut (`truncate_to`), so nothing a
+reader can see was left unsynced; a waiter whose batch was cut raises too. A waiter
+tells a cut from a roll by the segment-list version: when it moved, it looks its batch
+up (base offset and CRC) before it returns.
+
 Invariant: segments are contiguous in offsets; offsets below `log_end_offset` are in
 exactly one segment; bytes below each segment's committed size are CRC-valid batches.
 Bad stored bytes raise CorruptRecordError (path, position); nothing here asserts on data.
@@ -47,7 +60,8 @@ from typing import Any, Callable, Container, Iterator, Mapping, TypeVar
 
 from . import _fork, loader
 from .compression import TOPIC_COMPRESSION_TYPE
-from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitTimeoutError,
+from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitError,
+                     LogkitTimeoutError,
                      OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
                      UnknownTopicError, storage_error)
 from .loader import RecoveryReport, leftovers, live_bases
@@ -72,6 +86,8 @@ _LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tr
 MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
 BATCHES_SINCE_MAX_BYTES = 1 << 20     # batches_since() bound (one batch at least)
 READ_RETRIES = 100                    # a retention run may pull segments from a read
+SYNC_WAIT_S = 0.05                    # a group-commit waiter re-checks at least this often
+SYNC_FAILURES_KEPT = 16               # failed syncs remembered for their waiters
 
 _T = TypeVar("_T")
 
@@ -106,6 +122,15 @@ class PartitionLog:
         self._segments_version = -1
         self._listed: Tail | None = None    # the tail the segment list was built from
         self._dirty = False            # this process appended since its last clean flush
+        # Group commit (see the module docstring): `_sync_cond` guards the three fields
+        # below; at most one thread of the process is the flusher (`_syncing`).
+        self._sync_cond = threading.Condition(threading.Lock())
+        self._syncing = False
+        self._sync_failures: list[tuple[int, int, BaseException]] = []  # end, version, error
+        self._dir_synced_base = -1     # the active segment whose directory entry we synced
+        self._deferred: tuple[int, int] | None = None   # (end, segment-list version) of
+        #                                 a deferred append, set and taken under the lock
+        self.sync_count = 0            # fdatasyncs of the group-commit path (benchmarks)
         self._closed = False
         self._last_recovery: RecoveryReport | None = None
         try:
@@ -454,7 +479,10 @@ class PartitionLog:
                 base_offset = self._append_locked(batch, header, size, count, tail)
             except OSError as exc:
                 raise storage_error(exc, "append", self.directory) from exc
-        if self._doorbell is not None:
+            deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._await_sync(deferred[0], deferred[1], base_offset, header.crc)
+        elif self._doorbell is not None:
             self._doorbell.ring()
         return base_offset
 
@@ -479,6 +507,11 @@ class PartitionLog:
         position = tail.active_size
         last_offset = base_offset + count - 1
         flush = tail.unflushed_messages + count >= config["flush.messages"]
+        # Our own appends that must be durable sync after the lock (group commit, see
+        # the module docstring); a replica's batches still sync here.
+        deferred = flush and shipped_roll is None
+        if deferred:
+            flush = False
         try:
             segment.write(batch, position)
             if flush:
@@ -498,7 +531,8 @@ class PartitionLog:
         tail = tail._replace(
             log_end_offset=last_offset + 1, active_size=position + size,
             index_entries=entries, timeindex_entries=time_entries,
-            high_watermark=last_offset + 1, max_timestamp=max_ts,
+            high_watermark=tail.high_watermark if deferred else last_offset + 1,
+            max_timestamp=max_ts,
             max_timestamp_offset=max_ts_offset,
             roll_time_ms=now if tail.roll_time_ms < 0 else tail.roll_time_ms, clean=0,
             unflushed_messages=0 if flush else tail.unflushed_messages + count,
@@ -508,6 +542,8 @@ class PartitionLog:
             tail = tail._replace(recovery_point=last_offset + 1)
         self._tail_file.publish(tail)
         self._dirty = True
+        if deferred:
+            self._deferred = (last_offset + 1, tail.segments_version)
         return base_offset
 
     def _cut_back(self, segment: LogSegment, position: int) -> None:
@@ -568,7 +604,8 @@ class PartitionLog:
                              segments_version=tail.segments_version + 1,
                              max_timestamp=-1, max_timestamp_offset=-1, roll_time_ms=-1,
                              recovery_point=new_base, unflushed_messages=0,
-                             first_unflushed_ms=-1)        # the old segment was fsynced
+                             first_unflushed_ms=-1,        # the old segment was fsynced
+                             high_watermark=max(tail.high_watermark, new_base))
         self._tail_file.publish(tail)
         old.seal(sealed.max_timestamp, sealed.max_timestamp_offset, sealed.active_size)
         self._segments.pop(sealed.active_base_offset, None)   # a reader reopens it:
@@ -652,27 +689,31 @@ class PartitionLog:
         publishes the tail. A kill at any step leaves a prefix of the old log that the
         next open recovers."""
         with self._locked_tail("truncate") as tail:
-            end = tail.log_end_offset
-            if offset >= end:
-                return end
-            self._check_in_range(offset, tail, end)
-            bases = list(self._bases)
-            i = self._first_segment(offset, end)
-            segment, size = self._sized(bases[i], tail)
-            cut = segment.find(offset, size)
-            try:
-                self._tail_file.publish(tail._replace(
-                    recovery_point=min(tail.recovery_point, bases[i]), clean=0))
-                self._tail_file.sync()
-                self._close_segments()
-                for base in reversed(bases[i:]):
-                    retire_segment(self.directory, base)
-                _copy_prefix(os.path.join(self.directory, segment_file_name(
-                    bases[i], ".log")), cut)
-                self._recover(full=False)
-                new_end = self._tail_under_lock().log_end_offset
-            except OSError as exc:
-                raise storage_error(exc, "truncate", self.directory) from exc
+            return self._truncate_locked(tail, offset, "truncate")
+
+    def _truncate_locked(self, tail: Tail, offset: int, operation: str) -> int:
+        """truncate_to's work, under the lock."""
+        end = tail.log_end_offset
+        if offset >= end:
+            return end
+        self._check_in_range(offset, tail, end)
+        bases = list(self._bases)
+        i = self._first_segment(offset, end)
+        segment, size = self._sized(bases[i], tail)
+        cut = segment.find(offset, size)
+        try:
+            self._tail_file.publish(tail._replace(
+                recovery_point=min(tail.recovery_point, bases[i]), clean=0))
+            self._tail_file.sync()
+            self._close_segments()
+            for base in reversed(bases[i:]):
+                retire_segment(self.directory, base)
+            _copy_prefix(os.path.join(self.directory, segment_file_name(
+                bases[i], ".log")), cut)
+            self._recover(full=False)
+            new_end = self._tail_under_lock().log_end_offset
+        except OSError as exc:
+            raise storage_error(exc, operation, self.directory) from exc
         log.warning("%s: truncated the log from end offset %d to %d (%d segment(s) "
                     "rewritten or removed)", self.name, end, new_end, len(bases) - i)
         return new_end
@@ -739,12 +780,143 @@ class PartitionLog:
             if tail.unflushed_messages or tail.recovery_point < tail.log_end_offset:
                 try:
                     self._segment(tail.active_base_offset).flush()
+                    self._sync_directory_once(tail.active_base_offset)
                     self._tail_file.publish(tail._replace(
                         recovery_point=tail.log_end_offset, unflushed_messages=0,
-                        first_unflushed_ms=-1))
+                        first_unflushed_ms=-1,
+                        high_watermark=max(tail.high_watermark, tail.log_end_offset)))
                     self._tail_file.sync()
                 except OSError as exc:
                     raise storage_error(exc, "flush", self.directory) from exc
+
+    def _sync_directory_once(self, base: int) -> None:
+        """fsync the partition directory once per active segment (per process), so the
+        segment file's own entry is durable before anything in it is acknowledged as
+        synced: fdatasync and fsync of a file do not promise its directory entry."""
+        if base == self._dir_synced_base:
+            return
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._dir_synced_base = base
+
+    # ---- group commit (module docstring) ------------------------------------------------
+
+    def _await_sync(self, end: int, version: int, base_offset: int, crc: int) -> None:
+        """Return once a sync covering the offsets below `end` is done and published
+        (by this process or another). The batch is the one at `base_offset` with `crc`,
+        appended while the segment-list version was `version`. Raises StorageError when
+        the sync that covered it failed, or when it was cut after a failed sync."""
+        cond = self._sync_cond
+        while True:
+            with cond:
+                for failed_end, failed_version, error in self._sync_failures:
+                    if failed_end >= end and failed_version == version:
+                        raise error
+            tail = self.tail()
+            if tail.segments_version != version:      # a roll, retention or a cut
+                if not self._still_stored(tail, base_offset, crc):
+                    raise self._cut_error(base_offset)
+                version = tail.segments_version
+            if tail.recovery_point >= end:
+                return
+            with cond:
+                if self._syncing:
+                    cond.wait(SYNC_WAIT_S)
+                    continue
+                self._syncing = True
+            try:
+                self._sync_round()
+            finally:
+                with cond:
+                    self._syncing = False
+                    cond.notify_all()
+
+    def _sync_round(self) -> None:
+        """The flusher's round: fdatasync the active `.log` up to the log end read now,
+        outside every lock (appends go on meanwhile and wait for the next round), then
+        publish that end as the recovery point and high watermark. A failed sync is
+        recorded for the waiters it covered, and the unsynced batches are cut."""
+        tail = self.tail()
+        target, version, base = (tail.log_end_offset, tail.segments_version,
+                                 tail.active_base_offset)
+        if tail.recovery_point >= target:
+            return
+        try:
+            with self._thread_lock:
+                self._refresh(tail)
+                fd = self._segment(base).dup_log_fd()
+        except OSError as exc:
+            if self.tail().segments_version != version:
+                return                   # rolled or cut meanwhile: the caller looks again
+            raise storage_error(exc, "fsync", self.directory) from exc
+        try:
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            self._sync_directory_once(base)
+        except OSError as exc:
+            self._sync_failed(target, version, exc)
+            return
+        self.sync_count += 1
+        with self._locked_tail("fsync") as now:
+            if now.segments_version == version and \
+                    now.recovery_point < target <= now.log_end_offset:
+                done = target == now.log_end_offset
+                self._tail_file.publish(now._replace(
+                    recovery_point=target,
+                    high_watermark=max(now.high_watermark, target),
+                    unflushed_messages=0 if done else now.unflushed_messages,
+                    first_unflushed_ms=-1 if done else now.first_unflushed_ms))
+        if self._doorbell is not None:
+            self._doorbell.ring()
+
+    def _sync_failed(self, target: int, version: int, exc: OSError) -> None:
+        """A failed sync: its error goes to every waiter whose batch ends at or below
+        `target`, and every batch above the recovery point is cut — the page cache may
+        have dropped them already, and they must never be read, sealed or acknowledged
+        (a later sync could report success without them)."""
+        error = storage_error(exc, "fsync", self.directory)
+        error.__cause__ = exc
+        with self._sync_cond:
+            self._sync_failures = self._sync_failures[-(SYNC_FAILURES_KEPT - 1):] + [
+                (target, version, error)]
+        log.warning("%s: fdatasync failed (%s); cutting the batches above the recovery "
+                    "point", self.name, exc)
+        try:
+            with self._locked_tail("fsync") as tail:
+                if tail.recovery_point < tail.log_end_offset:
+                    self._truncate_locked(tail, tail.recovery_point, "fsync")
+        except LogkitError as cut:
+            # The batches stay past the recovery point, unacknowledged and below no
+            # reader's high watermark; the next open after a crash cuts them.
+            log.warning("%s: could not cut the unsynced batches: %s", self.name, cut)
+
+    def _still_stored(self, tail: Tail, base_offset: int, crc: int) -> bool:
+        """Whether the batch at `base_offset` with `crc` is still in the log (asked when
+        the segment list changed while it waited for its sync)."""
+        if base_offset < tail.log_start_offset:
+            return True               # retention took its sealed (so synced) segment
+        if base_offset >= tail.log_end_offset:
+            return False
+        try:
+            headers = self._with_tail(self._batch_headers, base_offset)
+        except (CorruptRecordError, OffsetOutOfRangeError):
+            return False
+        return bool(headers) and headers[0].base_offset == base_offset \
+            and headers[0].crc == crc
+
+    def _cut_error(self, base_offset: int) -> StorageError:
+        with self._sync_cond:
+            cause = self._sync_failures[-1][2] if self._sync_failures else None
+        error = StorageError(f"{self.name}: the batch at offset {base_offset} was cut "
+                             "before it was synced (a sync failed)", operation="fsync",
+                             path=self.directory)
+        error.__cause__ = cause
+        return error
 
     def maybe_flush(self, now_ms: int | None = None) -> bool:
         """The flush.ms policy: fsync if the oldest unflushed append is old enough."""
@@ -1123,9 +1295,11 @@ class PartitionLog:
     def _mark_clean(self) -> None:
         with self._locked_tail("close") as tail:
             self._segment(tail.active_base_offset).flush()
-            self._tail_file.publish(tail._replace(recovery_point=tail.log_end_offset,
-                                                  unflushed_messages=0,
-                                                  first_unflushed_ms=-1, clean=1))
+            self._sync_directory_once(tail.active_base_offset)
+            self._tail_file.publish(tail._replace(
+                recovery_point=tail.log_end_offset, unflushed_messages=0,
+                first_unflushed_ms=-1, clean=1,
+                high_watermark=max(tail.high_watermark, tail.log_end_offset)))
             self._tail_file.sync()
 
     def check(self) -> None:
