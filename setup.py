@@ -5,9 +5,23 @@ headers are present. `optional=True` means a failed build is a warning, not an e
 logkit then runs on its pure-Python code, which is always kept correct.
 """
 
-from setuptools import Extension, setup
+import runpy
 
-setup(ext_modules=[
+from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPyWithJar(build_py):
+    """Also builds the Spark JVM reader's jar (spark/jvm/build_jar.py) into
+    pyspark_logkit/jars/ when javac and Spark's jars are found; without them it says
+    why and the wheel ships the Python data source alone."""
+
+    def run(self):
+        runpy.run_path("spark/jvm/build_jar.py")["build"]()
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithJar}, ext_modules=[
     Extension("logkit._speedups", sources=["logkit/_speedups.c"], optional=True,
               extra_compile_args=["-O3", "-std=c99"]),
     # Producer.send()'s common case (logkit/producer.py falls back to Python without it).
