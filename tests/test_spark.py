@@ -539,3 +539,17 @@ def test_writers_agree_on_partitioning_nulls_and_all_or_nothing(spark, read_path
                if r.key is not None and r.value != b"p")
     assert len({r.partition for r in records if r.key is None}) <= 2   # one per task
     assert {r.partition for r in records if r.value == b"p"} == {2, 3}
+
+
+def test_the_jar_build_says_why_and_builds_nothing_without_javac(tmp_path, monkeypatch,
+                                                                 capsys):
+    """setup.py's build_py and `make jar` go on without a JDK: no jar, a reason, and the
+    Python source stays the reader."""
+    import runpy
+    build = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "spark", "jvm",
+                                        "build_jar.py"))["build"]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    out = tmp_path / "logkit-spark.jar"
+    assert build(str(out)) is False
+    assert not out.exists()
+    assert "no javac" in capsys.readouterr().err
