@@ -541,6 +541,18 @@ def test_writers_agree_on_partitioning_nulls_and_all_or_nothing(spark, read_path
     assert {r.partition for r in records if r.value == b"p"} == {2, 3}
 
 
+def test_overwrite_is_refused_as_append_only(spark, read_path, tmp_path):
+    """mode("overwrite") is refused with the Python sink's message on both paths."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("out", 1)
+    df = spark.range(3).selectExpr("CAST(id AS STRING) AS value")
+    with pytest.raises(Exception, match="append-only"):
+        df.write.format("logkit").option("path", str(tmp_path)).option("topic", "out") \
+            .mode("overwrite").save()
+    with logkit.Broker(tmp_path) as broker:
+        assert broker.topic("out").partition(0).log_end_offset == 0
+
+
 def test_the_jar_build_says_why_and_builds_nothing_without_javac(tmp_path, monkeypatch,
                                                                  capsys):
     """setup.py's build_py and `make jar` go on without a JDK: no jar, a reason, and the

@@ -37,6 +37,7 @@ import org.apache.spark.sql.connector.write.DataWriter;
 import org.apache.spark.sql.connector.write.DataWriterFactory;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
 import org.apache.spark.sql.connector.write.PhysicalWriteInfo;
+import org.apache.spark.sql.connector.write.SupportsTruncate;
 import org.apache.spark.sql.connector.write.Write;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.connector.write.WriterCommitMessage;
@@ -48,7 +49,7 @@ import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
-final class LogkitWrite implements WriteBuilder, Write {
+final class LogkitWrite implements WriteBuilder, SupportsTruncate, Write {
     static final int STAGED_BATCH_RECORDS = 2000;   // writer.STAGED_BATCH_RECORDS
 
     private final LogicalWriteInfo info;
@@ -99,6 +100,17 @@ final class LogkitWrite implements WriteBuilder, Write {
     @Override
     public Write build() {
         return this;
+    }
+
+    /** mode("overwrite") and streaming complete mode: the Python sink's answer (a
+     *  batch overwrite is refused there: topics are append-only). */
+    @Override
+    public WriteBuilder truncate() {
+        if (python instanceof SupportsTruncate) {
+            return ((SupportsTruncate) python).truncate();
+        }
+        throw new UnsupportedOperationException(
+            "logkit: topics are append-only; use mode('append')");
     }
 
     @Override
