@@ -183,6 +183,9 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
             if (keys != null || values != null) {
                 int keyLength = (int) varlong(d, p);
                 p = varPos;
+                if (p + Math.max(keyLength, 0) > recordEnd) {
+                    throw corrupt("a record's key runs past the record", batchPos);
+                }
                 if (keys != null) {
                     if (keyLength < 0) {
                         keys.putNull(rows);
