@@ -48,7 +48,7 @@ PYTHON = sys.executable
 
 SYSCALLS = ("openat", "write", "pwrite64", "pwritev", "fsync", "fdatasync", "msync",
             "ftruncate", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir",
-            "rmdir", "mmap", "munmap", "flock", "fallocate")
+            "rmdir", "mmap", "munmap", "flock", "fallocate", "syncfs")
 VARIANTS = ("acks1", "flush1", "twowriters")
 CLASSES = ("integrity", "wedge", "raw-error", "hang", "reopen-error")
 KILL_MODES = ("kill-before", "kill-after")
