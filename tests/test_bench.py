@@ -240,6 +240,40 @@ def test_scaling_quick_runs_and_writes_its_json(tmp_path):
         assert finite_positive(reopened[key]), (key, reopened)
 
 
+def test_curves_quick_runs_every_curve_and_draws_it(tmp_path):
+    """benchmarks.curves (its own command line) runs its --quick size: every curve's
+    rows beside their floors, positive and self-consistent, and one PNG per curve."""
+    out = tmp_path / "curves.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.curves", "--quick", "--dir",
+                           str(tmp_path), "--json", str(out), "--plots", str(tmp_path)],
+                          cwd=CHECKOUT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    document = json.loads(out.read_text())
+    from benchmarks import curves
+    assert [r["partitions"] for r in document["create"]] == \
+        list(curves.QUICK["create_points"])
+    checks = {"create": ("create_s", "create_floor_s", "reopen_s", "reopen_floor_s"),
+              "seek": ("read_us_p50", "read_us_p99", "floor_us_p50"),
+              "values": ("produce_mb_per_s", "consume_mb_per_s", "write_mb_per_s",
+                         "read_mb_per_s"),
+              "rebalance": ("rebalance_ms", "floor_ms"),
+              "writers": ("logkit_rate", "floor_rate", "sqlite_rate")}
+    for name, keys in checks.items():
+        assert document[name], name
+        for row in document[name]:
+            for key in keys:
+                assert finite_positive(row[key]), (name, key, row)
+    for row in document["seek"]:
+        assert row["read_us_p50"] <= row["read_us_p99"] and row["records"] > 0, row
+    rss = document["rss"]
+    assert rss["records"] > 0 and finite_positive(rss["consumer_rss_mib"])
+    assert rss["consumer_anon_mib"] + rss["consumer_file_mib"] <= \
+        rss["consumer_rss_mib"] + 1, rss
+    pytest.importorskip("matplotlib")
+    for name in curves.CURVES:
+        assert (tmp_path / f"curves-{name}.png").stat().st_size > 0, name
+
+
 def test_objectstore_quick_runs_and_writes_its_json(tmp_path):
     """benchmarks.objectstore (its own command line) runs its --quick size against
     file:// and moto's S3 server: lag percentiles in order for each store, and per pass
