@@ -21,9 +21,12 @@ append in place of a produce request):
 | `future.result()` on a still-open batch    | the calling thread (no hand-off)  |
 | `buffer_memory` exhausted                  | the sender thread, ignoring linger|
 
-With `linger_ms=0` a batch is due at once, so it leaves as soon as the sender thread
-runs; records sent meanwhile join it — exactly what Kafka does while a request is in
-flight. An idle producer writes one-record batches; a busy one writes full batches.
+With `linger_ms=0` a batch is due at once while the producer is quiet: a lone record
+leaves as soon as the sender thread runs. While records keep arriving (a batch grew
+since the sender thread's last look, or a batch is being appended — Kafka's request in
+flight) it waits until full or BUSY_LINGER_S old (logkit/accumulator.py): an idle
+producer writes one-record batches; a saturated one writes full batches, never a
+trickle of tiny ones.
 
 Buffer accounting is Kafka's (see logkit/accumulator.py): a `send()` that needs a new
 batch and finds no room in `buffer_memory` blocks up to `max_block_ms`, then raises
