@@ -56,7 +56,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Container, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Container, Iterator, Mapping, NamedTuple, TypeVar
 
 from . import _fork, loader
 from .compression import TOPIC_COMPRESSION_TYPE
@@ -76,7 +76,8 @@ from .tail import (BOOT_ID, TAIL_FILE, Tail, TailFile, check_directory, open_fil
 # tail.py and loader.py and stay importable from this module.
 __all__ = ["PartitionLog", "Tail", "TailFile", "RecoveryReport", "check_directory",
            "open_file", "live_bases", "leftovers", "BOOT_ID", "TAIL_FILE", "DELETED_SUFFIX",
-           "MAX_FETCH_BYTES", "BATCHES_SINCE_MAX_BYTES", "LOCK_TIMEOUT_S"]
+           "MAX_FETCH_BYTES", "BATCHES_SINCE_MAX_BYTES", "LOCK_TIMEOUT_S", "SyncTicket",
+           "SyncWaiter"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,17 @@ SYNC_WAIT_S = 0.05                    # a group-commit waiter re-checks at least
 SYNC_FAILURES_KEPT = 16               # failed syncs remembered for their waiters
 
 _T = TypeVar("_T")
+
+
+class SyncTicket(NamedTuple):
+    """A durable append waiting for its sync (`PartitionLog.append_batch_nowait`): the
+    log end it needs synced, the segment-list version it was appended under, and the
+    batch's base offset and CRC (to find it again when the segment list changed)."""
+
+    end: int
+    version: int
+    base_offset: int
+    crc: int
 
 
 def _now_ms() -> int:
@@ -448,6 +460,8 @@ class PartitionLog:
     def append_batch(self, batch: bytearray, *, verify: bool = False,
                      lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> int:
         """Append one encoded batch (baseOffset is stamped here); returns base offset.
+        When `flush.messages` makes it durable, returns once a sync covers it
+        (`append_batch_nowait` + `wait_synced`).
 
         `verify` re-checks the CRC first (for batches that did not come from our own
         encoder). Raises CorruptRecordError when the length field does not match the
@@ -456,6 +470,19 @@ class PartitionLog:
         as its cause) when a write or fsync fails — and then nothing of the batch is
         stored: the file is cut back to the published end before the lock is released,
         and a later roll never seals bytes past that end either."""
+        base_offset, ticket = self.append_batch_nowait(batch, verify=verify,
+                                                       lock_timeout_s=lock_timeout_s)
+        if ticket is not None:
+            self.wait_synced(ticket)
+        return base_offset
+
+    def append_batch_nowait(self, batch: bytearray, *, verify: bool = False,
+                            lock_timeout_s: float | None = LOCK_TIMEOUT_S
+                            ) -> tuple[int, SyncTicket | None]:
+        """`append_batch` without the wait for its sync: (base offset, None) when the
+        batch needs no sync, else (base offset, ticket) — the batch is stored but not
+        readable, and not acknowledged, until `wait_synced(ticket)` returns (which any
+        thread may call; the producer's SyncWaiter does)."""
         config = self.config
         header = _whole_batch_header(batch)
         size = header.size
@@ -481,10 +508,11 @@ class PartitionLog:
                 raise storage_error(exc, "append", self.directory) from exc
             deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            self._await_sync(deferred[0], deferred[1], base_offset, header.crc)
-        elif self._doorbell is not None:
+            return base_offset, SyncTicket(deferred[0], deferred[1], base_offset,
+                                           header.crc)
+        if self._doorbell is not None:
             self._doorbell.ring()
-        return base_offset
+        return base_offset, None
 
     def _append_locked(self, batch: bytearray, header: BatchHeader, size: int, count: int,
                        tail: Tail, shipped_roll: bool | None = None) -> int:
@@ -804,11 +832,12 @@ class PartitionLog:
 
     # ---- group commit (module docstring) ------------------------------------------------
 
-    def _await_sync(self, end: int, version: int, base_offset: int, crc: int) -> None:
-        """Return once a sync covering the offsets below `end` is done and published
-        (by this process or another). The batch is the one at `base_offset` with `crc`,
-        appended while the segment-list version was `version`. Raises StorageError when
-        the sync that covered it failed, or when it was cut after a failed sync."""
+    def wait_synced(self, ticket: SyncTicket) -> None:
+        """Return once a sync covering the ticket's batch is done and published (by this
+        process or another): its records are then readable and may be acknowledged.
+        Raises StorageError when the sync that covered it failed, or when the batch was
+        cut after a failed sync (its records are not stored)."""
+        end, version, base_offset, crc = ticket
         cond = self._sync_cond
         while True:
             with cond:
@@ -1370,3 +1399,82 @@ def _whole_batch_header(batch: Any) -> BatchHeader:
                                  "its bytes", expected=size,
                                  actual=None if header is None else header.size)
     return header
+
+
+class SyncWaiter:
+    """Durable batches already appended (`append_batch_nowait`) waiting for their syncs
+    off the appending thread, so the appender goes on building and appending batches
+    while a sync runs: the producer's pipelining (group commit then covers all of them
+    with one sync). One daemon thread; each round takes every queued entry and, in
+    order, waits for its ticket (`wait_synced` on the partition it came from — the
+    first wait of a round syncs all that was published, the rest mostly find it done)
+    and calls `done(token, error)` (error None when synced).
+
+    At most `limit` entries wait: `add` blocks beyond that (back-pressure, as a bounded
+    number of requests in flight), except on the waiter's own thread (a completion that
+    appends again must not wait for itself). Thread-safe; `close()` finishes the queued
+    entries first and is safe twice."""
+
+    def __init__(self, done: Callable[[Any, BaseException | None], None], *,
+                 limit: int = 64, name: str = "logkit-sync") -> None:
+        self._done = done
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._queue: list[tuple[Any, Any, SyncTicket]] = []
+        self._busy = 0                    # entries the thread took and has not done yet
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, token: Any, partition: Any, ticket: SyncTicket) -> None:
+        """Queue `token` until `partition.wait_synced(ticket)` returns or raises."""
+        with self._cond:
+            if threading.current_thread() is not self._thread:
+                while len(self._queue) + self._busy >= self._limit and not self._closed:
+                    self._cond.wait()
+            if self._closed:
+                raise ClosedError("the sync waiter is closed")
+            self._queue.append((token, partition, ticket))
+            self._cond.notify_all()
+
+    def wait_idle(self, deadline: float | None) -> None:
+        """Until nothing waits (a flush), or LogkitTimeoutError at `deadline`."""
+        with self._cond:
+            while self._queue or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise LogkitTimeoutError("flush: durable batches still wait for "
+                                             "their sync")
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._queue and not self._closed:
+                    cond.wait()
+                if not self._queue:
+                    return
+                entries, self._queue = self._queue, []
+                self._busy = len(entries)
+                cond.notify_all()
+            for token, partition, ticket in entries:
+                error: BaseException | None = None
+                try:
+                    partition.wait_synced(ticket)
+                except BaseException as exc:        # the batch's error, whatever it is
+                    error = exc
+                try:
+                    self._done(token, error)
+                except Exception:                   # never let one stop the thread
+                    log.exception("completing a synced batch failed")
+                with cond:
+                    self._busy -= 1
+                    cond.notify_all()

@@ -126,6 +126,7 @@ from .config import PRODUCER, resolve
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
                      LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
                      RecordTooLargeError, UnknownTopicError, storage_error)
+from .log import SyncWaiter
 from .murmur2 import partition_for_key
 from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
                       record_size_estimate)
@@ -415,6 +416,7 @@ class Producer:
         self._acks_all = acks in (-1, "all")           # checks min.insync.replicas
         self._request_timeout_s = settings["request_timeout_ms"] / 1000
         self._ack_waiter: Any = None    # acks="all" to a replicated topic, on first use
+        self._durable_waiter: Any = None    # flush.messages topics, on first use
         self._buffer_memory = settings["buffer_memory"]
         # read by send()'s hot path (and handed to _sendpath.c's Sender)
         self._batch_size = max(1, min(settings["batch_size"], self._buffer_memory))
@@ -656,6 +658,7 @@ class Producer:
         callers = deadline is not None and deadline < until
         if callers:
             until = deadline
+        ticket = None                            # flush.messages: the sync to wait for
         try:
             if batch.rows:                       # every row may have been rescued
                 partition = batch.state.topic.partition(batch.partition)
@@ -670,7 +673,7 @@ class Producer:
                     self._append_split(partition, batch.rows, now_ms, batch.outcomes,
                                        [until, callers, batch])
                 else:
-                    batch.base_offset = partition.append_batch(
+                    batch.base_offset, ticket = partition.append_batch_nowait(
                         encoded, verify=False,
                         lock_timeout_s=max(0.0, until - time.monotonic()))
         except LogkitTimeoutError as exc:     # the lock was not free: nothing stored
@@ -691,12 +694,36 @@ class Producer:
             batch.error = exc
             self._resolve(batch)
             raise
+        if ticket is not None:                # flush.messages: complete after the sync
+            if not (self._acks_all and hasattr(partition, "in_sync_replicas")):
+                self._sync_waiter().add(batch, partition, ticket)   # appends go on
+                return True
+            try:
+                partition.wait_synced(ticket)
+            except LogkitError as exc:
+                batch.error = exc
         if self._acks_all and batch.error is None and batch.rows \
                 and hasattr(partition, "in_sync_replicas"):
             self._wait_for_replicas(batch, partition)      # resolved by the waiter
             return True
         self._resolve(batch)
         return True
+
+    def _sync_waiter(self) -> Any:
+        """The thread that completes durable batches after their sync (logkit/log.py
+        SyncWaiter), so this one appends on meanwhile; made on first use."""
+        waiter = self._durable_waiter
+        if waiter is None:
+            with self._accumulator.lock:
+                waiter = self._durable_waiter
+                if waiter is None:
+                    waiter = self._durable_waiter = SyncWaiter(self._synced)
+        return waiter
+
+    def _synced(self, batch: Batch, error: BaseException | None) -> None:
+        if error is not None:
+            batch.error = error
+        self._resolve(batch)
 
     def _wait_for_replicas(self, batch: Batch, partition: Any) -> None:
         """acks="all" to a replicated partition: the stored batch completes once the
@@ -851,6 +878,8 @@ class Producer:
             for p in range(state.count):
                 self._drain(state, p, deadline)
         self._accumulator.wait_appended(deadline, timeout)
+        if self._durable_waiter is not None:       # flush.messages: the syncs too
+            self._durable_waiter.wait_idle(deadline)
         if self._ack_waiter is not None:           # acks="all": the replicas too
             self._ack_waiter.wait_idle(deadline)
 
@@ -867,6 +896,8 @@ class Producer:
         try:
             self.flush(timeout)
         finally:
+            if self._durable_waiter is not None:
+                self._durable_waiter.close()
             if self._ack_waiter is not None:
                 self._ack_waiter.close()
         if self._sender is not threading.current_thread():

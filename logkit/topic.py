@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 from .columns import Columns
 from .compression import codec_id, require
 from .errors import InvalidTopicError, UnknownTopicError
-from .log import BATCHES_SINCE_MAX_BYTES, MAX_FETCH_BYTES, PartitionLog, RecoveryReport
+from .log import (BATCHES_SINCE_MAX_BYTES, LOCK_TIMEOUT_S, MAX_FETCH_BYTES, PartitionLog,
+                  RecoveryReport)
 from .murmur2 import partition_for_key
 from .records import BatchHeader, Record
 
@@ -221,6 +222,22 @@ class Partition:
         if lock_timeout_s is None:
             return self._log.append_batch(batch, verify=verify)
         return self._log.append_batch(batch, verify=verify, lock_timeout_s=lock_timeout_s)
+
+    def append_batch_nowait(self, batch: bytearray, *, verify: bool = True,
+                            lock_timeout_s: float | None = None) -> tuple[int, Any]:
+        """`append_batch` that does not wait for the sync `flush.messages` asks for:
+        (base offset, None), or (base offset, ticket) when the batch is readable and
+        acknowledged only once `wait_synced(ticket)` returns (group commit: the producer
+        appends on while a sync runs; docs/storage.md)."""
+        if not isinstance(batch, bytearray):
+            batch = bytearray(batch)
+        return self._log.append_batch_nowait(batch, verify=verify, lock_timeout_s=(
+            LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s))
+
+    def wait_synced(self, ticket: Any) -> None:
+        """Until the sync covering an `append_batch_nowait` batch is done; StorageError
+        when it failed (then the batch is not stored)."""
+        self._log.wait_synced(ticket)
 
     # ---- chores ---------------------------------------------------------------------
 

@@ -181,6 +181,32 @@ def test_a_producer_future_fails_with_the_sync(broker, gate):
     assert [r.value for r in broker.topic("t").partition(0).read(0)] == [b"w"]
 
 
+def test_the_producer_appends_on_while_a_sync_runs(broker, gate):
+    """One thread sends 50 records in small batches while the first sync is held: every
+    batch is appended meanwhile (the producer does not wait for the sync to append the
+    next one), no future completes before its sync, and one more sync covers all the
+    rest."""
+    partition = broker.create_topic("t", 1, config=DURABLE).partition(0)
+    gate.held.add("logkit-sync")           # the producer's SyncWaiter thread
+    with broker.producer(batch_size=300, linger_ms=0) as producer:
+        try:
+            futures = [producer.send("t", b"v%02d" % i, key=b"k") for i in range(50)]
+            gate.entered.wait()
+            flusher = start("flusher", producer.flush)
+            wait_for_end(partition._log, 50)
+            assert partition.high_watermark < 50
+            assert not any(f.done() for f in futures[partition.high_watermark:])
+        finally:
+            gate.release()                 # else closing the producer waits forever
+        flusher[0].join()
+        assert flusher[1] == {"result": None}
+        assert [f.result(timeout=60).offset for f in futures] == list(range(50))
+    assert sum(gate.calls.values()) == 2
+    batches = partition.batch_headers(0)
+    assert len(batches) > 2
+    assert partition.high_watermark == 50
+
+
 def test_a_batch_the_shared_recovery_point_covers_costs_no_sync(broker, gate):
     """Two openers of one partition (as two processes are): while one's flusher is held
     in its sync, the other syncs both openers' batches and publishes the recovery

@@ -397,9 +397,9 @@ class LeaderLog(PartitionLog):
         super().__init__(*args, **kwargs)
         self._lease = lease
 
-    def append_batch(self, batch: bytearray, **kwargs: Any) -> int:
-        self._lease.check()
-        return super().append_batch(batch, **kwargs)
+    def append_batch_nowait(self, batch: bytearray, **kwargs: Any) -> Any:
+        self._lease.check()             # append_batch comes here too
+        return super().append_batch_nowait(batch, **kwargs)
 
 
 class LeaderMeta(MetaStore):
