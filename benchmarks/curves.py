@@ -37,6 +37,7 @@ import os
 import random
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,11 +57,11 @@ READ_CHUNK = 1 << 20
 FULL = {"create_points": (10, 100, 1000, 3000), "seek_gb": (1.0, 5.0),
         "value_sizes": (1024, 10240, 102400, 1048576), "value_total_mb": 256,
         "members": (2, 10, 50), "writers": (1, 2, 4, 8), "writer_batches": 4000,
-        "seek_samples": SEEK_SAMPLES, "rounds": 3}
+        "seek_samples": SEEK_SAMPLES, "rounds": 3, "member_poll_ms": 50}
 QUICK = {"create_points": (2, 8), "seek_gb": (0.002, 0.004),
          "value_sizes": (1024, 102400), "value_total_mb": 2,
          "members": (2,), "writers": (1,), "writer_batches": 50, "seek_samples": 50,
-         "rounds": 1}
+         "rounds": 1, "member_poll_ms": 50}
 
 
 def now() -> float:
@@ -127,33 +128,76 @@ def reopen_floor(data: str, partitions: int) -> float:
 
 
 def curve_create(sizes: dict, root: str) -> list[dict[str, Any]]:
+    """Per partition count, rounds of (create_topic, its floor, reopen, its floor), the
+    order alternating so the writeback one leaves behind hits both sides; medians. The
+    durability barrier's share of create_topic is timed apart (`barrier_s`)."""
+    import logkit.broker
     from logkit import Broker
+    real_barrier = getattr(logkit.broker, "sync_filesystem", None)
+    barrier: list[float] = []
+    if real_barrier is not None:
+        def timed_barrier(path: str) -> None:
+            started = now()
+            real_barrier(path)
+            barrier.append(now() - started)
+        logkit.broker.sync_filesystem = timed_barrier
     rows = []
-    for n in sizes["create_points"]:
-        data = os.path.join(root, f"logkit-{n}")
-        broker = Broker(data, background=False)
-        started = now()
-        broker.create_topic(TOPIC, partitions=n)
-        created = now() - started
-        broker.close()
-        floor = create_floor(os.path.join(root, f"floor-{n}"), topic_files(data))
-        started = now()
-        broker = Broker(data, background=False)
-        topic = broker.topic(TOPIC)
-        for p in range(n):
-            topic.partition(p).high_watermark
-        reopened = now() - started
-        broker.close()
-        rfloor = reopen_floor(data, n)
-        rows.append({"partitions": n, "create_s": created, "create_floor_s": floor,
-                     "create_ms_per_partition": created * 1000 / n,
-                     "create_floor_ms_per_partition": floor * 1000 / n,
-                     "create_vs_floor": created / floor, "reopen_s": reopened,
-                     "reopen_floor_s": rfloor, "reopen_vs_floor": reopened / rfloor})
-        shutil.rmtree(data, ignore_errors=True)
-        shutil.rmtree(os.path.join(root, f"floor-{n}"), ignore_errors=True)
-        sys.stderr.write(f"curves: create {n}: {rows[-1]['create_ms_per_partition']:.2f} "
-                         f"ms/partition ({rows[-1]['create_vs_floor']:.2f}x floor)\n")
+    try:
+        for n in sizes["create_points"]:
+            runs: dict[str, list[float]] = {k: [] for k in ("create_s", "create_floor_s",
+                                                            "reopen_s", "reopen_floor_s")}
+            barrier.clear()
+            files: list[str] = []                 # the topic's files, from round 0
+            for r in range(sizes["rounds"] if n <= 1000 else 1):
+                data = os.path.join(root, f"logkit-{n}-{r}")
+                floor_dir = os.path.join(root, f"floor-{n}-{r}")
+
+                def logkit_side() -> None:
+                    broker = Broker(data, background=False)
+                    started = now()
+                    broker.create_topic(TOPIC, partitions=n)
+                    runs["create_s"].append(now() - started)
+                    broker.close()
+                    if not files:
+                        files[:] = topic_files(data)
+                    started = now()
+                    broker = Broker(data, background=False)
+                    topic = broker.topic(TOPIC)
+                    for p in range(n):
+                        topic.partition(p).high_watermark
+                    runs["reopen_s"].append(now() - started)
+                    broker.close()
+
+                def floor_side() -> None:
+                    runs["create_floor_s"].append(create_floor(floor_dir, files))
+                    runs["reopen_floor_s"].append(reopen_floor(floor_dir, n))
+
+                if r % 2 == 0:
+                    logkit_side()
+                    floor_side()
+                else:
+                    floor_side()
+                    logkit_side()
+                shutil.rmtree(data, ignore_errors=True)
+                shutil.rmtree(floor_dir, ignore_errors=True)
+            row: dict[str, Any] = {"partitions": n, "rounds": len(runs["create_s"])}
+            for key, values in runs.items():
+                row[key] = statistics.median(values)
+            row["barrier_s"] = statistics.median(barrier) if barrier else 0.0
+            row["create_ms_per_partition"] = row["create_s"] * 1000 / n
+            row["create_floor_ms_per_partition"] = row["create_floor_s"] * 1000 / n
+            row["reopen_ms_per_partition"] = row["reopen_s"] * 1000 / n
+            row["reopen_floor_ms_per_partition"] = row["reopen_floor_s"] * 1000 / n
+            row["create_vs_floor"] = row["create_s"] / row["create_floor_s"]
+            row["reopen_vs_floor"] = row["reopen_s"] / row["reopen_floor_s"]
+            rows.append(row)
+            sys.stderr.write(f"curves: create {n}: {row['create_ms_per_partition']:.2f} "
+                             f"ms/partition ({row['create_vs_floor']:.2f}x floor; barrier "
+                             f"{row['barrier_s'] * 1000:.0f} ms); reopen "
+                             f"{row['reopen_vs_floor']:.2f}x floor\n")
+    finally:
+        if real_barrier is not None:
+            logkit.broker.sync_filesystem = real_barrier
     return rows
 
 
@@ -365,7 +409,7 @@ consumer = broker.consumer(sys.argv[2], group_id="rebalance", enable_auto_commit
 last = None
 stop = os.path.join(root, "stop")
 while not os.path.exists(stop):
-    consumer.poll(timeout_ms=50)
+    consumer.poll(timeout_ms=int(sys.argv[3]))
     mine = sorted(tp.partition for tp in consumer.assignment())
     if mine != last:
         last = mine
@@ -390,9 +434,10 @@ def child_env() -> dict[str, str]:
 class Member:
     """A member process of the rebalance curve; its reports read by a thread."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, poll_ms: int) -> None:
         import threading
-        self.proc = subprocess.Popen([sys.executable, "-c", MEMBER, root, TOPIC],
+        self.proc = subprocess.Popen([sys.executable, "-c", MEMBER, root, TOPIC,
+                                      str(poll_ms)],
                                      stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                      text=True, env=child_env())
         self.join_at: float | None = None
@@ -455,10 +500,10 @@ def curve_rebalance(sizes: dict, root: str) -> list[dict[str, Any]]:
             broker.create_topic(TOPIC, partitions=REBALANCE_PARTITIONS)
         members: list[Member] = []
         try:
-            members = [Member(data) for _ in range(n - 1)]
+            members = [Member(data, sizes["member_poll_ms"]) for _ in range(n - 1)]
             if members:
                 wait_stable(members)
-            last = Member(data)
+            last = Member(data, sizes["member_poll_ms"])
             members.append(last)
             settled = wait_stable(members)
             while last.join_at is None:
@@ -595,7 +640,9 @@ def plot(doc: dict[str, Any], directory: str) -> list[str]:
     specs: dict[str, tuple[str, str, str, list[tuple[str, str]], bool]] = {
         "create": ("create", "partitions", "ms per partition",
                    [("create_topic", "create_ms_per_partition"),
-                    ("floor: mkdir + create the files", "create_floor_ms_per_partition")],
+                    ("floor: mkdir + create the files", "create_floor_ms_per_partition"),
+                    ("reopen (Broker + every partition)", "reopen_ms_per_partition"),
+                    ("floor: list + open each file", "reopen_floor_ms_per_partition")],
                    True),
         "seek": ("seek", "log size (GB)", "µs per random-offset read",
                  [("Partition.read p50", "read_us_p50"), ("Partition.read p99",
@@ -607,7 +654,9 @@ def plot(doc: dict[str, Any], directory: str) -> list[str]:
                     ("consumer.poll", "consume_mb_per_s"), ("os.read", "read_mb_per_s")],
                    True),
         "rebalance": ("rebalance", "member processes", "ms",
-                      [("rebalance (join to all settled)", "rebalance_ms"),
+                      [("rebalance (join to all settled), members poll 50 ms",
+                        "rebalance_ms"),
+                       ("the same, members poll 5 ms", "rebalance_poll5_ms"),
                        ("pipe broadcast floor", "floor_ms")], True),
         "writers": ("writers", "writer processes on one partition", "records/s",
                     [("Partition.append_batch", "logkit_rate"),
@@ -632,7 +681,13 @@ def plot(doc: dict[str, Any], directory: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         xs = [r[xkeys[name]] for r in rows]
         for label, key in series:
-            ax.plot(xs, [r[key] for r in rows], marker="o", label=label)
+            if all(key in r for r in rows):
+                line, = ax.plot(xs, [r[key] for r in rows], marker="o", label=label)
+                before = doc.get(f"{name}_before") or []
+                if before and all(key in r for r in before):   # an earlier run, dashed
+                    ax.plot([r[xkeys[name]] for r in before], [r[key] for r in before],
+                            linestyle="--", marker="x", color=line.get_color(),
+                            alpha=0.6, label=f"{label} (before)")
         if logx:
             ax.set_xscale("log")
         ax.set_yscale("log")
@@ -673,6 +728,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--members", help="member process counts")
     parser.add_argument("--writers", help="writer process counts")
     parser.add_argument("--writer-batches", type=int, help="batches per writer")
+    parser.add_argument("--member-poll-ms", type=int,
+                        help="each member's poll(timeout_ms) in the rebalance curve")
     parser.add_argument("--dir", default=None, help="where temporary data goes")
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     parser.add_argument("--plots", metavar="DIR", help="draw PNG curves into DIR")
@@ -683,7 +740,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         given = getattr(args, key)
         if given:
             sizes[key] = tuple(cast(x) for x in given.split(","))
-    for key in ("value_total_mb", "writer_batches"):
+    for key in ("value_total_mb", "writer_batches", "member_poll_ms"):
         if getattr(args, key):
             sizes[key] = getattr(args, key)
     wanted = [c for c in args.curves.split(",") if c]
