@@ -37,7 +37,9 @@ synced it) returns without syncing. A failed sync is the error of every waiter i
 covered, and the bytes above the recovery point are cut (`truncate_to`), so nothing a
 reader can see was left unsynced; a waiter whose batch was cut raises too. A waiter
 tells a cut from a roll by the segment-list version: when it moved, it looks its batch
-up (base offset and CRC) before it returns.
+up (base offset and CRC) before it returns. `append_batch_nowait` returns a `SyncTicket`
+instead of waiting, for a caller that waits elsewhere: the producer's `SyncWaiter`
+thread, so its sender appends on while a sync runs.
 
 Invariant: segments are contiguous in offsets; offsets below `log_end_offset` are in
 exactly one segment; bytes below each segment's committed size are CRC-valid batches.
