@@ -549,6 +549,7 @@ class PartitionLog:
                 # recovery rebuilds after an OS crash, and an fsync of each (dirty) index
                 # map would triple the device flushes per durable append.
                 segment.flush_log()
+                self._sync_directory_once(tail.active_base_offset)
         except OSError:
             self._cut_back(segment, position)
             raise
