@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ._common import (TOPIC, BenchConfig, Result, append_all, chunks, encoded_batches,
-                      make_records, measure, open_broker, scratch)
+                      make_records, measure, open_broker, peak_rss_mb, scratch)
 from .produce import BENCH_LINGER_MS, batch_stats, produce_rows
 
 DURABLE_CONFIG = {"flush.messages": 1}
@@ -73,9 +73,9 @@ def _case(config: BenchConfig, pairs: list[tuple[bytes, bytes]], name: str, part
             with scratch(config, name) as path:
                 if procs > 1:
                     open_broker(path, case_config, DURABLE_CONFIG).close()
-                    seconds = _in_processes(path, case_config, pairs, procs, level)
+                    seconds, rss = _in_processes(path, case_config, pairs, procs, level)
                     row = Result(name, "", count, seconds, count / seconds,
-                                 payload / seconds / 1e6)
+                                 payload / seconds / 1e6, peak_rss_mb=rss)
                     broker = _open(path)
                 else:
                     broker = open_broker(path, case_config, DURABLE_CONFIG)
@@ -167,37 +167,42 @@ def _slices(pairs: list, n: int) -> list[list]:
 
 
 def _in_processes(path: str, config: BenchConfig, pairs: list[tuple[bytes, bytes]],
-                  procs: int, level: str) -> float:
+                  procs: int, level: str) -> tuple[float, float | None]:
     """`procs` processes, each with its own broker, send their slices at once; seconds
-    from the start signal until the last one is done."""
+    from the start signal until the last one is done, and the largest peak RSS (MB) of
+    the writer processes."""
     ctx = multiprocessing.get_context("spawn")
-    ready, go = ctx.Barrier(procs + 1), ctx.Event()
+    ready, go, peaks = ctx.Barrier(procs + 1), ctx.Event(), ctx.Queue()
     slices = _slices(pairs, procs)
     running = [ctx.Process(target=_process_main,
-                           args=(path, config, slices[i], level, ready, go))
+                           args=(path, config, slices[i], level, ready, go, peaks))
                for i in range(procs)]
     for p in running:
         p.start()
     ready.wait()
     started = time.perf_counter()
     go.set()
+    rss = [peaks.get(timeout=600) for _ in running]   # before join (a full pipe blocks it)
+    seconds = time.perf_counter() - started
     for p in running:
         p.join()
-    seconds = time.perf_counter() - started
     bad = [p.exitcode for p in running if p.exitcode != 0]
     if bad:
         raise RuntimeError(f"a writer process failed: exit codes {bad}")
-    return seconds
+    return seconds, max((r for r in rss if r is not None), default=None)
 
 
 def _process_main(path: str, config: BenchConfig, pairs: list[tuple[bytes, bytes]],
-                  level: str, ready: Any, go: Any) -> None:
+                  level: str, ready: Any, go: Any, peaks: Any) -> None:
     broker = _open(path)
     broker.topic(TOPIC).partition(0)          # opened before the clock starts
     ready.wait()
     go.wait()
-    _in_threads(broker, config, pairs, 1, level)
-    broker.close()
+    try:
+        _in_threads(broker, config, pairs, 1, level)
+        broker.close()
+    finally:
+        peaks.put(peak_rss_mb())
 
 
 def _fsyncs_saved(broker: Any, parts: int, batches: int) -> int | None:
