@@ -407,7 +407,7 @@ class RecordAccumulator:
         due = []
         for state in self.states.values():
             for p, batch in enumerate(state.open):
-                if batch is not None and (now - batch.created >= linger
+                if batch is not None and (batch.created + linger <= now
                                           or self.exhausted or self.closed):
                     self.seal(state, p)
                     due.append((state, p))
