@@ -405,15 +405,24 @@ import logkit
 root = sys.argv[1]
 broker = logkit.Broker(root, background=False)
 print(json.dumps({"join": time.monotonic()}), flush=True)
-consumer = broker.consumer(sys.argv[2], group_id="rebalance", enable_auto_commit=False)
+consumer = broker.consumer(group_id="rebalance", enable_auto_commit=False)
 last = None
-stop = os.path.join(root, "stop")
-while not os.path.exists(stop):
-    consumer.poll(timeout_ms=int(sys.argv[3]))
-    mine = sorted(tp.partition for tp in consumer.assignment())
+def report(mine):
+    global last
     if mine != last:
         last = mine
         print(json.dumps({"at": time.monotonic(), "partitions": mine}), flush=True)
+# A rebalance runs inside poll() (as in Kafka, poll does not return for it): the
+# listeners report the new assignment when it is taken, not when the poll ends.
+consumer.subscribe([sys.argv[2]],
+                   on_revoke=lambda tps: report(sorted(
+                       tp.partition for tp in set(consumer.assignment()) - set(tps))),
+                   on_assign=lambda tps: report(sorted(
+                       tp.partition for tp in consumer.assignment())))
+stop = os.path.join(root, "stop")
+while not os.path.exists(stop):
+    consumer.poll(timeout_ms=int(sys.argv[3]))
+    report(sorted(tp.partition for tp in consumer.assignment()))
 consumer.close()
 broker.close()
 """

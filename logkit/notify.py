@@ -170,10 +170,13 @@ class Doorbell:
         return 0 if word is None else word.value
 
     def groups_changed(self) -> None:
-        """Announce a committed rebalance to every process (nothing once closed)."""
+        """Announce a committed rebalance to every process (nothing once closed), and
+        ring the data word too: a member waiting in `poll()` sleeps on that word, so it
+        wakes and runs the rebalance now rather than at the end of its sleep slice."""
         word = self._groups
         if word is not None:
             word.value = (word.value + 1) & 0xFFFFFFFF
+            self.ring()
 
     def ring(self) -> None:
         """Announce new data to every waiting process (nothing once closed)."""
