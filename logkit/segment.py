@@ -304,7 +304,7 @@ class LogSegment:
                 return pos, None
             # not the batch the cursor promised: scan, which checks offsets
         buf = self.view(size)
-        expected_last, pos = self._index_entry(offset)
+        expected_last, pos = self._checked_index_entry(buf, offset, size)
         expected_base = self.base_offset if pos == 0 else -1
         path = self.path
         # The hot twin of records.iter_batches (raw tuples, no header objects), with the
@@ -332,6 +332,25 @@ class LogSegment:
                                          actual=pos + LOG_OVERHEAD + length)
             pos += LOG_OVERHEAD + length
         return size, None
+
+    def _checked_index_entry(self, buf: Any, offset: int, size: int) -> tuple[int, int]:
+        """`_index_entry`, checked against the log in [0, size): a whole batch header
+        must start at the entry's position and that batch must end at its offset. The
+        index is derived data, so a false entry is logged and the scan starts at the
+        segment's start instead (-1, 0) — slower, never wrong."""
+        last, pos = self._index_entry(offset)
+        if pos == 0:
+            return last, pos
+        if pos <= size - RECORDS_OFFSET:
+            fields = _unpack_header(buf, pos)
+            length = fields[FIELD_BATCH_LENGTH]
+            if (fields[FIELD_MAGIC] == MAGIC and length >= MIN_BATCH_LENGTH
+                    and pos + LOG_OVERHEAD + length <= size
+                    and fields[FIELD_BASE_OFFSET] + fields[FIELD_LAST_OFFSET_DELTA] == last):
+                return last, pos
+        log.warning("%s: offset index entry (offset %d, position %d) does not match the "
+                    "log; scanning from the segment's start", self.index_path, last, pos)
+        return -1, 0
 
     def _index_entry(self, offset: int) -> tuple[int, int]:
         """(last offset of the batch there or -1, position) to scan for `offset` from."""
@@ -417,8 +436,9 @@ class LogSegment:
     def end_offset(self, size: int) -> int:
         """The offset after the last batch in [0, size) (base_offset when empty)."""
         end = self.base_offset
-        for _, header in self.headers(self._index_entry(self.base_offset + 2**31 - 1)[1],
-                                      size):
+        start = self._checked_index_entry(self.view(size), self.base_offset + 2**31 - 1,
+                                          size)[1] if size else 0
+        for _, header in self.headers(start, size):
             end = header.last_offset + 1
         return end
 
