@@ -129,6 +129,7 @@ class Consumer:
         # subscription state (a rebalance, assign, pause or resume starts afresh): a
         # poll costs no topic lookup (LMDB + JSON) per partition.
         self._handles: dict[TopicPartition, Any] = {}
+        self._topic_handles: dict[str, Any] = {}      # same lifetime as _handles
         self._handles_version = -1
         # Partitions found at their log end (tp -> position then) since the doorbell
         # last showed this value: no process appended since, so they are skipped
@@ -229,8 +230,9 @@ class Consumer:
         if self._subscriptions.topics:
             raise IllegalStateError("assign() after subscribe(): use one or the other")
         tps = {as_topic_partition(tp) for tp in partitions}
+        topics = {name: self._broker.topic(name) for name in {tp.topic for tp in tps}}
         for tp in tps:
-            self._broker.topic(tp.topic).partition(tp.partition)    # validates
+            topics[tp.topic].partition(tp.partition)                # validates
         self._subscriptions.assign(tps)
         self._drop_unowned()
 
@@ -517,10 +519,16 @@ class Consumer:
         version = self._subscriptions.version
         if self._handles_version != version:
             self._handles.clear()
+            self._topic_handles.clear()
             self._handles_version = version
         partition = self._handles.get(tp)
         if partition is None:
-            partition = self._handles[tp] = self._partition(tp)
+            # one topic lookup (a metadata read) per topic, not one per partition: a
+            # 3,000-partition assignment paid 3,000 of them on its first polls
+            topic = self._topic_handles.get(tp.topic)
+            if topic is None:
+                topic = self._topic_handles[tp.topic] = self._broker.topic(tp.topic)
+            partition = self._handles[tp] = topic.partition(tp.partition)
         return partition
 
     def _read(self, tp: TopicPartition, position: int, max_records: int,
@@ -534,6 +542,7 @@ class Consumer:
                                       max_bytes=max_bytes)
             except (UnknownTopicError, ClosedError):
                 self._handles.pop(tp, None)
+                self._topic_handles.pop(tp.topic, None)
                 partition = self._handle(tp)        # raises if it is really gone
                 return partition.read(position, max_records=max_records,
                                       max_bytes=max_bytes)
