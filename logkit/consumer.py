@@ -482,9 +482,9 @@ class Consumer:
                 position = self._resolve(tp, committed)
             elif drained.get(tp) == position:
                 continue                       # at its log end, and nobody appended since
+            want = max_records - len(out)
             try:
-                records = self._read(tp, position, max_records - len(out),
-                                     min(per_partition, budget))
+                records = self._read(tp, position, want, min(per_partition, budget))
             except OffsetOutOfRangeError:
                 positions[tp] = self._reset(tp)           # retention passed us (Kafka)
                 continue
@@ -507,8 +507,12 @@ class Consumer:
                     if not out:
                         raise error
                     return out
-            positions[tp] = records[-1].offset + 1
+            position = positions[tp] = records[-1].offset + 1
             out.extend(records)
+            if len(records) < want and self._handles[tp].high_watermark <= position:
+                # read to its end: skip it until the doorbell moves, as if the next
+                # read had found nothing (a tail read, not a whole read, per partition)
+                drained[tp] = position
             if full or budget <= 0:
                 break
         return out

@@ -60,3 +60,34 @@ def test_a_topic_recreated_behind_the_cached_handles_is_read_again(tmp_path):
         assert sorted(got) == [b"new-0", b"new-1", b"new-2"]
         consumer.close()
         producer.close()
+
+
+def test_a_partition_read_to_its_end_is_not_read_again_until_the_doorbell_moves(
+        tmp_path, monkeypatch):
+    from logkit.topic import Partition
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("t", 5)
+        producer = broker.producer()
+        for n in range(50):
+            producer.send("t", b"v%d" % n, partition=n % 5)
+        producer.flush()
+        consumer = broker.consumer(auto_offset_reset="earliest")
+        consumer.assign([TopicPartition("t", n) for n in range(5)])
+        reads = []
+        real = Partition.read
+
+        def counting(self, offset, *args, **kwargs):
+            reads.append((self.topic_partition.partition, offset))
+            return real(self, offset, *args, **kwargs)
+        monkeypatch.setattr(Partition, "read", counting)
+        assert len(consumer.poll(timeout_ms=0, max_records=100)) == 50
+        assert sorted(p for p, _ in reads) == [0, 1, 2, 3, 4]     # one read each
+        reads.clear()
+        assert consumer.poll(timeout_ms=0) == []
+        assert reads == []                     # each was read to its end: none again
+        producer.send("t", b"late", partition=3)
+        producer.flush()
+        got = consumer.poll(timeout_ms=1000)
+        assert [(r.partition, r.offset, r.value) for r in got] == [(3, 10, b"late")]
+        consumer.close()
+        producer.close()
