@@ -44,6 +44,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from benchmarks.scaling import create_floor
+
 TOPIC = "curve"
 CURVES = ("create", "seek", "rss", "values", "rebalance", "writers")
 CHILD_TIMEOUT_S = 600
@@ -102,20 +104,6 @@ def topic_files(data: str) -> list[str]:
 
 
 # ---- create_topic and reopen -----------------------------------------------------------
-
-def create_floor(root: str, files: list[str]) -> float:
-    """mkdir + create (O_CREAT, empty) the topic's directories and files."""
-    started = now()
-    os.makedirs(root)
-    made: set[str] = set()
-    for rel in files:
-        d = os.path.join(root, os.path.dirname(rel))
-        if d not in made:
-            os.mkdir(d)
-            made.add(d)
-        os.close(os.open(os.path.join(root, rel), os.O_WRONLY | os.O_CREAT, 0o600))
-    return now() - started
-
 
 def reopen_floor(data: str, partitions: int) -> float:
     """List each partition directory and open + close each of its files."""

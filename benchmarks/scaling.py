@@ -120,7 +120,7 @@ def point(partitions: int, records: int, root: str) -> dict[str, Any]:
     topic_files = sorted(os.path.relpath(os.path.join(d, n), data)
                          for d, _, names in os.walk(data) for n in names
                          if os.path.basename(d).startswith(TOPIC + "-"))
-    out["create_floor_s"] = _create_floor(os.path.join(root, "floor-create"), topic_files)
+    out["create_floor_s"] = create_floor(os.path.join(root, "floor-create"), topic_files)
 
     producer = broker.producer()
     send = producer.send
@@ -179,7 +179,7 @@ def point(partitions: int, records: int, root: str) -> dict[str, Any]:
     return out
 
 
-def _create_floor(root: str, files: list[str]) -> float:
+def create_floor(root: str, files: list[str]) -> float:
     """mkdir + create (O_CREAT, empty) the topic's directories and files."""
     started = time.perf_counter()
     os.makedirs(root)
