@@ -22,10 +22,12 @@ class BuildPyWithJar(build_py):
 
 
 setup(cmdclass={"build_py": BuildPyWithJar}, ext_modules=[
-    Extension("logkit._speedups", sources=["logkit/_speedups.c"], optional=True,
+    Extension("logkit._speedups", sources=["logkit/_speedups.c"],
+              depends=["logkit/_murmur2.h"], optional=True,
               extra_compile_args=["-O3", "-std=c99"]),
     # Producer.send()'s common case (logkit/producer.py falls back to Python without it).
-    Extension("logkit._sendpath", sources=["logkit/_sendpath.c"], optional=True,
+    Extension("logkit._sendpath", sources=["logkit/_sendpath.c"],
+              depends=["logkit/_murmur2.h"], optional=True,
               extra_compile_args=["-O3", "-std=c99"]),
     # The doorbell's futex wait/wake (logkit/notify.py falls back to ctypes without it).
     Extension("logkit._doorbell", sources=["logkit/_doorbell.c"], optional=True,

@@ -22,7 +22,7 @@
  *
  * The accumulator's per-record state lives in C fields here (BatchBase, TopicBase,
  * which accumulator.py's Batch and TopicBatches subclass when this module is built), so
- * a record costs a dict lookup or two, two allocations (the row, the future) and a list
+ * a record costs a dict lookup, a murmur2 when keyed, two allocations (the row, the future) and a list
  * append; the Python code reads and writes the same fields by their names.
  *
  * Thread-safety: like the Python fast path it takes no lock. With this module built the
@@ -36,6 +36,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+
+#include "_murmur2.h"
 
 /* The per-record size estimate: must equal records.RECORD_OVERHEAD_BYTES (the one
  * estimate every batch sizer uses), or the two send paths would fill batches
@@ -523,16 +525,18 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     if (key == Py_None) {
         p = state->sticky;
     } else {
+        /* Kafka's keyed partitioner: murmur2, made positive, mod the partition count
+         * (the length of `open`, which grows before the count: a key sent during a
+         * grow may map by the new count a moment early, as it will right after).
+         * No key cache here: looking a fresh bytes key up hashes it anyway, which
+         * costs what murmur2 does (Python's path caches, its murmur2 is slower). */
         size += PyBytes_GET_SIZE(key);
-        if (state->cache == NULL || !PyDict_CheckExact(state->cache))
+        PyObject *open = state->open;
+        if (open == NULL || !PyList_CheckExact(open) || PyList_GET_SIZE(open) == 0)
             return fallback(self, args, nargsf, kwnames);
-        PyObject *partition = PyDict_GetItemWithError(state->cache, key);   /* borrowed */
-        if (partition == NULL) {
-            if (PyErr_Occurred()) return NULL;
-            return fallback(self, args, nargsf, kwnames);   /* computes and caches it */
-        }
-        p = PyLong_AsSsize_t(partition);
-        if (p == -1 && PyErr_Occurred()) return NULL;
+        uint32_t h = logkit_murmur2((const unsigned char *)PyBytes_AS_STRING(key),
+                                    PyBytes_GET_SIZE(key));
+        p = (Py_ssize_t)((h & 0x7fffffffU) % (uint32_t)PyList_GET_SIZE(open));
     }
     /* A look first, so a full batch costs no allocation; then the row and the future
      * are made, and the batch is looked up again: an allocation may run the garbage

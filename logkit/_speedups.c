@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_murmur2.h"
+
 /* ---- varints --------------------------------------------------------------------- */
 
 /* Read a zig-zag varint at *pos (< end). Returns 0 on success, -1 with ValueError set. */
@@ -686,41 +688,9 @@ static PyObject *
 murmur2(PyObject *self, PyObject *arg)
 {
     Py_buffer view;
-    const uint32_t m = 0x5bd1e995;
-    const int r = 24;
-    uint32_t h, k;
-    Py_ssize_t length, i, end4;
-    const unsigned char *data;
-
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    data = (const unsigned char *)view.buf;
-    length = view.len;
-    h = 0x9747b28cU ^ (uint32_t)length;
-    end4 = length & ~(Py_ssize_t)3;
-    for (i = 0; i < end4; i += 4) {
-        k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) |
-            ((uint32_t)data[i + 2] << 16) | ((uint32_t)data[i + 3] << 24);
-        k *= m;
-        k ^= k >> r;
-        k *= m;
-        h *= m;
-        h ^= k;
-    }
-    switch (length & 3) {
-    case 3:
-        h ^= (uint32_t)data[end4 + 2] << 16;
-        /* fall through */
-    case 2:
-        h ^= (uint32_t)data[end4 + 1] << 8;
-        /* fall through */
-    case 1:
-        h ^= (uint32_t)data[end4];
-        h *= m;
-    }
-    h ^= h >> 13;
-    h *= m;
-    h ^= h >> 15;
+    uint32_t h = logkit_murmur2((const unsigned char *)view.buf, view.len);
     PyBuffer_Release(&view);
     return PyLong_FromLong((long)(int32_t)h);
 }

@@ -60,6 +60,9 @@ FORMAT_FILE = "logkit.json"
 PARTITION_METADATA = "partition.metadata"     # Kafka's: version and topic id
 TOMBSTONE_SUFFIX = ".delete"
 STALE_TMP_S = 60                              # a format temp file older is a crash's
+# create_topic keeps the partitions it made open when partitions x this <= the soft
+# descriptor limit (one descriptor each, plus room for the segments and the rest).
+KEPT_DESCRIPTOR_SHARE = 4
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +268,8 @@ class Broker:
         self.config = resolve_broker_config(config)
         self._pid = _fork.owner_pid()
         self.read_only = read_only
-        raise_descriptor_limit()       # ~3 descriptors per partition (tail.py)
+        # ~3 descriptors per partition (tail.py); the soft limit, to budget them
+        self._descriptor_limit = raise_descriptor_limit()
         listing = _check_root(self.path, adopt=adopt or read_only)
         if read_only:
             self._open_read_only()
@@ -399,28 +403,43 @@ class Broker:
 
         config_resolved = resolve_topic_config(overrides, self.config)
 
+        # The partition logs initialised inside the transaction stay open and become
+        # the topic's handles, so a first append does not open each partition again —
+        # when descriptors are plentiful (a kept log holds one; a process under a low
+        # limit opens partitions as it uses them, as before).
+        opened: dict[int, PartitionLog] = {}
+        limit = self._descriptor_limit
+        keep = opened if limit < 0 or partitions * KEPT_DESCRIPTOR_SHARE <= limit \
+            else None
+
         def make_partitions() -> None:
             """Runs inside the metadata write transaction: a failure here rolls the
             whole create back, directories included."""
             self._make_partitions(name, range(partitions), record["topic_id"],
-                                  config_resolved, "create topic")
+                                  config_resolved, "create topic", keep=keep)
 
-        with self._lock:
-            try:
-                self.meta.create_topic(name, record, before_commit=make_partitions)
-            except TopicExistsError:
-                if not exist_ok:
-                    raise TopicExistsError(
-                        f"topic {name!r} already exists in {self.path} (create_topic(..., "
-                        "exist_ok=True) returns an existing topic instead)") from None
-                existing = self._existing_topic(name, asked, overrides,   # a racing
-                                                asked_rf)
-                if existing is None:                                      # creator won
-                    raise
-                return existing
-        log.debug("created topic %s: %d partition(s), topic id %s, overrides %s", name,
-                  partitions, record["topic_id"], overrides)
-        return self.topic(name)
+        try:
+            with self._lock:
+                try:
+                    self.meta.create_topic(name, record, before_commit=make_partitions)
+                except TopicExistsError:
+                    if not exist_ok:
+                        raise TopicExistsError(
+                            f"topic {name!r} already exists in {self.path} (create_topic"
+                            "(..., exist_ok=True) returns an existing topic instead)"
+                        ) from None
+                    existing = self._existing_topic(name, asked, overrides,  # a racing
+                                                    asked_rf)
+                    if existing is None:                                     # creator won
+                        raise
+                    return existing
+                log.debug("created topic %s: %d partition(s), topic id %s, overrides %s",
+                          name, partitions, record["topic_id"], overrides)
+                self._check_open()
+                return self._topic(name, opened=opened)
+        finally:
+            for partition_log in opened.values():      # those no topic took over
+                partition_log.close()
 
     def _existing_topic(self, name: str, partitions: int | None,
                         overrides: Mapping[str, Any],
@@ -448,11 +467,14 @@ class Broker:
             return None
 
     def _make_partitions(self, name: str, numbers: range, topic_id: str,
-                         config: dict[str, Any], operation: str) -> None:
+                         config: dict[str, Any], operation: str,
+                         keep: dict[int, PartitionLog] | None = None) -> None:
         """Make, stamp and initialise partition directories `numbers` of a topic, from
         inside the metadata transaction that will publish them: any failure removes
         the ones made and raises, and the transaction stores nothing. A directory
         already there is an orphan (no record counts it) and is moved away first.
+        With `keep`, each partition's log stays open there (number -> log, opened as
+        `_open_partition` would); the caller closes what it does not take over.
 
         Durability is one barrier for all of them (`sync_filesystem`, after the last
         directory is made, before the transaction commits), not an fsync each: a crash
@@ -469,9 +491,17 @@ class Broker:
                 write_topic_id(directory, topic_id)
                 # Initialise it now (tail, first segment), so a full disk or a
                 # descriptor limit fails here rather than at the first use.
-                PartitionLog(directory, name, number, config).close()
+                if keep is None:
+                    PartitionLog(directory, name, number, config).close()
+                else:
+                    keep[number] = self._new_partition_log(directory, name, number,
+                                                           config)
             sync_filesystem(self.path)
         except BaseException as exc:
+            if keep:
+                for partition_log in keep.values():
+                    partition_log.close()
+                keep.clear()
             for directory in made:
                 remove_tree(directory)
             if isinstance(exc, OSError) and not isinstance(exc, LogkitError):
@@ -547,8 +577,10 @@ class Broker:
         self._check_open()
         return self._topic(name)
 
-    def _topic(self, name: str) -> Topic:
-        """topic() without the open check, for a shipper's last pass inside close()."""
+    def _topic(self, name: str, opened: dict[int, PartitionLog] | None = None) -> Topic:
+        """topic() without the open check, for a shipper's last pass inside close().
+        `opened`: partition logs create_topic has just made; a new Topic takes them over
+        (removed from the dict), else they stay there for the caller to close."""
         validate_topic_name(name)
         with self._lock:
             record = self.meta.get_topic(name)
@@ -563,7 +595,8 @@ class Broker:
             if cached is not None:                    # deleted and re-created elsewhere
                 self._topics.pop(name).close()
             config = resolve_topic_config(record["config"], self.config)
-            first = self._open_partition(record, 0, config)
+            handed = dict(opened) if opened else {}
+            first = handed.get(0) or self._open_partition(record, 0, config)
             if first.deleted and not self.read_only:  # an interrupted deletion: finish it
                 first.close()
                 log.warning("finishing the interrupted deletion of topic %s (topic id %s) "
@@ -571,12 +604,15 @@ class Broker:
                 self._finish_delete(name, record)
                 raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
             replication_factor = record.get("replication_factor", 1)
+            handed[0] = first
             topic = Topic(name, record["partitions"],
                           lambda n: self._open_partition(record, n, config),
-                          config, record["topic_id"], opened={0: first},
+                          config, record["topic_id"], opened=handed,
                           replication_factor=replication_factor,
                           **self._replicated(record["topic_id"], replication_factor))
             self._topics[name] = topic
+            if opened:
+                opened.clear()                 # the topic owns them now
             return topic
 
     def _replicated(self, topic_id: str, replication_factor: int) -> dict[str, Any]:
@@ -630,13 +666,7 @@ class Broker:
         if not os.path.isdir(directory) and self._tombstones(topic_id):
             # renamed away by an interrupted delete: report it as deleted
             raise UnknownTopicError(f"topic {name!r} is being deleted")
-        if self._lease is None:
-            partition_log = PartitionLog(directory, name, number, config,
-                                         doorbell=self.doorbell, read_only=True)
-        else:                                   # appends ask the lease first
-            from .replication.lease import LeaderLog
-            partition_log = LeaderLog(directory, name, number, config,
-                                      doorbell=self.doorbell, lease=self._lease)
+        partition_log = self._new_partition_log(directory, name, number, config)
         if on_disk is None and not self.read_only:
             try:
                 write_topic_id(directory, topic_id, sync=True)  # made before ids
@@ -644,6 +674,17 @@ class Broker:
                 partition_log.close()
                 raise storage_error(exc, "open partition", directory) from exc
         return partition_log
+
+    def _new_partition_log(self, directory: str, name: str, number: int,
+                           config: dict[str, Any]) -> PartitionLog:
+        """Open partition `number`'s log as this broker serves it: read-only without
+        the lease, else a LeaderLog whose appends ask the lease first."""
+        if self._lease is None:
+            return PartitionLog(directory, name, number, config, doorbell=self.doorbell,
+                                read_only=True)
+        from .replication.lease import LeaderLog
+        return LeaderLog(directory, name, number, config, doorbell=self.doorbell,
+                         lease=self._lease)
 
     def get_or_create_topic(self, name: str) -> Topic:
         """The topic, auto-created with num.partitions when auto.create.topics.enable."""

@@ -416,3 +416,61 @@ def test_a_kill_before_the_publish_leaves_no_topic_and_a_retry_makes_it_whole(tm
             assert logkit.broker.read_topic_id(str(tmp_path / f"t-{p}")) == topic.topic_id
             topic.partition(p).append([(None, b"v", [], None)])
             assert topic.partition(p).high_watermark == 1
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_create_topic_hands_its_opened_partitions_to_the_topic(tmp_path):
+    """The partition logs create_topic initialised stay open as the topic's handles: a
+    first append opens the segment's .log only, not the partition again (its tail
+    file), and nothing is left open when the topic is closed."""
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        before = open_descriptors()
+        topic = broker.create_topic("t", partitions=20)
+        assert all(p.opened for p in topic.partitions)
+        # each tail file's descriptor and its map's (mmap.mmap keeps a dup)
+        assert open_descriptors() - before == 2 * 20
+        for p in topic.partitions:
+            p.append([(None, b"v", [], None)])
+        assert open_descriptors() - before == 3 * 20      # + each active .log
+        assert [p.log_end_offset for p in topic.partitions] == [1] * 20
+        broker.delete_topic("t")
+        assert open_descriptors() == before
+
+
+def test_under_a_low_descriptor_limit_create_topic_opens_partitions_on_use(tmp_path):
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import resource, sys, logkit
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        with logkit.Broker(sys.argv[1], background=False) as b:
+            few, many = b.create_topic("few", 8), b.create_topic("many", 200)
+            print(sum(p.opened for p in few.partitions),
+                  sum(p.opened for p in many.partitions))
+    """), str(tmp_path)], cwd=CHECKOUT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    # 8 x 4 fits the limit of 256 and stays open; 200 x 4 does not: partition 0 only
+    # (the broker opens it to look for an interrupted deletion), the rest on use.
+    assert result.stdout.split() == ["8", "1"]
+
+
+def test_keyed_sends_land_where_murmur2_says_without_a_key_cache(tmp_path):
+    """Unique keys (no cache can help) take the compiled send path when it is built:
+    its murmur2 places each record where Kafka's partitioner does, and the Python
+    path's key cache holds only the keys of the sends that opened a batch (those take
+    the Python path)."""
+    from logkit import _native
+    from logkit.murmur2 import partition_for_key
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        broker.create_topic("t", partitions=7)
+        with broker.producer() as producer:
+            keys = [b"key-%d" % i for i in range(2000)] + [b"", b"a" * 1001]
+            futures = [producer.send("t", b"v", key=k) for k in keys]
+            placed = [f.result().partition for f in futures]
+            cache = producer._states["t"].cache
+            if _native.sendpath is not None:
+                assert len(cache) <= 50
+        assert placed == [partition_for_key(k, 7) for k in keys]
+        assert len(set(placed)) == 7
