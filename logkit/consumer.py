@@ -298,6 +298,19 @@ class Consumer:
             positions[tp] = position
         return position
 
+    def _resolve_all(self, tps: list[TopicPartition]) -> None:
+        """Resolve every partition of `tps` that has no position yet, as Kafka's
+        consumer does before a fetch: one transaction reads all of the group's committed
+        offsets (not one per partition, nor one per poll while a 3,000-partition
+        assignment is worked through)."""
+        positions = self._subscriptions.positions
+        committed = None
+        if self._coordinator is not None:
+            committed = committed_offsets(self._broker.meta, self._group_id)
+        for tp in tps:
+            if positions.get(tp) is None:
+                self._resolve(tp, committed)
+
     def position(self, tp: TopicPartition) -> int:
         self._check()
         return self._resolve(self._subscriptions.require_assigned(tp))
@@ -454,10 +467,11 @@ class Consumer:
         count = len(fetchable)
         start = self._next % count
         stuck, self._stuck = self._stuck, None       # set again if it still fails
-        if stuck is None:                            # the list is only read: no copy
-            order = fetchable[start:] + fetchable[:start] if start else fetchable
-        else:
-            order = fetchable[start:] + fetchable[:start]
+        # The partitions from `start` round: read in place (no copy of a 3,000-long
+        # list per poll), unless a stuck partition goes first.
+        order, shift = fetchable, start
+        if stuck is not None:
+            order, shift = fetchable[start:] + fetchable[:start], 0
             if stuck in order:                       # its error comes before anything
                 order.remove(stuck)
                 order.insert(0, stuck)
@@ -471,15 +485,14 @@ class Consumer:
         budget = self.config["fetch_max_bytes"]
         per_partition = self.config["max_partition_fetch_bytes"]
         positions = self._subscriptions.positions
-        committed = None
-        for i, tp in enumerate(order):
+        for i in range(count):
+            tp = order[(shift + i) % count]
             position = positions.get(tp)
             if position is None:
-                if committed is None and self._coordinator is not None:
-                    # the first unresolved partition of a new assignment: read every
-                    # committed offset of the group in one transaction, not one each
-                    committed = committed_offsets(self._broker.meta, self._group_id)
-                position = self._resolve(tp, committed)
+                # the first unresolved partition of a new assignment: resolve them all
+                # now, from one read of the group's committed offsets
+                self._resolve_all(fetchable)
+                position = positions[tp]
             elif drained.get(tp) == position:
                 continue                       # at its log end, and nobody appended since
             want = max_records - len(out)

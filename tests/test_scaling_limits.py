@@ -474,3 +474,32 @@ def test_keyed_sends_land_where_murmur2_says_without_a_key_cache(tmp_path):
                 assert len(cache) <= 50
         assert placed == [partition_for_key(k, 7) for k in keys]
         assert len(set(placed)) == 7
+
+
+def test_a_new_assignment_reads_the_committed_offsets_once(tmp_path, monkeypatch):
+    """Kafka resolves every assigned partition's position before it fetches: one read
+    of the group's committed offsets, not one per poll while small polls work through
+    a wide assignment; committed positions and the reset policy both still apply."""
+    from logkit import consumer as consumer_module
+    partitions = 40
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic = broker.create_topic("t", partitions=partitions)
+        for p in range(partitions):
+            topic.partition(p).append([(None, b"%d-%d" % (p, i), [], None)
+                                       for i in range(3)])
+        first = broker.consumer("t", group_id="g", enable_auto_commit=False)
+        first.poll(timeout_ms=0)                 # joins; then commit partition 5 at 2
+        first.commit({logkit.TopicPartition("t", 5): logkit.OffsetAndMetadata(2, "")})
+        first.close()
+        reads = _Counting(monkeypatch, consumer_module, "committed_offsets")
+        consumer = broker.consumer("t", group_id="g", auto_offset_reset="earliest",
+                                   enable_auto_commit=False)
+        seen = []
+        for _ in range(200):
+            seen += consumer.poll(timeout_ms=100, max_records=2)
+            if len(seen) == 3 * partitions - 2:
+                break
+        assert reads.calls == 1
+        assert [r.value for r in seen if r.partition == 5] == [b"5-2"]
+        assert len(seen) == 3 * partitions - 2
+        consumer.close()
