@@ -55,6 +55,7 @@ from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateEr
                      LogkitError, NoOffsetForPartitionError, OffsetOutOfRangeError,
                      SerializationError, UnknownTopicError, storage_error)
 from .group import OffsetAndMetadata, committed_offsets
+from .notify import change_slot, changed_slots
 from .records import Record
 from .subscription import SubscriptionState, as_topic_partition, check_offset
 from .topic import TopicPartition, validate_topic_name
@@ -67,6 +68,7 @@ DEFAULTS: dict[str, Any] = resolve(CONSUMER, None)
 log = logging.getLogger(__name__)
 
 _VALUE = operator.attrgetter("value")
+FULL_RECHECK_S = 1.0     # drained partitions are all read again at least this often
 
 
 def _check_poll_arguments(timeout_ms: Any, max_records: Any) -> float:
@@ -133,9 +135,14 @@ class Consumer:
         self._handles_version = -1
         # Partitions found at their log end (tp -> position then) since the doorbell
         # last showed this value: no process appended since, so they are skipped
-        # without reading their tails. Cleared when the doorbell moves.
+        # without reading their tails. When the doorbell moves, the marks of the
+        # partitions whose change slots moved go (see `_forget_changed`).
         self._drained: dict[TopicPartition, int] = {}
         self._drained_bell: int | None = None
+        self._changes: bytes | None = None     # the change slots at the last look
+        self._cleared_at = 0.0                 # monotonic time of the last full clear
+        self._slots: dict[int, list[TopicPartition]] = {}   # slot -> fetchable tps
+        self._slots_version = -1
         self._buffer: list[Record] = []       # fetched, not yet handed out by __next__
         # How long a poll() that found nothing spins on the doorbell before it sleeps
         # (once per call: poll_spin_us, the only setting here that is not Kafka's).
@@ -476,8 +483,7 @@ class Consumer:
                 order.remove(stuck)
                 order.insert(0, stuck)
         if bell is None or bell != self._drained_bell:
-            self._drained.clear()
-            self._drained_bell = bell
+            self._forget_changed(bell, fetchable)
         drained = self._drained
         self._next = start + 1
         decoding = self._decoding
@@ -529,6 +535,53 @@ class Consumer:
             if full or budget <= 0:
                 break
         return out
+
+    def _forget_changed(self, bell: int | None, fetchable: list[TopicPartition]) -> None:
+        """The doorbell moved (or there is none): forget the drained marks of the
+        partitions that may have new records — those whose change slots moved since the
+        previous snapshot, taken like this one before the partitions were read
+        (logkit/notify.py) — or all of them: without a doorbell, after a ring that named
+        no partition, and at least every FULL_RECHECK_S (a bound on any change that
+        reached a partition without its slot). A replicated partition's readable end
+        moves with the ISR, which rings no slot: its mark goes at every move."""
+        doorbell = self._broker.doorbell
+        changes = None if bell is None or doorbell is None else doorbell.changes()
+        before, self._changes = self._changes, changes
+        self._drained_bell = bell
+        drained = self._drained
+        now = time.monotonic()
+        slots = None if changes is None or before is None \
+            or now - self._cleared_at > FULL_RECHECK_S else changed_slots(before, changes)
+        if slots is None:
+            drained.clear()
+            self._cleared_at = now
+            return
+        version = self._subscriptions.version
+        if self._slots_version != version:
+            try:
+                self._slots = self._slot_map(fetchable)
+            except LogkitError:              # a topic gone: the reads will say so
+                drained.clear()
+                self._cleared_at = now
+                return
+            self._slots_version = version
+        by_slot = self._slots
+        for slot in [0, *slots]:             # 0: the replicated partitions, always
+            for tp in by_slot.get(slot, ()):
+                drained.pop(tp, None)
+
+    def _slot_map(self, fetchable: list[TopicPartition]) -> dict[int, list[TopicPartition]]:
+        """change slot -> the fetchable partitions in it; a replicated partition under
+        0, which no append names (its readable end moves with the ISR)."""
+        by_slot: dict[int, list[TopicPartition]] = {}
+        replicated: dict[str, bool] = {}
+        for tp in fetchable:
+            topic = tp.topic
+            if topic not in replicated:
+                replicated[topic] = hasattr(self._handle(tp), "in_sync_replicas")
+            slot = 0 if replicated[topic] else change_slot(topic, tp.partition)
+            by_slot.setdefault(slot, []).append(tp)
+        return by_slot
 
     def _handle(self, tp: TopicPartition) -> Any:
         """The partition handle of a fetchable partition (cached per subscription

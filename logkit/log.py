@@ -67,6 +67,7 @@ from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitE
                      OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
                      UnknownTopicError, storage_error)
 from .loader import RecoveryReport, leftovers, live_bases
+from .notify import change_slot
 from .records import (ATTR_CONTROL, BatchHeader, Record, check_batch, decode_batch,
                       encode_batch, iter_batches, read_header, stamp_base_offset,
                       stamp_log_append_time)
@@ -118,6 +119,7 @@ class PartitionLog:
                  read_only: bool = False) -> None:
         self.directory = directory
         self._doorbell = doorbell      # rung after each append (notify.Doorbell)
+        self._change_slot = change_slot(topic, partition)   # ... naming this partition
         self.topic = topic
         self.partition = partition
         self.name = f"{topic}-{partition}"
@@ -513,7 +515,7 @@ class PartitionLog:
             return base_offset, SyncTicket(deferred[0], deferred[1], base_offset,
                                            header.crc)
         if self._doorbell is not None:
-            self._doorbell.ring()
+            self._doorbell.ring(self._change_slot)
         return base_offset, None
 
     def _append_locked(self, batch: bytearray, header: BatchHeader, size: int, count: int,
@@ -704,7 +706,7 @@ class PartitionLog:
             except OSError as exc:
                 raise storage_error(exc, "replicate", self.directory) from exc
         if batches and self._doorbell is not None:
-            self._doorbell.ring()
+            self._doorbell.ring(self._change_slot)
         return tail.log_end_offset
 
     def truncate_to(self, offset: int) -> int:
@@ -904,7 +906,7 @@ class PartitionLog:
                     unflushed_messages=0 if done else now.unflushed_messages,
                     first_unflushed_ms=-1 if done else now.first_unflushed_ms))
         if self._doorbell is not None:
-            self._doorbell.ring()
+            self._doorbell.ring(self._change_slot)
 
     def _sync_failed(self, target: int, version: int, exc: OSError) -> None:
         """A failed sync: its error goes to every waiter whose batch ends at or below

@@ -25,6 +25,19 @@ changed: group.py bumps it after the write commits), so a polling group member r
 its generation from LMDB only when it moved — a hint too, with a periodic re-read
 behind it (logkit/coordinator.py).
 
+Which partitions changed: the rest of the page, from `CHANGES_OFFSET`, is a table of
+`CHANGE_SLOTS` 32-bit counters. An appender bumps its partition's slot
+(`change_slot(topic, partition)`, a hash: partitions may share one) after publishing and
+before ringing; a ring that names no partition (a follower's progress, a rebalance)
+bumps slot 0, which means "anything may have changed". A poller snapshots the table
+(`changes()`) before it reads its partitions; when the ring word has moved, the slots
+that differ from its previous snapshot (`changed_slots`) name the only partitions worth
+reading again, so a poll after an append to one partition of 3,000 reads that one, not
+all of them. A bump is not atomic across processes; two racing bumps of one slot may
+leave it one step on instead of two, which still differs from every snapshot taken
+before both, and each bumper published before it read the slot, so a snapshot taken
+after that read already sees both appends.
+
 The futex calls go through `logkit._doorbell` (C: no ctypes conversion per call, the
 GIL released, the ring word bumped atomically) when it is built; otherwise through
 ctypes, which behaves the same. `wait()` can spin on the word for a bounded time
@@ -48,11 +61,12 @@ import platform
 import stat
 import struct
 import time
+import zlib
 
 from ._native import FORCED_PURE_PYTHON
 from .errors import StorageError, storage_error
 
-__all__ = ["Doorbell"]
+__all__ = ["Doorbell", "change_slot", "changed_slots", "CHANGE_SLOTS"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +79,31 @@ _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(
 _WORD = struct.Struct("<I")
 METADATA_WORD_OFFSET = 64          # the metadata-change counter, apart from the ring word
 GROUPS_WORD_OFFSET = 128           # the group-membership change counter
+CHANGES_OFFSET = 256               # the per-partition change slots, to the page's end
+CHANGE_SLOTS = (4096 - CHANGES_OFFSET) // 4    # slot 0: "anything may have changed"
+_CHUNK = 64                        # changed_slots compares this many bytes at a time
+
+
+def change_slot(topic: str, partition: int) -> int:
+    """The change slot of partition `partition` of `topic` (1..CHANGE_SLOTS-1): the
+    same in every process."""
+    return 1 + zlib.crc32(f"{topic}-{partition}".encode()) % (CHANGE_SLOTS - 1)
+
+
+def changed_slots(before: bytes, after: bytes) -> list[int] | None:
+    """The slots whose counters differ between two `changes()` snapshots, or None when
+    slot 0 moved (a ring that named no partition: anything may have changed)."""
+    if before == after:
+        return []
+    if before[:4] != after[:4]:
+        return None
+    out = []
+    for start in range(0, len(after), _CHUNK):
+        end = start + _CHUNK
+        if before[start:end] != after[start:end]:
+            out.extend(i // 4 for i in range(start, end, 4)
+                       if before[i:i + 4] != after[i:i + 4])
+    return out
 
 
 class _Timespec(ctypes.Structure):
@@ -178,12 +217,30 @@ class Doorbell:
             word.value = (word.value + 1) & 0xFFFFFFFF
             self.ring()
 
-    def ring(self) -> None:
-        """Announce new data to every waiting process (nothing once closed)."""
+    def changes(self) -> bytes | None:
+        """A snapshot of the change slots (None once closed); see the module docstring."""
+        mm = self._mm
+        if mm is None:
+            return None
+        try:
+            return mm[CHANGES_OFFSET:CHANGES_OFFSET + 4 * CHANGE_SLOTS]
+        except ValueError:                     # closed meanwhile
+            return None
+
+    def ring(self, slot: int = 0) -> None:
+        """Announce new data to every waiting process (nothing once closed): in
+        partition slot `slot` (`change_slot`), or anywhere (0)."""
         word = self._word                      # pins the page for this call
         if word is None:
             return
         extension, mm = _cdoorbell, self._mm
+        if mm is not None:
+            offset = CHANGES_OFFSET + 4 * (slot if 0 <= slot < CHANGE_SLOTS else 0)
+            try:
+                _WORD.pack_into(mm, offset,
+                                (_WORD.unpack_from(mm, offset)[0] + 1) & 0xFFFFFFFF)
+            except ValueError:                 # closed meanwhile: nothing to ring
+                return
         if extension is not None and mm is not None:
             try:
                 extension.ring(mm, 0)          # holds the mapping for the call itself

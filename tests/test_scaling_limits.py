@@ -503,3 +503,67 @@ def test_a_new_assignment_reads_the_committed_offsets_once(tmp_path, monkeypatch
         assert [r.value for r in seen if r.partition == 5] == [b"5-2"]
         assert len(seen) == 3 * partitions - 2
         consumer.close()
+
+
+def _drained_consumer(broker, partitions):
+    topic = broker.create_topic("t", partitions=partitions)
+    for p in range(partitions):
+        topic.partition(p).append([(None, b"%d" % p, [], None)])
+    consumer = broker.consumer("t", group_id="g", auto_offset_reset="earliest",
+                               enable_auto_commit=False)
+    seen = 0
+    while seen < partitions:
+        seen += len(consumer.poll(timeout_ms=1000, max_records=10_000))
+    assert consumer.poll(timeout_ms=0) == []       # every partition found at its end
+    return topic, consumer
+
+
+def test_a_poll_after_one_append_reads_only_the_partitions_of_its_change_slot(
+        tmp_path, monkeypatch):
+    """The doorbell names the partition an append went to (its change slot): a poll
+    after it reads that slot's partitions, not every drained one (3,000 partitions:
+    11.8 ms per poll before, a read per partition)."""
+    from logkit.notify import change_slot
+    from logkit.topic import Partition
+    partitions = 200
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic, consumer = _drained_consumer(broker, partitions)
+        for target in (17, 123):
+            reads = _Counting(monkeypatch, Partition, "read")
+            topic.partition(target).append([(None, b"new", [], None)])
+            got = consumer.poll(timeout_ms=1000)
+            assert [(r.partition, r.value) for r in got] == [(target, b"new")]
+            sharing = [p for p in range(partitions)
+                       if change_slot("t", p) == change_slot("t", target)]
+            assert reads.calls == len(sharing) < 5
+            monkeypatch.undo()
+        consumer.close()
+
+
+def test_a_ring_that_names_no_partition_reads_every_drained_partition(tmp_path,
+                                                                      monkeypatch):
+    from logkit.topic import Partition
+    partitions = 30
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        _, consumer = _drained_consumer(broker, partitions)
+        reads = _Counting(monkeypatch, Partition, "read")
+        broker.doorbell.ring()                     # a follower's progress, a rebalance
+        assert consumer.poll(timeout_ms=0) == []
+        assert reads.calls == partitions
+        consumer.close()
+
+
+def test_changed_slots_names_the_moved_counters_or_everything():
+    from logkit.notify import CHANGE_SLOTS, changed_slots
+    words = [0] * CHANGE_SLOTS
+
+    def snapshot():
+        return b"".join(w.to_bytes(4, "little") for w in words)
+
+    before = snapshot()
+    assert changed_slots(before, snapshot()) == []
+    words[3] += 1
+    words[CHANGE_SLOTS - 1] = 0xFFFFFFFF
+    assert changed_slots(before, snapshot()) == [3, CHANGE_SLOTS - 1]
+    words[0] += 1
+    assert changed_slots(before, snapshot()) is None
