@@ -759,6 +759,8 @@ class Broker:
             if topic is not None:
                 topic.mark_deleted()
             self._finish_delete(name, record)
+        if self.doorbell is not None:          # producers re-read their topics
+            self.doorbell.metadata_changed()
         log.debug("deleted topic %s (topic id %s)", name, record["topic_id"])
 
     def _finish_delete(self, name: str, record: dict[str, Any]) -> None:

@@ -550,9 +550,7 @@ class Consumer:
         self._drained_bell = bell
         drained = self._drained
         now = time.monotonic()
-        slots = None if changes is None or before is None \
-            or now - self._cleared_at > FULL_RECHECK_S else changed_slots(before, changes)
-        if slots is None:
+        if changes is None or before is None or now - self._cleared_at > FULL_RECHECK_S:
             drained.clear()
             self._cleared_at = now
             return
@@ -566,6 +564,11 @@ class Consumer:
                 return
             self._slots_version = version
         by_slot = self._slots
+        slots = changed_slots(before, changes, by_slot)
+        if slots is None:
+            drained.clear()
+            self._cleared_at = now
+            return
         for slot in [0, *slots]:             # 0: the replicated partitions, always
             for tp in by_slot.get(slot, ()):
                 drained.pop(tp, None)

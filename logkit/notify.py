@@ -62,6 +62,7 @@ import stat
 import struct
 import time
 import zlib
+from typing import Collection
 
 from ._native import FORCED_PURE_PYTHON
 from .errors import StorageError, storage_error
@@ -90,13 +91,18 @@ def change_slot(topic: str, partition: int) -> int:
     return 1 + zlib.crc32(f"{topic}-{partition}".encode()) % (CHANGE_SLOTS - 1)
 
 
-def changed_slots(before: bytes, after: bytes) -> list[int] | None:
+def changed_slots(before: bytes, after: bytes,
+                  among: Collection[int] | None = None) -> list[int] | None:
     """The slots whose counters differ between two `changes()` snapshots, or None when
-    slot 0 moved (a ring that named no partition: anything may have changed)."""
+    slot 0 moved (a ring that named no partition: anything may have changed). `among`:
+    only these slots matter (a poller's), checked one by one when they are few."""
     if before == after:
         return []
     if before[:4] != after[:4]:
         return None
+    if among is not None and len(among) <= CHANGE_SLOTS // 16:
+        return [slot for slot in among
+                if before[4 * slot:4 * slot + 4] != after[4 * slot:4 * slot + 4]]
     out = []
     for start in range(0, len(after), _CHUNK):
         end = start + _CHUNK

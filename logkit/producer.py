@@ -289,6 +289,10 @@ class FutureRecordMetadata(_FutureBase):
         return self
 
 
+class _StaleTopic(Exception):
+    """An append found its topic handle closed or deleted before storing anything."""
+
+
 _callback_lock = threading.Lock()      # callbacks registered vs. run: exactly once
 _in_callback = threading.local()      # flush() from a callback would wait for itself
 _producers: "weakref.WeakSet[Producer]" = weakref.WeakSet()   # for the fork hook
@@ -576,7 +580,16 @@ class Producer:
         state = self._states.get(name)
         if state is None:
             return
-        count = self._broker.topic(name).num_partitions
+        topic = self._broker.topic(name)
+        count = topic.num_partitions
+        if topic.topic_id != state.topic.topic_id:
+            # deleted and created again (in any process): later appends go to the new
+            # topic, as a Kafka producer's do after its metadata refresh. Counts only
+            # grow here: with fewer partitions than before, records for the missing
+            # ones fail with UnknownTopicError.
+            state.topic = topic
+            log.info("producer: topic %s was created again (topic id %s)", name,
+                     topic.topic_id)
         if count > state.count:
             with self._accumulator.lock:
                 state.grow(count)
@@ -654,6 +667,28 @@ class Producer:
         resolved, when the append lock was not free by `deadline` and the batch's own
         delivery timeout has not passed: the batch is to be appended later."""
         self._check_metadata()
+        try:
+            return self._append_once(batch, deadline)
+        except _StaleTopic:
+            pass
+        # The topic handle was closed or flagged deleted before anything was stored
+        # (the check comes before the write): re-read the topic once. If it exists
+        # again under a new id, the second attempt appends there; if it is gone, its
+        # records fail with that error (UnknownTopicError, as Kafka's producer reports
+        # a deleted topic); else the second attempt meets the first one's error.
+        try:
+            self._learn_partitions(batch.state.name)
+        except LogkitError as exc:
+            batch.error = exc
+            self._resolve(batch)
+            return True
+        return self._append_once(batch, deadline, retry=False)
+
+    def _append_once(self, batch: Batch, deadline: float | None = None, *,
+                     retry: bool = True) -> bool:
+        """One attempt of `_append`. With `retry`, an error of a stale topic handle
+        (ClosedError, UnknownTopicError) raises _StaleTopic with nothing stored or
+        resolved, for `_append` to refresh the handle and try again once."""
         until = batch.created + self._delivery_timeout_s
         callers = deadline is not None and deadline < until
         if callers:
@@ -685,6 +720,10 @@ class Producer:
             batch.error = storage_error(exc, "append",
                                         f"{batch.state.name}-{batch.partition}")
             batch.error.__cause__ = exc
+        except (ClosedError, UnknownTopicError) as exc:
+            if retry and not batch.outcomes and not self._accumulator.closed:
+                raise _StaleTopic() from exc
+            batch.error = exc
         except LogkitError as exc:            # the error belongs to the records' futures
             batch.error = exc
         except Exception as exc:              # a bug: logged; the futures still resolve

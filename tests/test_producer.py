@@ -393,3 +393,33 @@ def test_producer_options_come_from_the_settings_table(broker):
         broker.producer(transactional_id="tx-1")
     with pytest.raises(ConfigError, match="bootstrap_servers.*not supported"):
         broker.producer(bootstrap_servers="localhost:9092")
+
+
+def test_a_producer_follows_a_topic_deleted_and_created_again(tmp_path):
+    """After delete_topic and create_topic of the same name, a producer's next sends
+    go to the new topic (Kafka's producer refreshes its metadata); before, every send
+    failed with ClosedError from the old topic's closed handle."""
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        broker.create_topic("t", 2)
+        with broker.producer() as producer:
+            assert producer.send("t", b"a", partition=1).result().offset == 0
+            broker.delete_topic("t")
+            broker.create_topic("t", 3)
+            assert producer.send("t", b"b", partition=1).result().offset == 0
+            assert producer.send("t", b"c", partition=2).result().offset == 0
+            assert producer.partitions_for("t") == {0, 1, 2}
+        topic = broker.topic("t")
+        assert [r.value for r in topic.partition(1).read(0)] == [b"b"]
+        assert [r.value for r in topic.partition(2).read(0)] == [b"c"]
+
+
+def test_a_send_to_a_deleted_topic_fails_its_future_with_unknown_topic(tmp_path):
+    with logkit.Broker(str(tmp_path), background=False,
+                       config={"auto.create.topics.enable": False}) as broker:
+        broker.create_topic("t", 1)
+        with broker.producer() as producer:
+            producer.send("t", b"a").result()
+            broker.delete_topic("t")
+            with pytest.raises(logkit.UnknownTopicError):
+                producer.send("t", b"b").result(timeout=10)
+        assert "t" not in broker.topics()

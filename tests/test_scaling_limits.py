@@ -567,3 +567,7 @@ def test_changed_slots_names_the_moved_counters_or_everything():
     assert changed_slots(before, snapshot()) == [3, CHANGE_SLOTS - 1]
     words[0] += 1
     assert changed_slots(before, snapshot()) is None
+    # among a poller's few slots: only those are looked at
+    words[0] -= 1
+    assert changed_slots(before, snapshot(), among=[2, 3, 4]) == [3]
+    assert changed_slots(before, snapshot(), among=[5]) == []
