@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 _VALUE = operator.attrgetter("value")
 FULL_RECHECK_S = 1.0     # drained partitions are all read again at least this often
+FEW_DRAINED = 2          # up to this many drained marks are dropped at any ring
 
 
 def _check_poll_arguments(timeout_ms: Any, max_records: Any) -> float:
@@ -544,11 +545,15 @@ class Consumer:
         no partition, and at least every FULL_RECHECK_S (a bound on any change that
         reached a partition without its slot). A replicated partition's readable end
         moves with the ISR, which rings no slot: its mark goes at every move."""
+        drained = self._drained
+        self._drained_bell = bell
+        if len(drained) <= FEW_DRAINED:      # reading them costs less than the look
+            drained.clear()
+            self._changes = None             # the next look starts from a fresh snapshot
+            return
         doorbell = self._broker.doorbell
         changes = None if bell is None or doorbell is None else doorbell.changes()
         before, self._changes = self._changes, changes
-        self._drained_bell = bell
-        drained = self._drained
         now = time.monotonic()
         if changes is None or before is None or now - self._cleared_at > FULL_RECHECK_S:
             drained.clear()
