@@ -547,14 +547,14 @@ class Consumer:
         moves with the ISR, which rings no slot: its mark goes at every move."""
         drained = self._drained
         self._drained_bell = bell
-        if len(drained) <= FEW_DRAINED:      # reading them costs less than the look
-            drained.clear()
-            self._changes = None             # the next look starts from a fresh snapshot
-            return
         doorbell = self._broker.doorbell
         changes = None if bell is None or doorbell is None else doorbell.changes()
         before, self._changes = self._changes, changes
         now = time.monotonic()
+        if len(drained) <= FEW_DRAINED:      # reading them costs less than the look
+            drained.clear()
+            self._cleared_at = now
+            return
         if changes is None or before is None or now - self._cleared_at > FULL_RECHECK_S:
             drained.clear()
             self._cleared_at = now

@@ -523,12 +523,15 @@ def test_a_poll_after_one_append_reads_only_the_partitions_of_its_change_slot(
     """The doorbell names the partition an append went to (its change slot): a poll
     after it reads that slot's partitions, not every drained one (3,000 partitions:
     11.8 ms per poll before, a read per partition)."""
+    from logkit import consumer as consumer_module
     from logkit.notify import change_slot
     from logkit.topic import Partition
     partitions = 200
     with logkit.Broker(str(tmp_path), background=False) as broker:
         topic, consumer = _drained_consumer(broker, partitions)
         for target in (17, 123):
+            # the periodic full recheck must not fall inside a slow run's poll
+            monkeypatch.setattr(consumer_module, "FULL_RECHECK_S", 3600.0)
             reads = _Counting(monkeypatch, Partition, "read")
             topic.partition(target).append([(None, b"new", [], None)])
             got = consumer.poll(timeout_ms=1000)
@@ -537,6 +540,22 @@ def test_a_poll_after_one_append_reads_only_the_partitions_of_its_change_slot(
                        if change_slot("t", p) == change_slot("t", target)]
             assert reads.calls == len(sharing) < 5
             monkeypatch.undo()
+        consumer.close()
+
+
+def test_drained_partitions_are_all_read_again_after_the_full_recheck_interval(
+        tmp_path, monkeypatch):
+    """A bound on any change that reached a partition without its slot moving."""
+    from logkit import consumer as consumer_module
+    from logkit.topic import Partition
+    partitions = 30
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic, consumer = _drained_consumer(broker, partitions)
+        monkeypatch.setattr(consumer_module, "FULL_RECHECK_S", 0.0)
+        reads = _Counting(monkeypatch, Partition, "read")
+        topic.partition(4).append([(None, b"new", [], None)])
+        assert [r.value for r in consumer.poll(timeout_ms=1000)] == [b"new"]
+        assert reads.calls == partitions
         consumer.close()
 
 
