@@ -140,6 +140,12 @@ class Consumer:
         # partitions whose change slots moved go (see `_forget_changed`).
         self._drained: dict[TopicPartition, int] = {}
         self._drained_bell: int | None = None
+        # The fetchable partitions not drained, known after a walk of all of them and
+        # kept up as marks come and go (None: unknown, walk them all); with each
+        # partition's place in the fetchable list. Both per subscription version.
+        self._pending: set[TopicPartition] | None = None
+        self._index: dict[TopicPartition, int] = {}
+        self._walk_version = -1
         self._changes: bytes | None = None     # the change slots at the last look
         self._cleared_at = 0.0                 # monotonic time of the last full clear
         self._slots: dict[int, list[TopicPartition]] = {}   # slot -> fetchable tps
@@ -327,7 +333,14 @@ class Consumer:
         self._check()
         tp = self._subscriptions.require_assigned(tp)
         self._subscriptions.seek(tp, offset)
+        self._forget_drained(tp)
         self._drop_buffered(tp)
+
+    def _forget_drained(self, tp: TopicPartition) -> None:
+        """`tp`'s position moved outside a fetch: it is read at the next poll."""
+        self._drained.pop(tp, None)
+        if self._pending is not None:
+            self._pending.add(tp)
 
     def seek_to_beginning(self, *tps: TopicPartition) -> None:
         """Every given (default: assigned) partition to its log start offset."""
@@ -474,17 +487,30 @@ class Consumer:
             return []
         count = len(fetchable)
         start = self._next % count
+        if bell is None or bell != self._drained_bell:
+            self._forget_changed(bell, fetchable)
+        version = self._subscriptions.version
+        if self._walk_version != version:
+            self._index = {tp: i for i, tp in enumerate(fetchable)}
+            self._pending = None
+            self._walk_version = version
+        index, pending = self._index, self._pending
         stuck, self._stuck = self._stuck, None       # set again if it still fails
-        # The partitions from `start` round: read in place (no copy of a 3,000-long
-        # list per poll), unless a stuck partition goes first.
-        order, shift = fetchable, start
+        # The partitions from `start` round. When most are drained and the others are
+        # known (`_pending`), only those are visited, so a poll's cost does not grow
+        # with the partitions drained; else every one, read in place (no copy of a
+        # 3,000-long list per poll), unless a stuck partition goes first.
+        order, shift, walk = fetchable, start, count
         if stuck is not None:
             order, shift = fetchable[start:] + fetchable[:start], 0
             if stuck in order:                       # its error comes before anything
                 order.remove(stuck)
                 order.insert(0, stuck)
-        if bell is None or bell != self._drained_bell:
-            self._forget_changed(bell, fetchable)
+        elif pending is not None and len(pending) * 4 < count:
+            order = sorted(pending, key=lambda tp: (index[tp] - start) % count)
+            shift = 0
+            walk = len(order)
+        whole = walk == count                        # a walk of every partition
         drained = self._drained
         self._next = start + 1
         decoding = self._decoding
@@ -492,8 +518,8 @@ class Consumer:
         budget = self.config["fetch_max_bytes"]
         per_partition = self.config["max_partition_fetch_bytes"]
         positions = self._subscriptions.positions
-        for i in range(count):
-            tp = order[(shift + i) % count]
+        for i in range(walk):
+            tp = order[(shift + i) % walk]
             position = positions.get(tp)
             if position is None:
                 # the first unresolved partition of a new assignment: resolve them all
@@ -510,8 +536,10 @@ class Consumer:
                 continue
             if not records:
                 drained[tp] = position
+                if pending is not None:
+                    pending.discard(tp)
                 continue
-            self._next = start + i + 1
+            self._next = index[tp] + 1
             full = len(out) + len(records) >= max_records
             if not full:
                 # the stored values' bytes against fetch_max_bytes, counted only when
@@ -533,8 +561,14 @@ class Consumer:
                 # read to its end: skip it until the doorbell moves, as if the next
                 # read had found nothing (a tail read, not a whole read, per partition)
                 drained[tp] = position
+                if pending is not None:
+                    pending.discard(tp)
             if full or budget <= 0:
+                whole = False
                 break
+        if whole and pending is None:
+            # every partition looked at: the ones not drained are now known
+            self._pending = {tp for tp in fetchable if drained.get(tp) != positions.get(tp)}
         return out
 
     def _forget_changed(self, bell: int | None, fetchable: list[TopicPartition]) -> None:
@@ -552,31 +586,34 @@ class Consumer:
         before, self._changes = self._changes, changes
         now = time.monotonic()
         if len(drained) <= FEW_DRAINED:      # reading them costs less than the look
-            drained.clear()
-            self._cleared_at = now
+            self._clear_drained(now)
             return
         if changes is None or before is None or now - self._cleared_at > FULL_RECHECK_S:
-            drained.clear()
-            self._cleared_at = now
+            self._clear_drained(now)
             return
         version = self._subscriptions.version
         if self._slots_version != version:
             try:
                 self._slots = self._slot_map(fetchable)
             except LogkitError:              # a topic gone: the reads will say so
-                drained.clear()
-                self._cleared_at = now
+                self._clear_drained(now)
                 return
             self._slots_version = version
         by_slot = self._slots
         slots = changed_slots(before, changes, by_slot)
         if slots is None:
-            drained.clear()
-            self._cleared_at = now
+            self._clear_drained(now)
             return
+        pending = self._pending
         for slot in [0, *slots]:             # 0: the replicated partitions, always
             for tp in by_slot.get(slot, ()):
-                drained.pop(tp, None)
+                if drained.pop(tp, None) is not None and pending is not None:
+                    pending.add(tp)
+
+    def _clear_drained(self, now: float) -> None:
+        self._drained.clear()
+        self._pending = None
+        self._cleared_at = now
 
     def _slot_map(self, fetchable: list[TopicPartition]) -> dict[int, list[TopicPartition]]:
         """change slot -> the fetchable partitions in it; a replicated partition under

@@ -590,3 +590,36 @@ def test_changed_slots_names_the_moved_counters_or_everything():
     words[0] -= 1
     assert changed_slots(before, snapshot(), among=[2, 3, 4]) == [3]
     assert changed_slots(before, snapshot(), among=[5]) == []
+
+
+class _CountingGets(dict):
+    """A positions dict that counts lookups (what a poll's walk costs per partition)."""
+    gets = 0
+
+    def get(self, *args):
+        _CountingGets.gets += 1
+        return super().get(*args)
+
+
+def test_a_poll_visits_only_partitions_that_may_have_data(tmp_path, monkeypatch):
+    """Once a walk has seen every partition, the drained ones are not visited again:
+    a poll after one append looks at a handful of partitions out of 400, and a seek
+    of a drained partition puts it back in the walk."""
+    from logkit import consumer as consumer_module
+    monkeypatch.setattr(consumer_module, "FULL_RECHECK_S", 3600.0)
+    partitions = 400
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        topic, consumer = _drained_consumer(broker, partitions)
+        subscriptions = consumer._subscriptions
+        subscriptions.positions = _CountingGets(subscriptions.positions)
+        topic.partition(250).append([(None, b"new", [], None)])
+        _CountingGets.gets = 0
+        assert [r.value for r in consumer.poll(timeout_ms=1000)] == [b"new"]
+        assert _CountingGets.gets <= 10
+        _CountingGets.gets = 0
+        assert consumer.poll(timeout_ms=0) == []
+        assert _CountingGets.gets <= 10
+        consumer.seek(logkit.TopicPartition("t", 33), 0)
+        assert [(r.partition, r.value) for r in consumer.poll(timeout_ms=1000)] == \
+            [(33, b"33")]
+        consumer.close()
