@@ -247,16 +247,19 @@ class RecordAccumulator:
                                               max(0, self.batch_size - reserve))
                 self.reserved += reserve
                 self.open_count += 1
-                if self.sender_idle:          # else it looks again on its own
-                    self.wake.notify()
+                opened = True
+            else:
+                opened = False
             if DIRECT_ROWS:                   # open (sealing needs this lock): in order
                 batch.rows.append(row)
             else:
                 batch.inbox.append(row)
             batch.size += size
             if batch.size - batch.bias >= self.batch_size:
-                self.seal(state, p)
+                self.seal(state, p)           # the caller appends it: no hand-off
                 sealed = True
+            elif opened and self.sender_idle:     # else it looks again on its own
+                self.wake.notify()
             return batch, sealed
 
     def _grow(self, batch: Batch, size: int) -> bool:

@@ -68,9 +68,9 @@ from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitE
                      UnknownTopicError, storage_error)
 from .loader import RecoveryReport, leftovers, live_bases
 from .notify import change_slot
-from .records import (ATTR_CONTROL, BatchHeader, Record, check_batch, decode_batch,
-                      encode_batch, iter_batches, read_header, stamp_base_offset,
-                      stamp_log_append_time)
+from .records import (ATTR_CONTROL, RECORDS_OFFSET, BatchHeader, Record, check_batch,
+                      decode_batch, encode_batch, iter_batches, read_header,
+                      stamp_base_offset, stamp_log_append_time)
 from .segment import (DELETED_SUFFIX, LogSegment, parse_segment_name, retire_segment,
                       segment_file_name, unlink_segment)
 from .tail import (BOOT_ID, TAIL_FILE, Tail, TailFile, check_directory, open_file)
@@ -486,8 +486,15 @@ class PartitionLog:
         """`append_batch` without the wait for its sync: (base offset, None) when the
         batch needs no sync, else (base offset, ticket) — the batch is stored but not
         readable, and not acknowledged, until `wait_synced(ticket)` returns (which any
-        thread may call; the producer's SyncWaiter does)."""
+        thread may call; the producer's SyncWaiter does).
+
+        `batch` may also be a list of buffers that together hold one batch, the first a
+        bytearray with the whole header (records.encode_batch_parts: a large value is
+        then written from where it is, by one pwritev, never copied into a batch); when
+        the batch is to be verified or rewritten, the pieces are joined first."""
         config = self.config
+        if type(batch) is list:
+            batch = self._pieces_or_joined(batch, verify)
         header = _whole_batch_header(batch)
         size = header.size
         if verify:
@@ -518,6 +525,21 @@ class PartitionLog:
             self._doorbell.ring(self._change_slot)
         return base_offset, None
 
+    def _pieces_or_joined(self, pieces: list[Any], verify: bool) -> Any:
+        """A batch given in pieces, as `_Pieces` when it is stored as it is, else joined
+        (it is to be verified, recompressed or stamped with the append time)."""
+        head = pieces[0]
+        size = sum(map(len, pieces))
+        header = read_header(head, 0, size) if len(head) >= RECORDS_OFFSET \
+            and type(head) is bytearray else None
+        config = self.config
+        if verify or header is None or header.size != size or \
+                config["compression.type"] not in ("producer",
+                                                   TOPIC_COMPRESSION_TYPE[header.codec]) \
+                or config["message.timestamp.type"] == "LogAppendTime":
+            return bytearray(b"".join(pieces))
+        return _Pieces(pieces)
+
     def _append_locked(self, batch: bytearray, header: BatchHeader, size: int, count: int,
                        tail: Tail, shipped_roll: bool | None = None) -> int:
         config = self.config
@@ -535,7 +557,8 @@ class PartitionLog:
         if not self._dirty:               # this process's first append: a dead writer
             self._cut_unpublished(segment, tail)    # may have left bytes past the end
         base_offset = tail.log_end_offset
-        stamp_base_offset(batch, base_offset, tail.leader_epoch)
+        stamp_base_offset(batch.pieces[0] if type(batch) is _Pieces else batch, base_offset,
+                          tail.leader_epoch)
         position = tail.active_size
         last_offset = base_offset + count - 1
         flush = tail.unflushed_messages + count >= config["flush.messages"]
@@ -545,7 +568,7 @@ class PartitionLog:
         if deferred:
             flush = False
         try:
-            segment.write(batch, position)
+            segment.write(batch.pieces if type(batch) is _Pieces else batch, position)
             if flush:
                 # The log file only: the active segment's indexes are derived data that
                 # recovery rebuilds after an OS crash, and an fsync of each (dirty) index
@@ -1395,10 +1418,26 @@ def _copy_prefix(path: str, size: int) -> None:
     os.replace(tmp, path)
 
 
+class _Pieces:
+    """A batch in pieces (see `append_batch_nowait`): `len()` is the batch's size, the
+    stamps go into the first piece (which holds the header), `LogSegment.write` writes
+    the list with one pwritev."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: list[Any]) -> None:
+        self.pieces = pieces
+        self.size = sum(map(len, pieces))
+
+    def __len__(self) -> int:
+        return self.size
+
+
 def _whole_batch_header(batch: Any) -> BatchHeader:
     """The header of a batch given as its exact bytes, else CorruptRecordError."""
     size = len(batch)
-    header = read_header(batch, 0, size)
+    # in pieces, the header is all in the first one (`_pieces_or_joined` checked)
+    header = read_header(batch.pieces[0] if type(batch) is _Pieces else batch, 0, size)
     if header is None or header.size != size:
         raise CorruptRecordError("append of a batch whose length field does not match "
                                  "its bytes", expected=size,

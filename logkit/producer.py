@@ -129,7 +129,7 @@ from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateEr
 from .log import SyncWaiter
 from .murmur2 import partition_for_key
 from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
-                      record_size_estimate)
+                      encode_batch_parts, record_size_estimate)
 
 __all__ = ["Producer", "FutureRecordMetadata"]
 
@@ -701,7 +701,9 @@ class Producer:
                     self._check_in_sync_replicas(batch, partition)
                 now_ms = int(time.time() * 1000)
                 batch.timestamp_ms = now_ms
-                encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
+                encoded = (len(batch.rows) == 1 and not self._codec
+                           and encode_batch_parts(batch.rows[0], now_ms=now_ms)) \
+                    or encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
                 if len(batch.rows) > 1 and \
                         len(encoded) > partition.config["max.message.bytes"]:
                     batch.outcomes = {}

@@ -49,7 +49,7 @@ __all__ = ["Record", "RecordMetadata", "BatchHeader", "encode_batch", "decode_ba
            "read_header", "check_batch", "iter_batches", "stamp_base_offset",
            "stamp_leader_epoch", "stamp_log_append_time", "stamp_producer", "LOG_OVERHEAD",
            "RECORDS_OFFSET", "MIN_BATCH_LENGTH", "RECORD_OVERHEAD_BYTES",
-           "record_size_estimate"]
+           "record_size_estimate", "encode_batch_parts", "PARTS_MIN_VALUE_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,39 @@ def encode_batch(records: Sequence[RecordInput], *, base_offset: int = 0, codec:
     batch[RECORDS_OFFSET:] = payload
     _restamp_crc(batch, 0)
     return batch
+
+
+PARTS_MIN_VALUE_BYTES = 64 * 1024     # a value this big is written in place, not copied
+
+
+def encode_batch_parts(record: RecordInput, *, now_ms: int | None = None
+                       ) -> list[Any] | None:
+    """One record with a large value (at least PARTS_MIN_VALUE_BYTES of bytes, no
+    headers) as an uncompressed batch in three pieces, [head, value, tail]: `head` (a
+    bytearray) holds the whole batch header and the record up to its value, `value` is
+    the caller's object itself (not copied), `tail` the rest. Joined, they are exactly
+    `encode_batch([record])`; the CRC covers all three. None for any other record.
+    `PartitionLog.append_batch_nowait` writes the pieces with one `pwritev`."""
+    key, value, headers, timestamp = record
+    if type(value) is not bytes or len(value) < PARTS_MIN_VALUE_BYTES or headers:
+        return None
+    if timestamp is None:
+        timestamp = int(time.time() * 1000) if now_ms is None else now_ms
+    # attributes, timestampDelta 0, offsetDelta 0, key, value length; value; 0 headers
+    before_value = b"\x00" + _VARINT[0] + _VARINT[0] + \
+        (_NULL if key is None else _varint(len(key)) + key) + _varint(len(value))
+    tail = _VARINT[0]
+    body_length = len(before_value) + len(value) + len(tail)
+    prefix = _varint(body_length) + before_value
+    head = bytearray(RECORDS_OFFSET + len(prefix))
+    total = len(head) + len(value) + len(tail)
+    _HEADER.pack_into(head, 0, 0, total - LOG_OVERHEAD, -1, MAGIC, 0, CODEC_NONE, 0,
+                      timestamp, timestamp, -1, -1, -1, 1)
+    head[RECORDS_OFFSET:] = prefix
+    crc = crc32c(memoryview(head)[ATTRIBUTES_OFFSET:])
+    crc = crc32c(tail, crc32c(value, crc))
+    _CRC.pack_into(head, CRC_OFFSET, crc)
+    return [head, value, tail]
 
 
 # ---- header rewrites -------------------------------------------------------------------

@@ -221,10 +221,16 @@ class LogSegment:
     # ---- write ---------------------------------------------------------------------
 
     def write(self, batch: Any, position: int) -> None:
-        """Write a stamped batch at `position` (the committed end of this segment)."""
-        written = os.pwrite(self._fd, batch, position)
-        if written != len(batch):   # a short write to a regular file: disk full
-            raise OSError(errno.ENOSPC, f"short write ({written} of {len(batch)} bytes)",
+        """Write a stamped batch at `position` (the committed end of this segment); a
+        list of the batch's pieces with one pwritev."""
+        if isinstance(batch, list):
+            size = sum(map(len, batch))
+            written = os.pwritev(self._fd, batch, position)
+        else:
+            size = len(batch)
+            written = os.pwrite(self._fd, batch, position)
+        if written != size:         # a short write to a regular file: disk full
+            raise OSError(errno.ENOSPC, f"short write ({written} of {size} bytes)",
                           self.path)
 
     def index_batch(self, last_offset: int, position: int, interval_bytes: int,

@@ -228,8 +228,10 @@ class Partition:
         """`append_batch` that does not wait for the sync `flush.messages` asks for:
         (base offset, None), or (base offset, ticket) when the batch is readable and
         acknowledged only once `wait_synced(ticket)` returns (group commit: the producer
-        appends on while a sync runs; docs/storage.md)."""
-        if not isinstance(batch, bytearray):
+        appends on while a sync runs; docs/storage.md). `batch` may be a list of
+        buffers that together hold one batch, the header all in the first, a bytearray
+        (`records.encode_batch_parts`): a large value is then written where it is."""
+        if not isinstance(batch, (bytearray, list)):
             batch = bytearray(batch)
         return self._log.append_batch_nowait(batch, verify=verify, lock_timeout_s=(
             LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s))
