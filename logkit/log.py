@@ -512,12 +512,18 @@ class PartitionLog:
             stamp_log_append_time(batch, _now_ms())
             header = _whole_batch_header(batch)
         count = header.last_offset_delta + 1
-        with self._locked_tail("append", lock_timeout_s) as tail:
+        # `_locked_tail("append")` spelled out: its generator costs a microsecond per batch
+        self._acquire(lock_timeout_s)
+        try:
             try:
+                tail = self._tail_under_lock()
+                self._refresh(tail)
                 base_offset = self._append_locked(batch, header, size, count, tail)
             except OSError as exc:
                 raise storage_error(exc, "append", self.directory) from exc
             deferred, self._deferred = self._deferred, None
+        finally:
+            self._release()
         if deferred is not None:
             return base_offset, SyncTicket(deferred[0], deferred[1], base_offset,
                                            header.crc)
@@ -584,18 +590,21 @@ class PartitionLog:
         segment.index_batch(last_offset, position, config["index.interval.bytes"],
                             max_ts, max_ts_offset)
         entries, time_entries = segment.index_entry_counts()
-        tail = tail._replace(
-            log_end_offset=last_offset + 1, active_size=position + size,
-            index_entries=entries, timeindex_entries=time_entries,
-            high_watermark=tail.high_watermark if deferred else last_offset + 1,
-            max_timestamp=max_ts,
-            max_timestamp_offset=max_ts_offset,
-            roll_time_ms=now if tail.roll_time_ms < 0 else tail.roll_time_ms, clean=0,
-            unflushed_messages=0 if flush else tail.unflushed_messages + count,
-            first_unflushed_ms=-1 if flush else
-            now if tail.first_unflushed_ms < 0 else tail.first_unflushed_ms)
-        if flush:
-            tail = tail._replace(recovery_point=last_offset + 1)
+        # Every field, in Tail's order (one construction: `_replace` with eleven
+        # keywords costs more than the write it describes)
+        tail = Tail(
+            tail.boot_id, tail.log_start_offset, last_offset + 1,
+            tail.active_base_offset, position + size, entries, time_entries,
+            tail.segments_version,
+            tail.high_watermark if deferred else last_offset + 1,     # high_watermark
+            max_ts, max_ts_offset,
+            last_offset + 1 if flush else tail.recovery_point,        # recovery_point
+            now if tail.roll_time_ms < 0 else tail.roll_time_ms,      # roll_time_ms
+            0,                                                        # clean
+            0 if flush else tail.unflushed_messages + count,          # unflushed_messages
+            -1 if flush else now if tail.first_unflushed_ms < 0
+            else tail.first_unflushed_ms,                             # first_unflushed_ms
+            tail.leader_epoch, tail.deleted)
         self._tail_file.publish(tail)
         self._dirty = True
         if deferred:

@@ -225,7 +225,7 @@ class TailFile:
         """The fields as a writer that died mid-update left them (each old or new)."""
         return Tail._make(_BODY.unpack_from(self.mm, _BODY_OFFSET))
 
-    def write(self, tail: Tail) -> None:
+    def write(self, tail: Tail | tuple) -> None:
         """Publish `tail` under the seqlock (caller holds the partition lock)."""
         mm = self.mm
         seq = _SEQ.unpack_from(mm, _SEQ_OFFSET)[0]
@@ -237,7 +237,7 @@ class TailFile:
 
     def publish(self, tail: Tail) -> None:
         """Write `tail` stamped with this boot's id (every publish does)."""
-        self.write(tail._replace(boot_id=BOOT_ID))
+        self.write((BOOT_ID, *tail[1:]))
 
     def sync(self) -> None:
         self.mm.flush()
