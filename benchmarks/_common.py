@@ -262,3 +262,20 @@ def batch_appender(partition: Any) -> Callable[[bytearray], Any]:
     """`Partition.append_batch` for batches this process has just encoded: no CRC
     re-check, as the producer appends (the log stamps offsets in place)."""
     return functools.partial(partition.append_batch, verify=False)
+
+
+def read_all(topic: Any, partitions: int, max_records: int) -> int:
+    """The `Partition.read` loop the consumers are compared with: every partition of
+    `topic` from offset 0 to its high watermark, `max_records` per read, each value
+    touched; the records read."""
+    seen = 0
+    for p in range(partitions):
+        partition = topic.partition(p)
+        offset, end = 0, partition.high_watermark
+        while offset < end:
+            records = partition.read(offset, max_records=max_records)
+            for r in records:
+                r.value
+            seen += len(records)
+            offset = records[-1].offset + 1
+    return seen

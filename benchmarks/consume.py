@@ -20,8 +20,8 @@ from typing import Callable
 
 from ._common import (KAFKA_2014, NOT_INSTALLED, TOPIC, BenchConfig, Progress, Result,
                       append_all, encoded_batches, make_records,
-                      measure, open_broker, peak_rss_mb, records_per_batch,
-                      reset_peak_rss, scratch)
+                      measure, open_broker, peak_rss_mb, read_all,
+                      records_per_batch, reset_peak_rss, scratch)
 from ._peers import kafka_python, persist_queue, sqlite_open, sqlite_read, sqlite_write
 
 MAX_RECORDS_PER_POLL = 500
@@ -71,17 +71,7 @@ def run(config: BenchConfig) -> list[Result]:
 
         def log_read() -> dict[str, float]:
             started = time.perf_counter()
-            seen = 0
-            for p in range(config.partitions):
-                partition = topic.partition(p)
-                offset = 0
-                end = partition.high_watermark
-                while offset < end:
-                    records = partition.read(offset, max_records=MAX_RECORDS_PER_POLL)
-                    for r in records:
-                        r.value
-                    seen += len(records)
-                    offset = records[-1].offset + 1
+            seen = read_all(topic, config.partitions, MAX_RECORDS_PER_POLL)
             if seen != count:
                 raise RuntimeError(f"Partition.read returned {seen} of {count} records")
             return {"records": seen, "seconds": time.perf_counter() - started}

@@ -176,18 +176,8 @@ def point(partitions: int, records: int, root: str) -> dict[str, Any]:
 def _read_loop(broker: Any, partitions: int) -> int:
     """`Partition.read` over every partition from offset 0 to its high watermark, the
     reference the group consumer is compared with; the records read."""
-    topic = broker.topic(TOPIC)
-    seen = 0
-    for p in range(partitions):
-        partition = topic.partition(p)
-        offset, end = 0, partition.high_watermark
-        while offset < end:
-            got = partition.read(offset, max_records=MAX_RECORDS_PER_POLL)
-            for r in got:
-                r.value
-            seen += len(got)
-            offset = got[-1].offset + 1
-    return seen
+    from benchmarks._common import read_all
+    return read_all(broker.topic(TOPIC), partitions, MAX_RECORDS_PER_POLL)
 
 
 def create_floor(root: str, files: list[str]) -> float:
