@@ -22,8 +22,9 @@
  *
  * The accumulator's per-record state lives in C fields here (BatchBase, TopicBase,
  * which accumulator.py's Batch and TopicBatches subclass when this module is built), so
- * a record costs a dict lookup, a murmur2 when keyed, two allocations (the row, the future) and a list
- * append; the Python code reads and writes the same fields by their names.
+ * a record costs a dict lookup, a murmur2 when keyed, two allocations (the row, the
+ * future) and a list append; the Python code reads and writes the same fields by their
+ * names.
  *
  * Thread-safety: like the Python fast path it takes no lock. With this module built the
  * rows go straight into `Batch.rows` (no inbox): the check that the batch is open and
@@ -152,8 +153,7 @@ static PyTypeObject FutureBaseType = {
  * pure-Python twins there have the same names), so a record's check-and-add is a few
  * loads and stores instead of attribute lookups. BatchBase: `rows` (the list the batch
  * encodes), `size` (estimated bytes plus the accumulator's bias), `sealed`. TopicBase:
- * `open` (list: partition -> open batch or None), `cache` (dict: key -> partition),
- * `sticky` (the null-key partition). */
+ * `open` (list: partition -> open batch or None), `sticky` (the null-key partition). */
 
 typedef struct {
     PyObject_HEAD
@@ -379,7 +379,6 @@ static PyMethodDef module_methods[] = {
 typedef struct {
     PyObject_HEAD
     PyObject *open;
-    PyObject *cache;
     Py_ssize_t sticky;
 } TopicBase;
 
@@ -387,7 +386,6 @@ static int
 topic_traverse(TopicBase *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->open);
-    Py_VISIT(self->cache);
     return 0;
 }
 
@@ -395,7 +393,6 @@ static int
 topic_clear(TopicBase *self)
 {
     Py_CLEAR(self->open);
-    Py_CLEAR(self->cache);
     return 0;
 }
 
@@ -409,7 +406,6 @@ topic_dealloc(TopicBase *self)
 
 static PyMemberDef topic_members[] = {
     {"open", T_OBJECT_EX, offsetof(TopicBase, open), 0, NULL},
-    {"cache", T_OBJECT_EX, offsetof(TopicBase, cache), 0, NULL},
     {"sticky", T_PYSSIZET, offsetof(TopicBase, sticky), 0, NULL},
     {NULL}
 };
@@ -529,7 +525,8 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
          * (the length of `open`, which grows before the count: a key sent during a
          * grow may map by the new count a moment early, as it will right after).
          * No key cache here: looking a fresh bytes key up hashes it anyway, which
-         * costs what murmur2 does (Python's path caches, its murmur2 is slower). */
+         * costs what murmur2 does (the Python path keeps producer.py's cache, its
+         * murmur2 being slower). */
         size += PyBytes_GET_SIZE(key);
         PyObject *open = state->open;
         if (open == NULL || !PyList_CheckExact(open) || PyList_GET_SIZE(open) == 0)

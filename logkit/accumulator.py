@@ -41,7 +41,7 @@ Two ways, chosen once by whether logkit/_sendpath.c is built (`DIRECT_ROWS`):
 - compiled: rows go straight into `Batch.rows` through `Batch.offer` (and the C send
   path), whose check-that-it-is-open and append are one step under the GIL; sealing
   sets `Batch.sealed` (lock held) and the rows are final. `Batch` and `TopicBatches`
-  then keep their hot fields (`rows`, `size`, `sealed`; `open`, `cache`, `sticky`) in C
+  then keep their hot fields (`rows`, `size`, `sealed`; `open`, `sticky`) in C
   (`_sendpath.BatchBase`, `_sendpath.TopicBase`).
 - pure Python: rows go to `Batch.inbox` (deque.append is atomic) and the sender checks
   `sealed` afterwards (see `Producer.send` for why no row is lost or taken twice);
@@ -97,10 +97,10 @@ class _PyBatchFields:
 
 class _PyTopicFields:
     """The fields of a TopicBatches that the send paths read; `_sendpath.TopicBase` is
-    the compiled twin. `cache` (key -> partition) and `sticky` (the null-key partition)
-    are the producer's partitioner state (producer.py's _TopicState fills them)."""
+    the compiled twin. `sticky` (the null-key partition) is the producer's partitioner
+    state (producer.py's _TopicState keeps it up)."""
 
-    __slots__ = ("open", "cache", "sticky")
+    __slots__ = ("open", "sticky")
 
 
 _BatchFields: Any = _PyBatchFields if _sendpath is None else _sendpath.BatchBase
@@ -173,7 +173,7 @@ class TopicBatches(_TopicFields):
     thread is appending each partition now (one appender per partition keeps the order).
 
     The producer subclasses it to keep its partitioner state on the same object (one
-    lookup on the hot path). logkit/_sendpath.c reads `open`, `cache` and `sticky` (C
+    lookup on the hot path). logkit/_sendpath.c reads `open` and `sticky` (C
     fields of its TopicBase when built)."""
 
     __slots__ = ("name", "topic", "count", "sealed", "busy")
@@ -182,7 +182,6 @@ class TopicBatches(_TopicFields):
         self.name = topic.name
         self.topic = topic
         self.count = topic.num_partitions
-        self.cache: dict[bytes, int] = {}
         self.sticky = 0
         self.open: list[Batch | None] = [None] * self.count
         self.sealed: list[collections.deque[Batch]] = [collections.deque()

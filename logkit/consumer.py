@@ -140,16 +140,16 @@ class Consumer:
         # partitions whose change slots moved go (see `_forget_changed`).
         self._drained: dict[TopicPartition, int] = {}
         self._drained_bell: int | None = None
-        # The fetchable partitions not drained, known after a walk of all of them and
-        # kept up as marks come and go (None: unknown, walk them all); with each
-        # partition's place in the fetchable list. Both per subscription version.
+        # Per subscription version (`_walk_version`): the fetchable partitions not
+        # drained, known after a walk of all of them and kept up as marks come and go
+        # (None: unknown, walk them all); each one's place in the fetchable list; the
+        # fetchable partitions by change slot (None: not made yet).
         self._pending: set[TopicPartition] | None = None
         self._index: dict[TopicPartition, int] = {}
+        self._slots: dict[int, list[TopicPartition]] | None = None
         self._walk_version = -1
         self._changes: bytes | None = None     # the change slots at the last look
         self._cleared_at = 0.0                 # monotonic time of the last full clear
-        self._slots: dict[int, list[TopicPartition]] = {}   # slot -> fetchable tps
-        self._slots_version = -1
         self._buffer: list[Record] = []       # fetched, not yet handed out by __next__
         # How long a poll() that found nothing spins on the doorbell before it sleeps
         # (once per call: poll_spin_us, the only setting here that is not Kafka's).
@@ -487,13 +487,13 @@ class Consumer:
             return []
         count = len(fetchable)
         start = self._next % count
-        if bell is None or bell != self._drained_bell:
-            self._forget_changed(bell, fetchable)
         version = self._subscriptions.version
         if self._walk_version != version:
             self._index = {tp: i for i, tp in enumerate(fetchable)}
-            self._pending = None
+            self._pending = self._slots = None
             self._walk_version = version
+        if bell is None or bell != self._drained_bell:
+            self._forget_changed(bell, fetchable)
         index, pending = self._index, self._pending
         stuck, self._stuck = self._stuck, None       # set again if it still fails
         # The partitions from `start` round. When most are drained and the others are
@@ -591,15 +591,13 @@ class Consumer:
         if changes is None or before is None or now - self._cleared_at > FULL_RECHECK_S:
             self._clear_drained(now)
             return
-        version = self._subscriptions.version
-        if self._slots_version != version:
+        by_slot = self._slots
+        if by_slot is None:
             try:
-                self._slots = self._slot_map(fetchable)
+                by_slot = self._slots = self._slot_map(fetchable)
             except LogkitError:              # a topic gone: the reads will say so
                 self._clear_drained(now)
                 return
-            self._slots_version = version
-        by_slot = self._slots
         slots = changed_slots(before, changes, by_slot)
         if slots is None:
             self._clear_drained(now)

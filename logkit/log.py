@@ -233,18 +233,27 @@ class PartitionLog:
                      timeout_s: float | None = LOCK_TIMEOUT_S) -> Iterator[Tail]:
         """The append lock, with the current tail (repaired first if torn) and the
         segment list refreshed to it: the prelude of every mutation. An I/O error in
-        the prelude raises StorageError naming `operation`. (One generator, not one
-        around `_locked`: appends pay for this on every batch.)"""
-        self._acquire(timeout_s)
+        the prelude raises StorageError naming `operation`. (The append takes the
+        prelude without this generator, which costs it a microsecond per batch.)"""
+        tail = self._lock_tail(operation, timeout_s)
         try:
-            try:
-                tail = self._tail_under_lock()
-                self._refresh(tail)
-            except OSError as exc:
-                raise storage_error(exc, operation, self.directory) from exc
             yield tail
         finally:
             self._release()
+
+    def _lock_tail(self, operation: str, timeout_s: float | None) -> Tail:
+        """`_locked_tail`'s prelude: the lock taken, the tail read and the segment list
+        refreshed; the caller `_release`s. On any error nothing stays held."""
+        self._acquire(timeout_s)
+        try:
+            tail = self._tail_under_lock()
+            self._refresh(tail)
+        except BaseException as exc:
+            self._release()
+            if isinstance(exc, OSError):
+                raise storage_error(exc, operation, self.directory) from exc
+            raise
+        return tail
 
     def _tail_under_lock(self) -> Tail:
         """The tail, read under the lock. No live writer can be mid-update, so a torn or
@@ -494,30 +503,31 @@ class PartitionLog:
         the batch is to be verified or rewritten, the pieces are joined first."""
         config = self.config
         if type(batch) is list:
-            batch = self._pieces_or_joined(batch, verify)
+            batch = _pieces(batch)
         header = _whole_batch_header(batch)
         size = header.size
+        recompress = config["compression.type"] not in ("producer",
+                                                        TOPIC_COMPRESSION_TYPE[header.codec])
+        append_time = config["message.timestamp.type"] == "LogAppendTime"
+        if type(batch) is _Pieces and (verify or recompress or append_time):
+            batch = bytearray(b"".join(batch.pieces))    # checked or rewritten whole
         if verify:
             check_batch(batch, 0, header)
         if size > config["max.message.bytes"]:      # the whole batch, as Kafka counts it
             raise RecordTooLargeError(
                 f"record batch of {size} bytes exceeds max.message.bytes="
                 f"{config['max.message.bytes']} of topic {self.topic!r}")
-        if config["compression.type"] not in ("producer",
-                                              TOPIC_COMPRESSION_TYPE[header.codec]):
+        if recompress:
             batch = self._recompress(batch, header)
             header = _whole_batch_header(batch)
             size = header.size
-        if config["message.timestamp.type"] == "LogAppendTime":
+        if append_time:
             stamp_log_append_time(batch, _now_ms())
             header = _whole_batch_header(batch)
         count = header.last_offset_delta + 1
-        # `_locked_tail("append")` spelled out: its generator costs a microsecond per batch
-        self._acquire(lock_timeout_s)
+        tail = self._lock_tail("append", lock_timeout_s)     # `_locked_tail`, unwrapped
         try:
             try:
-                tail = self._tail_under_lock()
-                self._refresh(tail)
                 base_offset = self._append_locked(batch, header, size, count, tail)
             except OSError as exc:
                 raise storage_error(exc, "append", self.directory) from exc
@@ -530,21 +540,6 @@ class PartitionLog:
         if self._doorbell is not None:
             self._doorbell.ring(self._change_slot)
         return base_offset, None
-
-    def _pieces_or_joined(self, pieces: list[Any], verify: bool) -> Any:
-        """A batch given in pieces, as `_Pieces` when it is stored as it is, else joined
-        (it is to be verified, recompressed or stamped with the append time)."""
-        head = pieces[0]
-        size = sum(map(len, pieces))
-        header = read_header(head, 0, size) if len(head) >= RECORDS_OFFSET \
-            and type(head) is bytearray else None
-        config = self.config
-        if verify or header is None or header.size != size or \
-                config["compression.type"] not in ("producer",
-                                                   TOPIC_COMPRESSION_TYPE[header.codec]) \
-                or config["message.timestamp.type"] == "LogAppendTime":
-            return bytearray(b"".join(pieces))
-        return _Pieces(pieces)
 
     def _append_locked(self, batch: bytearray, header: BatchHeader, size: int, count: int,
                        tail: Tail, shipped_roll: bool | None = None) -> int:
@@ -1442,10 +1437,19 @@ class _Pieces:
         return self.size
 
 
+def _pieces(pieces: list[Any]) -> Any:
+    """A batch given as a list of buffers: `_Pieces` when the first holds the whole
+    header in a bytearray (where the stamps go), else the buffers joined."""
+    head = pieces[0] if pieces else None
+    if type(head) is bytearray and len(head) >= RECORDS_OFFSET:
+        return _Pieces(pieces)
+    return bytearray(b"".join(pieces))
+
+
 def _whole_batch_header(batch: Any) -> BatchHeader:
     """The header of a batch given as its exact bytes, else CorruptRecordError."""
     size = len(batch)
-    # in pieces, the header is all in the first one (`_pieces_or_joined` checked)
+    # in pieces, the header is all in the first one (`_pieces` checked)
     header = read_header(batch.pieces[0] if type(batch) is _Pieces else batch, 0, size)
     if header is None or header.size != size:
         raise CorruptRecordError("append of a batch whose length field does not match "

@@ -154,14 +154,16 @@ class _TopicState(TopicBatches):
     """The producer's view of one topic: its batches (the accumulator's part) and its
     partitioner state, on one object so that send() does one lookup.
 
-    `cache` (key -> partition: murmur2 is pure) and `sticky` (the null-key partition)
-    are fields of the base class, which logkit/_sendpath.c reads (C fields when built)."""
+    `sticky` (the null-key partition) is a field of the base class, which
+    logkit/_sendpath.c reads (a C field when built); `cache` (key -> partition: murmur2
+    is pure) serves this module's keyed sends (the compiled path hashes every key)."""
 
-    __slots__ = ("producer", "round_robin")
+    __slots__ = ("producer", "round_robin", "cache")
 
     def __init__(self, producer: "Producer", topic: Any) -> None:
         super().__init__(topic)
         self.producer = producer
+        self.cache: dict[bytes, int] = {}
         self.sticky = random.randrange(self.count)
         self.round_robin = -1
 
@@ -701,9 +703,11 @@ class Producer:
                     self._check_in_sync_replicas(batch, partition)
                 now_ms = int(time.time() * 1000)
                 batch.timestamp_ms = now_ms
-                encoded = (len(batch.rows) == 1 and not self._codec
-                           and encode_batch_parts(batch.rows[0], now_ms=now_ms)) \
-                    or encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
+                encoded = None
+                if len(batch.rows) == 1 and not self._codec:     # a large value: pieces
+                    encoded = encode_batch_parts(batch.rows[0], now_ms=now_ms)
+                if encoded is None:
+                    encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
                 if len(batch.rows) > 1 and \
                         len(encoded) > partition.config["max.message.bytes"]:
                     batch.outcomes = {}

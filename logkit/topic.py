@@ -216,8 +216,10 @@ class Partition:
         or `message.timestamp.type=LogAppendTime` asks for a rewrite, as Kafka's leader
         does. Raises RecordTooLargeError above `max.message.bytes`, LogkitTimeoutError
         when the append lock is not free within `lock_timeout_s` (None: the log's
-        default bound), StorageError when a write fails (nothing stored)."""
-        if not isinstance(batch, bytearray):
+        default bound), StorageError when a write fails (nothing stored). `batch` may
+        also be a list of buffers that together hold one batch, as for
+        `append_batch_nowait`."""
+        if not isinstance(batch, (bytearray, list)):
             batch = bytearray(batch)
         if lock_timeout_s is None:
             return self._log.append_batch(batch, verify=verify)
@@ -229,8 +231,9 @@ class Partition:
         (base offset, None), or (base offset, ticket) when the batch is readable and
         acknowledged only once `wait_synced(ticket)` returns (group commit: the producer
         appends on while a sync runs; docs/storage.md). `batch` may be a list of
-        buffers that together hold one batch, the header all in the first, a bytearray
-        (`records.encode_batch_parts`): a large value is then written where it is."""
+        buffers that together hold one batch, the whole header in the first, a bytearray
+        (`records.encode_batch_parts`): a large value is then written where it is, with
+        one pwritev (joined first when it is verified or the topic rewrites batches)."""
         if not isinstance(batch, (bytearray, list)):
             batch = bytearray(batch)
         return self._log.append_batch_nowait(batch, verify=verify, lock_timeout_s=(

@@ -12,8 +12,10 @@ import pytest
 
 import logkit
 from logkit import crc as crc_module
+from logkit.compression import CODEC_GZIP
 from logkit.records import (PARTS_MIN_VALUE_BYTES, decode_batch, encode_batch,
                             encode_batch_parts, read_header)
+from tests.helpers.procs import wait_until
 
 BIG = PARTS_MIN_VALUE_BYTES
 
@@ -85,6 +87,8 @@ def test_pieces_are_joined_when_the_topic_rewrites_batches(tmp_path, config):
         assert [r.value for r in records] == [value, value]
         if "message.timestamp.type" in config:
             assert all(r.timestamp != 5 for r in records)
+        else:                                   # recompressed, not written as given
+            assert [h.codec for h in partition.batch_headers(0)] == [CODEC_GZIP] * 2
 
 
 def test_a_batch_in_pieces_whose_length_field_lies_is_refused(tmp_path):
@@ -114,11 +118,25 @@ def test_a_batch_sealed_by_send_does_not_wake_the_sender_thread(tmp_path):
                 return real(*args)
 
             accumulator.wake.notify = counted
-            for _ in range(200):                     # bounded: the sender goes idle
-                with accumulator.lock:
-                    if accumulator.sender_idle:
-                        break
-                threading.Event().wait(0.01)
+            # the sender must be idle first, or no wake would be sent either way
+            wait_until(lambda: accumulator.sender_idle, 10, "the sender thread idle")
             producer.send("t", os.urandom(BIG)).result()
             assert wakes == []
+            producer.send("t", b"small").result()    # a batch left open: it is woken
+            assert wakes == ["MainThread"]
             accumulator.wake.notify = real
+
+
+def test_append_batch_takes_pieces_too_and_refuses_a_short_head(tmp_path):
+    """`Partition.append_batch` (which waits for any sync) accepts the same pieces as
+    `append_batch_nowait`; pieces whose first buffer cannot hold the header are joined
+    and checked like any batch."""
+    value = os.urandom(BIG)
+    with logkit.Broker(str(tmp_path), background=False) as broker:
+        partition = broker.create_topic("t", 1).partition(0)
+        assert partition.append_batch(encode_batch_parts((b"k", value, None, 5))) == 0
+        head, rest, tail = encode_batch_parts((b"k", value, None, 5))
+        assert partition.append_batch([bytes(head[:10]), bytes(head[10:]), rest, tail]) == 1
+        with pytest.raises(logkit.CorruptRecordError):
+            partition.append_batch([bytearray(b"\x00" * 10)])
+        assert [r.value for r in partition.read(0, 10)] == [value, value]
