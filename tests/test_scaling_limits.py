@@ -512,8 +512,11 @@ def _drained_consumer(broker, partitions):
     consumer = broker.consumer("t", group_id="g", auto_offset_reset="earliest",
                                enable_auto_commit=False)
     seen = 0
-    while seen < partitions:
+    for _ in range(50):                               # bounded: 50 polls of <= 1 s
         seen += len(consumer.poll(timeout_ms=1000, max_records=10_000))
+        if seen >= partitions:
+            break
+    assert seen == partitions
     assert consumer.poll(timeout_ms=0) == []       # every partition found at its end
     return topic, consumer
 
