@@ -86,6 +86,7 @@ log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 30.0                 # default bound on waiting for the append lock
 MAX_OPEN_SEGMENTS = 2                 # per partition: the active one and one sealed
+PARKED_SEGMENTS = 64                  # per partition: sealed ones kept without a descriptor
 _LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tries
 MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
 BATCHES_SINCE_MAX_BYTES = 1 << 20     # batches_since() bound (one batch at least)
@@ -111,6 +112,37 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class _ParkBudget:
+    """How many segments this process may keep parked, over all its partitions: each
+    keeps up to two index maps, and the kernel bounds a process's maps
+    (vm.max_map_count, 65530 by default). A forked child starts with the whole
+    budget (its parent's partitions are unusable there)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._used >= self.limit:
+                return False
+            self._used += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._used = max(0, self._used - 1)
+
+    def reset(self) -> None:
+        self._used = 0
+        self._lock = threading.Lock()
+
+
+_PARK_BUDGET = _ParkBudget(8192)
+_fork.at_fork_in_child(_PARK_BUDGET.reset)
+
+
 class PartitionLog:
     """One partition directory. Thread-safe; process-safe through the tail file."""
 
@@ -133,6 +165,9 @@ class PartitionLog:
         self._pid = _fork.owner_pid()
         self.read_only = read_only      # inspection: reads only, no recovery, no writes
         self._segments: dict[int, LogSegment] = {}
+        # Sealed segments evicted from `_segments` keep their index maps here, with no
+        # descriptor (LogSegment.park), oldest first, within a process-wide budget.
+        self._parked: dict[int, LogSegment] = {}
         self._sealed_sizes: dict[int, int] = {}
         self._bases: list[int] = []
         self._segments_version = -1
@@ -398,6 +433,9 @@ class PartitionLog:
                  if b not in bases or seg.active != (b == tail.active_base_offset)]
         for base in stale:
             self._segments.pop(base).close()
+        for base in [b for b in self._parked
+                     if b not in bases or b == tail.active_base_offset]:
+            self._close_parked(base)
         self._bases = bases
         self._segments_version = tail.segments_version
 
@@ -409,23 +447,63 @@ class PartitionLog:
             if listed is None:
                 raise ClosedError(f"partition {self.name} has no segment list")
             active = base == listed.active_base_offset
-            segment = LogSegment(self.directory, base, active=active,
-                                 index_entries=listed.index_entries if active else None,
-                                 timeindex_entries=listed.timeindex_entries if active
-                                 else None, read_only=self.read_only)
+            segment = self._unpark(base) if self._parked and not active else None
+            if segment is None:
+                segment = LogSegment(self.directory, base, active=active,
+                                     index_entries=listed.index_entries if active else None,
+                                     timeindex_entries=listed.timeindex_entries if active
+                                     else None, read_only=self.read_only)
             segments = self._segments
             if len(segments) >= MAX_OPEN_SEGMENTS:
                 # Sealed segments are opened on demand and closed first-in first-out, so
                 # a long log does not hold a descriptor per segment (Kafka maps its
-                # indexes lazily for the same reason).
+                # indexes lazily for the same reason); a closed one is parked, so a
+                # random reader does not pay for re-mapping its indexes each time.
                 for old in list(segments):
                     if not segments[old].active:
                         log.debug("%s: closing segment %d (more than %d open)", self.name,
                                   old, MAX_OPEN_SEGMENTS)
-                        segments.pop(old).close()
+                        self._park(segments.pop(old))
                         break
             segments[base] = segment
         return segment
+
+    def _park(self, segment: LogSegment) -> None:
+        """Keep a sealed segment evicted from the open ones parked (no descriptor, its
+        index maps kept), within PARKED_SEGMENTS and the process's budget; else close
+        it. The oldest parked one makes room."""
+        parked = self._parked
+        if len(parked) >= PARKED_SEGMENTS:
+            self._close_parked(next(iter(parked)))
+        if not _PARK_BUDGET.take():
+            segment.close()
+            return
+        try:
+            segment.park()
+        except BaseException:
+            _PARK_BUDGET.give_back()
+            segment.close()
+            raise
+        parked[segment.base_offset] = segment
+
+    def _unpark(self, base: int) -> LogSegment | None:
+        """The parked segment at `base` with its `.log` open again, or None (it was not
+        parked, or its file was replaced: then it is closed)."""
+        segment = self._parked.pop(base, None)
+        if segment is None:
+            return None
+        _PARK_BUDGET.give_back()
+        try:
+            if segment.unpark():
+                return segment
+        except BaseException:
+            segment.close()
+            raise
+        return None
+
+    def _close_parked(self, base: int) -> None:
+        self._parked.pop(base).close()
+        _PARK_BUDGET.give_back()
 
     def _sized(self, base: int, tail: Tail) -> tuple[LogSegment, int]:
         """The segment at `base` and its committed size; the active one adopts the
@@ -440,6 +518,8 @@ class PartitionLog:
         for segment in self._segments.values():
             segment.close()
         self._segments.clear()
+        for base in list(self._parked):
+            self._close_parked(base)
         self._bases = []
         self._segments_version = -1
 
@@ -1287,6 +1367,8 @@ class PartitionLog:
             segment = self._segments.pop(base, None)
             if segment is not None:
                 segment.close()
+            if base in self._parked:
+                self._close_parked(base)
             self._sealed_sizes.pop(base, None)
             retire_segment(self.directory, base)
             log.debug("%s: retention retired segment %d", self.name, base)
@@ -1300,7 +1382,7 @@ class PartitionLog:
         """A sealed segment's size, without keeping its file open."""
         size = self._sealed_sizes.get(base)
         if size is None:
-            segment = self._segments.get(base)
+            segment = self._segments.get(base) or self._parked.get(base)
             size = segment.sealed_size if segment is not None else os.stat(
                 os.path.join(self.directory, segment_file_name(base, ".log"))).st_size
             self._sealed_sizes[base] = size
@@ -1308,7 +1390,7 @@ class PartitionLog:
 
     def _sealed_max_timestamp(self, base: int) -> int:
         """A sealed segment's largest timestamp: its time index's last entry."""
-        segment = self._segments.get(base)
+        segment = self._segments.get(base) or self._parked.get(base)
         if segment is not None:
             return segment.time_index.last_timestamp()
         return LogSegment.read_last_timestamp(self.directory, base)

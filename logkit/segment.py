@@ -120,7 +120,9 @@ class LogSegment:
         self.read_only = read_only     # an inspection open: no file is changed
         flags = os.O_RDONLY if read_only else \
             os.O_RDWR | (os.O_CREAT | os.O_EXCL if create_index_bytes else 0)
+        self._flags = flags & ~(os.O_CREAT | os.O_EXCL) | os.O_NOFOLLOW | os.O_CLOEXEC
         self._fd = os.open(self.path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self._identity: tuple[int, int] | None = None   # (st_dev, st_ino) once sealed
         self._mmap: mmap.mmap | None = None
         self._mapped = 0
         self._dropped = 0              # pages of the map below this were dropped
@@ -134,7 +136,9 @@ class LogSegment:
         self.scanned_to_end = False
         self.scan_end_offset = -1
         try:
-            self.sealed_size = -1 if active else self.file_size()
+            self.sealed_size = -1
+            if not active:
+                self._adopt_sealed_file()
             if create_index_bytes:
                 self._create_indexes(create_index_bytes)
         except BaseException:
@@ -145,6 +149,54 @@ class LogSegment:
 
     def file_size(self) -> int:
         return os.fstat(self._fd).st_size
+
+    def _adopt_sealed_file(self) -> None:
+        """Take the open `.log` file as this sealed segment's: its size, and which file
+        it is (so `unpark` knows whether the name still means the same file)."""
+        stat = os.fstat(self._fd)
+        self.sealed_size = stat.st_size
+        self._identity = (stat.st_dev, stat.st_ino)
+
+    # ---- parking (a sealed segment kept without a descriptor) ------------------------
+
+    @property
+    def parked(self) -> bool:
+        return self._fd < 0 and self._identity is not None
+
+    def park(self) -> None:
+        """Close the `.log` file (its descriptor and map) of this sealed segment but keep
+        its index maps, which hold no descriptor (index.py), its size and its read
+        cursor: a later read `unpark`s it without re-mapping and re-faulting the
+        indexes, the bulk of reopening a segment. A parked segment holds no descriptor
+        and no resident `.log` pages."""
+        if self.active or self._identity is None:
+            raise ValueError("only a sealed segment is parked")
+        self._release_view()
+        self._dropped = 0
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def unpark(self) -> bool:
+        """Reopen a parked segment's `.log`. False (and the segment closed) when the name
+        no longer means the file that was parked — removed, or replaced by a
+        truncation's copy — so the caller opens the segment afresh; the kept indexes
+        belong to the old file."""
+        try:
+            fd = os.open(self.path, self._flags)
+        except FileNotFoundError:
+            self.close()
+            return False
+        try:
+            stat = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        if (stat.st_dev, stat.st_ino) != self._identity or stat.st_size != self.sealed_size:
+            self.close()
+            return False
+        return True
 
     @property
     def offset_index(self) -> OffsetIndex:
@@ -217,6 +269,7 @@ class LogSegment:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self._identity = None
 
     # ---- write ---------------------------------------------------------------------
 
