@@ -15,7 +15,10 @@ last offset, and the first batch scanned matches its index entry (or `base_offse
 (the partition's tail state for the active segment, the file size for sealed ones), so a
 reader never looks at bytes an appender in another process is still writing.
 
-Readers map the file with mmap and remap only when asked to read past the mapped length.
+Readers map the file with mmap and remap only when asked to read past the mapped length;
+a seek into a sealed segment that is not mapped preads the bytes it needs instead
+(`_read_window`), and a sealed segment can be parked (`park`): its `.log` closed, its
+index maps kept, so a random reader neither maps a file nor re-maps an index per read.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ __all__ = ["LogSegment", "SegmentRecovery", "segment_file_name", "parse_segment_
 log = logging.getLogger(__name__)
 
 PREAD_MAX_BYTES = 1 << 20      # tail reads up to this size use pread instead of a remap
+# A seek into an unmapped sealed segment preads the headers from its index entry on,
+# HOP_BYTES at a time, for at most MAX_HOPS batches, then the batch it wants and, when
+# the read wants more, up to WINDOW_BYTES after it (`_read_window`).
+HOP_BYTES = 8 << 10
+MAX_HOPS = 64
+WINDOW_BYTES = 64 << 10
 # A reader drops the map's pages it has read past, in steps of this many bytes, keeping
 # the last DROP_BEHIND_KEEP_BYTES below its position: see `_drop_behind`.
 DROP_BEHIND_BYTES = 8 << 20
@@ -428,6 +437,13 @@ class LogSegment:
              max_records: int, max_bytes: int, stop_offset: int) -> tuple[list[Record], int]:
         """Records from `offset` (below stop_offset), up to max_records and about
         max_bytes of batches (always at least one batch); also the batch bytes read."""
+        if self._mmap is None and not self.active:
+            cursor = self._cursor
+            if cursor is None or cursor[0] != offset:      # a seek into an unmapped file
+                got = self._read_window(offset, size, topic, partition, max_records,
+                                        max_bytes, stop_offset)
+                if got is not None:
+                    return got
         pos, exact = self._find(offset, size)
         if pos >= size:
             self.scanned_to_end = True
@@ -448,6 +464,74 @@ class LogSegment:
             self._cursor = None
             return self._read(self.view(size), 0, pos, offset, size, topic, partition,
                               max_records, max_bytes, stop_offset, exact)
+
+    def _read_window(self, offset: int, size: int, topic: str, partition: int,
+                     max_records: int, max_bytes: int, stop_offset: int
+                     ) -> tuple[list[Record], int] | None:
+        """read() of a sealed segment that is not mapped, by pread: the batch headers
+        from the index entry for `offset` to the batch holding it (HOP_BYTES at a time),
+        then that batch — with up to WINDOW_BYTES after it when the read wants more
+        than it holds. A seek (a random reader, a parked segment) then costs no map of
+        the file. None — the caller reads through the map, which reports every problem
+        precisely — unless the window answers the whole read: the index entry checks
+        out, the batch holding `offset` is found by the offset chain within
+        MAX_HOPS batches, and the read stops before the window's end (or at the
+        segment's end)."""
+        last, pos = self._index_entry(offset)
+        expected_base = self.base_offset if pos == 0 else -1
+        chunk, chunk_at = b"", pos
+        for _ in range(MAX_HOPS):      # `_find`'s scan, over preads of the headers
+            if not 0 <= pos <= size - RECORDS_OFFSET:   # an index entry bent by a flip
+                return None
+            if pos + RECORDS_OFFSET > chunk_at + len(chunk):
+                chunk, chunk_at = os.pread(self._fd, min(size - pos, HOP_BYTES), pos), pos
+                if len(chunk) < RECORDS_OFFSET:
+                    return None
+            fields = _unpack_header(chunk, pos - chunk_at)
+            length = fields[FIELD_BATCH_LENGTH]
+            base = fields[FIELD_BASE_OFFSET]
+            batch_last = base + fields[FIELD_LAST_OFFSET_DELTA]
+            if fields[FIELD_MAGIC] != MAGIC or length < MIN_BATCH_LENGTH or (
+                    base != expected_base if expected_base >= 0 else batch_last != last):
+                return None
+            if batch_last >= offset:
+                break
+            expected_base = batch_last + 1
+            pos += LOG_OVERHEAD + length
+        else:
+            return None
+        first = LOG_OVERHEAD + length
+        if base > offset or pos + first > size:
+            return None
+        wanted = first if batch_last - offset + 1 >= max_records or first >= max_bytes \
+            else max(first, WINDOW_BYTES)
+        end = min(size, pos + wanted)
+        if chunk_at + len(chunk) >= end:
+            buf, at = chunk, chunk_at
+        else:
+            buf, at = os.pread(self._fd, end - pos, pos), pos
+            if len(buf) != end - pos:
+                return None
+        whole = pos + first            # the end of the window's last whole batch
+        while whole + RECORDS_OFFSET <= end:
+            after = whole + LOG_OVERHEAD + _unpack_header(buf, whole - at)[
+                FIELD_BATCH_LENGTH]
+            if after > end:
+                break
+            whole = after
+        self._cursor = None
+        try:
+            got = self._read(buf, at, pos, offset, whole, topic, partition,
+                             max_records, max_bytes, stop_offset)
+        except CorruptRecordError:
+            self._cursor = None
+            return None
+        if self.scanned_to_end and whole < size:
+            if len(got[0]) < max_records and got[1] < max_bytes:
+                self._cursor = None    # the window ran out before the read did
+                return None
+            self.scanned_to_end = False
+        return got
 
     def _drop_behind(self, pos: int) -> None:
         """Drop from this process the map's pages a reader has gone past (below `pos`,

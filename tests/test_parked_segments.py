@@ -1,8 +1,10 @@
-"""Sealed segments a reader has closed stay parked: their index maps are kept, with no
-descriptor and no `.log` map, so a random reader of a long log does not re-map and
-re-fault a segment's indexes on every read (issue 16, goal 5: read latency flat in the
-log's size). Parked segments hold no descriptor, are bounded per partition and per
-process, and are dropped when their file goes or is replaced."""
+"""Random reads of a long log (issue 16, goal 5: read latency flat in the log's size).
+Sealed segments a reader has closed stay parked: their index maps are kept, with no
+descriptor and no `.log` map, so a random reader does not re-map and re-fault a
+segment's indexes on every read. Parked segments hold no descriptor, are bounded per
+partition and per process, and are dropped when their file goes or is replaced. A seek
+into a sealed segment that is not mapped reads by pread (`LogSegment._read_window`),
+returning what the map would, and the map path reports any bad byte."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import pytest
 import logkit
 from logkit import index as index_module
 from logkit import log as log_module
+from logkit import segment as segment_module
+from logkit.errors import CorruptRecordError
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
                                 reason="counts /proc/self/fd and /proc/self/maps")
@@ -178,3 +182,82 @@ def test_moving_the_log_start_closes_a_parked_segment_and_returns_its_budget(lon
     assert not partition._log._parked
     assert all(not segment.parked for segment in parked.values())
     assert budget._used == 0
+
+
+def test_a_seek_into_a_sealed_segment_maps_no_log_file(long_log):
+    broker, partition, bases = long_log
+    reader_broker = logkit.Broker(broker.path, background=False)
+    reader = reader_broker.topic("t").partition(0)
+    try:
+        for base in reversed(bases[:-1]):
+            got = reader.read(base + 3, max_records=2)
+            assert [r.offset for r in got] == [base + 3, base + 4]
+            assert got[0].value == b"%06d" % (base + 3) + RECORD
+        assert not log_maps(broker.path), log_maps(broker.path)
+    finally:
+        reader_broker.close()
+
+
+@pytest.fixture
+def batched_log(tmp_path):
+    """Sealed segments of 5-record batches of 1000-byte values (index entries every
+    4096 bytes: seeks hop over batches; some reads want more than a window)."""
+    broker = logkit.Broker(str(tmp_path / "data"), background=False)
+    partition = broker.create_topic("t", config={"segment.bytes": 300_000}).partition(0)
+    n = 0
+    while len(partition._log.segment_bases()) < 4:
+        partition.append([(None, b"%06d" % (n + i) + b"w" * 994, [], None)
+                          for i in range(5)])
+        n += 5
+    yield broker, partition, partition._log.segment_bases()
+    broker.close()
+
+
+def test_a_seek_by_pread_returns_what_the_map_returns(batched_log, monkeypatch):
+    """Differential: reads of sealed segments by fresh readers (the pread window) and
+    with the window turned off (MAX_HOPS = 0: the map) return the same records, for
+    reads inside one batch, across batches, and wanting more than a window holds."""
+    broker, partition, bases = batched_log
+    cases = [(base + delta, max_records, max_bytes)
+             for base in bases[:-1] for delta in (0, 1, 7, 133)
+             for max_records, max_bytes in ((1, 1 << 20), (3, 1 << 20), (12, 1 << 20),
+                                            (500, 1 << 20), (500, 20_000))]
+
+    def read_all() -> list[list[tuple[int, bytes]]]:
+        out = []
+        for offset, max_records, max_bytes in cases:
+            reader_broker = logkit.Broker(broker.path, background=False)
+            got = reader_broker.topic("t").partition(0).read(
+                offset, max_records=max_records, max_bytes=max_bytes)
+            out.append([(r.offset, r.value) for r in got])
+            reader_broker.close()
+        return out
+
+    by_window = read_all()
+    monkeypatch.setattr(segment_module, "MAX_HOPS", 0)
+    assert read_all() == by_window
+    assert all(got and got[0][0] == case[0] for got, case in zip(by_window, cases))
+    assert any(len(got) == 500 for got in by_window)     # a read past one window
+
+
+def test_a_flipped_byte_in_a_batch_a_seek_reads_raises_with_its_position(batched_log):
+    broker, partition, bases = batched_log
+    sealed = bases[1]
+    path = os.path.join(broker.path, "t-0", "%020d.log" % sealed)
+    batch = 5 * 9                                # the tenth batch of the segment
+    position = None
+    with open(path, "r+b") as f:
+        data = f.read()
+        at = 0
+        for _ in range(9):
+            at += 12 + int.from_bytes(data[at + 8:at + 12], "big")
+        position = at
+        f.seek(at + 200)                         # inside a value: the CRC catches it
+        f.write(bytes([data[at + 200] ^ 0x10]))
+    reader_broker = logkit.Broker(broker.path, background=False)
+    try:
+        with pytest.raises(CorruptRecordError) as caught:
+            reader_broker.topic("t").partition(0).read(sealed + batch + 2, max_records=1)
+        assert caught.value.path == path and caught.value.position == position
+    finally:
+        reader_broker.close()
