@@ -523,8 +523,7 @@ class LogSegment:
         try:
             got = self._read(buf, at, pos, offset, whole, topic, partition,
                              max_records, max_bytes, stop_offset)
-        except CorruptRecordError:
-            self._cursor = None
+        except CorruptRecordError:     # the map path reports it (_read set no cursor)
             return None
         if self.scanned_to_end and whole < size:
             if len(got[0]) < max_records and got[1] < max_bytes:
