@@ -514,11 +514,10 @@ class LogSegment:
                 return None
         whole = pos + first            # the end of the window's last whole batch
         while whole + RECORDS_OFFSET <= end:
-            after = whole + LOG_OVERHEAD + _unpack_header(buf, whole - at)[
-                FIELD_BATCH_LENGTH]
-            if after > end:
-                break
-            whole = after
+            length = _unpack_header(buf, whole - at)[FIELD_BATCH_LENGTH]
+            if length < MIN_BATCH_LENGTH or whole + LOG_OVERHEAD + length > end:
+                break                  # (a bent length: the map path reports it)
+            whole += LOG_OVERHEAD + length
         self._cursor = None
         try:
             got = self._read(buf, at, pos, offset, whole, topic, partition,

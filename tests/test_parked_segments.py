@@ -9,6 +9,9 @@ returning what the map would, and the map path reports any bad byte."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -22,6 +25,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
                                 reason="counts /proc/self/fd and /proc/self/maps")
 
 RECORD = b"v" * 100
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def fill(partition, segments: int, per_segment: int = 20) -> list[int]:
@@ -261,3 +265,35 @@ def test_a_flipped_byte_in_a_batch_a_seek_reads_raises_with_its_position(batched
         assert caught.value.path == path and caught.value.position == position
     finally:
         reader_broker.close()
+
+
+def test_a_bent_length_after_the_batch_a_seek_reads_raises_and_never_spins(batched_log):
+    """The batch after the one a seek wants has its length field bent to -12, so its
+    "end" is its own start. A read wanting more than one batch must still end — with
+    CorruptRecordError at that batch's position, from the map path — where the pread
+    window once walked the batch ends in place for ever. Run in a child process so a
+    spin fails the test (bounded) instead of hanging the suite."""
+    broker, partition, bases = batched_log
+    sealed = bases[1]
+    path = os.path.join(broker.path, "t-0", "%020d.log" % sealed)
+    with open(path, "r+b") as f:
+        data = f.read()
+        at = 0
+        for _ in range(4):                       # the fifth batch's length field
+            at += 12 + int.from_bytes(data[at + 8:at + 12], "big")
+        f.seek(at + 8)
+        f.write((-12).to_bytes(4, "big", signed=True))
+    script = textwrap.dedent(f"""
+        import logkit
+        from logkit.errors import CorruptRecordError
+        broker = logkit.Broker({broker.path!r}, background=False)
+        try:
+            broker.topic("t").partition(0).read({sealed + 5 * 3 + 1}, max_records=500)
+        except CorruptRecordError as exc:
+            print("raised", exc.position)
+        else:
+            print("returned")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=CHECKOUT)
+    assert done.stdout.split() == ["raised", str(at)], (done.stdout, done.stderr)
