@@ -660,10 +660,11 @@ class Broker:
             raise StorageError(f"{directory} belongs to another incarnation of topic "
                                f"{name!r} (topic id {on_disk}, expected {topic_id})",
                                operation="open partition", path=directory)
-        if self.read_only and not os.path.isdir(directory):
+        present = on_disk is not None or os.path.isdir(directory)   # (it was read)
+        if self.read_only and not present:
             raise StorageError(f"{directory} is missing", operation="open partition",
                                path=directory)
-        if not os.path.isdir(directory) and self._tombstones(topic_id):
+        if not present and self._tombstones(topic_id):
             # renamed away by an interrupted delete: report it as deleted
             raise UnknownTopicError(f"topic {name!r} is being deleted")
         partition_log = self._new_partition_log(directory, name, number, config)

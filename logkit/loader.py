@@ -28,7 +28,8 @@ from .segment import (LogSegment, SegmentRecovery, parse_segment_name, retire_se
                       segment_file_name, unlink_segment)
 from .tail import BOOT_ID, Tail, TailFile
 
-__all__ = ["RecoveryReport", "needs_recovery", "recover", "live_bases", "leftovers"]
+__all__ = ["RecoveryReport", "needs_recovery", "clean_open", "recover", "live_bases",
+           "leftovers"]
 
 log = logging.getLogger(__name__)
 
@@ -76,38 +77,70 @@ def leftovers(names: Any, bases: list[int]) -> bool:
     return False
 
 
-def files_match(directory: str, tail: Tail) -> bool:
-    """The files agree with the tail: every segment has its indexes and the active
-    log holds at least the committed bytes. (Committed bytes are not re-checked
-    here: a bad batch below the committed size raises CorruptRecordError when read,
-    rather than being cut along with the good batches after it.)"""
-    names = set(os.listdir(directory))
-    # A segment above the active one was never published (a roller died before
-    # publishing it); the next roll removes it.
-    bases = live_bases(names, tail)
-    if not bases or bases[-1] != tail.active_base_offset:
-        return False
-    if leftovers(names, bases):
-        return False                  # an interrupted retention or roll: sweep them
-    for base in bases:
-        if (segment_file_name(base, ".index") not in names
-                or segment_file_name(base, ".timeindex") not in names):
-            return False
-    active_path = os.path.join(directory, segment_file_name(bases[-1], ".log"))
-    return os.stat(active_path).st_size >= tail.active_size
+_LOG, _INDEX, _TIMEINDEX, _OTHER_INDEX = 1, 2, 4, 8
+
+
+def matching_bases(directory: str, tail: Tail) -> list[int] | None:
+    """The live segments' base offsets when the files agree with the tail, else None:
+    the active segment is the tail's, every live segment has both indexes, nothing is
+    left of a segment below the log start, no index is without its `.log`
+    (`live_bases` and `leftovers`, in one pass over one listing: this runs on every
+    open of every partition), and the active log holds at least the committed bytes.
+    (Committed bytes are not re-checked here: a bad batch below the committed size
+    raises CorruptRecordError when read, rather than being cut along with the good
+    batches after it.) A segment above the active one was never published (a roller
+    died before publishing it) and does not count; the next roll removes it."""
+    kinds: dict[str, int] = {}      # 20-digit stem -> the segment files seen for it
+    for name in os.listdir(directory):
+        stem = name[:20]
+        if not stem.isdigit():
+            continue
+        if name.endswith(".log"):
+            if len(name) == 24:
+                kinds[stem] = kinds.get(stem, 0) | _LOG
+        elif name.endswith(".index"):
+            kinds[stem] = kinds.get(stem, 0) | (_INDEX if len(name) == 26 else _OTHER_INDEX)
+        elif name.endswith(".timeindex"):
+            kinds[stem] = kinds.get(stem, 0) | (_TIMEINDEX if len(name) == 30
+                                                else _OTHER_INDEX)
+    active = tail.active_base_offset
+    logs = []
+    for stem, seen in kinds.items():
+        if not seen & _LOG:
+            return None               # an index without its log: sweep it
+        base = int(stem)
+        if base <= active:
+            logs.append(base)
+    logs.sort()
+    if not logs or logs[-1] != active:
+        return None
+    if bisect.bisect_right(logs, tail.log_start_offset) > 1:
+        return None                   # below the start: an interrupted retention
+    for base in logs:
+        if kinds[f"{base:020d}"] & (_INDEX | _TIMEINDEX) != _INDEX | _TIMEINDEX:
+            return None
+    active_path = f"{directory}/{active:020d}.log"
+    return logs if os.stat(active_path).st_size >= tail.active_size else None
+
+
+def clean_open(directory: str, tail_file: TailFile) -> tuple[Tail, list[int]] | None:
+    """(tail, live segment bases) when opening this partition needs no recovery, else
+    None: the tail file is new or torn, the last writer ran on another boot and did
+    not close cleanly (an OS crash may have lost unsynced bytes), or the files disagree
+    with the tail. Without the lock the answer may be stale (another process
+    mid-update): on None, decide again under it (`needs_recovery`)."""
+    if not tail_file.valid() or tail_file.torn():
+        return None
+    tail = tail_file.read()
+    if tail is None or (tail.boot_id != BOOT_ID and not tail.clean):
+        return None
+    bases = matching_bases(directory, tail)
+    return None if bases is None else (tail, bases)
 
 
 def needs_recovery(directory: str, tail_file: TailFile) -> bool:
-    """Whether opening this partition must run recovery: the tail file is new or torn,
-    the last writer ran on another boot and did not close cleanly (an OS crash may
-    have lost unsynced bytes), or the files disagree with the tail. Without the lock
-    the answer may be stale (another process mid-update): decide again under it."""
-    if not tail_file.valid() or tail_file.torn():
-        return True
-    tail = tail_file.read()
-    if tail is None or (tail.boot_id != BOOT_ID and not tail.clean):
-        return True
-    return not files_match(directory, tail)
+    """Whether opening this partition must run recovery (`clean_open` found a reason)."""
+    return clean_open(directory, tail_file) is None
 
 
 def _sweep_orphans(directory: str) -> None:

@@ -185,9 +185,7 @@ class PartitionLog:
         self._closed = False
         self._last_recovery: RecoveryReport | None = None
         try:
-            if not read_only:
-                os.makedirs(directory, mode=0o700, exist_ok=True)
-            check_directory(directory)
+            check_directory(directory, create=not read_only)
             self._tail_file = TailFile(os.path.join(directory, TAIL_FILE),
                                        read_only=read_only)
         except OSError as exc:
@@ -392,19 +390,16 @@ class PartitionLog:
                                    "read-write once", operation="open", path=tail_file.path)
             self._refresh(tail)
             return
-        if loader.needs_recovery(self.directory, tail_file):
+        found = loader.clean_open(self.directory, tail_file)
+        if found is None:
             with self._locked():
                 # Decide again under the lock: without it we may have listed the files
                 # in the middle of another process's roll or retention.
                 if loader.needs_recovery(self.directory, tail_file):
                     self._recover(full=not tail_file.valid())
                 self._refresh(self._tail_under_lock())
-        else:
-            tail = tail_file.read()
-            if tail is None:              # a writer began an update meanwhile
-                with self._locked():
-                    tail = self._tail_under_lock()
-            self._refresh(tail)
+        else:                             # the listing that checked the files is the
+            self._refresh(*found)         # segment list (one listing per open)
 
     def _recover(self, *, full: bool) -> RecoveryReport:
         """loader.recover with this log's segments closed first and re-listed after.
@@ -423,12 +418,14 @@ class PartitionLog:
 
     # ---- segment list ----------------------------------------------------------------
 
-    def _refresh(self, tail: Tail) -> None:
-        """Bring the cached segment list in line with the tail's version."""
+    def _refresh(self, tail: Tail, bases: list[int] | None = None) -> None:
+        """Bring the cached segment list in line with the tail's version (`bases`: the
+        live segments of that tail, when the caller has just listed them)."""
         self._listed = tail
         if tail.segments_version == self._segments_version:
             return
-        bases = live_bases(os.listdir(self.directory), tail)
+        if bases is None:
+            bases = live_bases(os.listdir(self.directory), tail)
         stale = [b for b, seg in self._segments.items()
                  if b not in bases or seg.active != (b == tail.active_base_offset)]
         for base in stale:

@@ -28,6 +28,7 @@ import fcntl
 import logging
 import mmap
 import os
+import stat
 import struct
 import time
 from typing import NamedTuple
@@ -135,9 +136,17 @@ def raise_descriptor_limit() -> int:
     return soft
 
 
-def check_directory(path: str) -> None:
-    """A partition directory must be a real directory, not a link to one elsewhere."""
-    if os.path.islink(path):
+def check_directory(path: str, *, create: bool = False) -> None:
+    """A partition directory must be a real directory, not a link to one elsewhere;
+    with `create`, a missing one is made (mode 0700). One lstat when it exists."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        if not create:
+            return                    # the open that follows names what is missing
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
         raise StorageError(f"refusing to use {path}: it is a symbolic link",
                            operation="open", path=path, errno=errno.ELOOP)
 
