@@ -2,8 +2,9 @@
 
 Owns: importing the optional C extensions once, MarkupSafe's way (`try: from . import
 _speedups ... except ImportError`): `speedups` is `logkit._speedups` (record codec,
-column decoder, murmur2) and `sendpath` is `logkit._sendpath` (Producer.send's common
-case), each None when it was not built or when the environment variable
+column decoder, murmur2), `sendpath` is `logkit._sendpath` (Producer.send's common
+case) and `shortio` is `logkit._shortio` (the append path's flock and pwrite with the GIL
+kept), each None when it was not built or when the environment variable
 `LOGKIT_PURE_PYTHON` is set to a non-empty value (tests and benchmarks use it to run the
 pure-Python code). Every module that has a compiled twin takes it from here.
 
@@ -17,7 +18,7 @@ import logging
 import os
 from types import ModuleType
 
-__all__ = ["PURE_PYTHON_ENV", "FORCED_PURE_PYTHON", "speedups", "sendpath"]
+__all__ = ["PURE_PYTHON_ENV", "FORCED_PURE_PYTHON", "speedups", "sendpath", "shortio"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ FORCED_PURE_PYTHON = bool(os.environ.get(PURE_PYTHON_ENV))
 
 speedups: ModuleType | None = None
 sendpath: ModuleType | None = None
+shortio: ModuleType | None = None
 
 if not FORCED_PURE_PYTHON:
     try:
@@ -36,5 +38,10 @@ if not FORCED_PURE_PYTHON:
         from . import _sendpath as sendpath  # type: ignore[no-redef]
     except ImportError:
         log.debug("logkit._sendpath is not built: Producer.send runs in pure Python")
+    try:
+        from . import _shortio as shortio  # type: ignore[no-redef]
+    except ImportError:
+        log.debug("logkit._shortio is not built: appends lock and write through "
+                  "fcntl.flock and os.pwrite")
 else:
     log.debug("%s is set: pure-Python code only", PURE_PYTHON_ENV)

@@ -61,6 +61,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Container, Iterator, Mapping, NamedTuple, TypeVar
 
 from . import _fork, loader
+from ._native import shortio
 from .compression import TOPIC_COMPRESSION_TYPE
 from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitError,
                      LogkitTimeoutError,
@@ -88,6 +89,10 @@ LOCK_TIMEOUT_S = 30.0                 # default bound on waiting for the append 
 MAX_OPEN_SEGMENTS = 2                 # per partition: the active one and one sealed
 PARKED_SEGMENTS = 64                  # per partition: sealed ones kept without a descriptor
 _LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tries
+# A try for the flock and its release that keep the GIL (logkit/_shortio.c): each
+# GIL hand-over around a system call costs two context switches when another thread
+# of the process is busy, as a producer's sender thread is.
+_flock_now = fcntl.flock if shortio is None else shortio.flock
 MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
 BATCHES_SINCE_MAX_BYTES = 1 << 20     # batches_since() bound (one batch at least)
 READ_RETRIES = 100                    # a retention run may pull segments from a read
@@ -310,6 +315,11 @@ class PartitionLog:
     def _flock(self, deadline: float | None, timeout_s: float | None) -> None:
         fd = self._tail_file.fd
         try:
+            try:
+                _flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # the common case
+                return
+            except BlockingIOError:
+                pass
             if deadline is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 return
@@ -334,7 +344,7 @@ class PartitionLog:
         turn a stored append into an error, so fall back to closing the descriptor,
         which releases the lock with it, and reopen the tail file."""
         try:
-            fcntl.flock(self._tail_file.fd, fcntl.LOCK_UN)
+            _flock_now(self._tail_file.fd, fcntl.LOCK_UN)
         except OSError as exc:
             log.warning("unlock of %s failed (%s); reopening it to release the lock",
                         self._tail_file.path, exc)

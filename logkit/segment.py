@@ -29,6 +29,7 @@ import mmap
 import os
 from typing import Any, Iterator, NamedTuple
 
+from ._native import shortio
 from .errors import CorruptRecordError
 from .index import OffsetIndex, TimeIndex
 from .records import (ATTR_CONTROL, FIELD_BASE_OFFSET, FIELD_BATCH_LENGTH,
@@ -57,6 +58,10 @@ DELETED_SUFFIX = ".deleted"
 
 _unpack_header = _HEADER.unpack_from
 _make_header = BatchHeader._make
+
+
+# A batch's pwrite keeps the GIL up to 256 KiB (logkit/_shortio.c; see log.py's flock).
+_pwrite = os.pwrite if shortio is None else shortio.pwrite
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -290,7 +295,7 @@ class LogSegment:
             written = os.pwritev(self._fd, batch, position)
         else:
             size = len(batch)
-            written = os.pwrite(self._fd, batch, position)
+            written = _pwrite(self._fd, batch, position)
         if written != size:         # a short write to a regular file: disk full
             raise OSError(errno.ENOSPC, f"short write ({written} of {size} bytes)",
                           self.path)
