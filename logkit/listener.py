@@ -123,7 +123,15 @@ class ThreadedListener(abc.ABC):
                                       name=f"logkit-{self.kind_slug}-conn-{address[1]}")
             with self._lock:
                 self._threads.append(thread)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as exc:    # no thread to be had (RLIMIT_NPROC, memory):
+                with self._lock:           # refuse this connection, keep accepting
+                    self._threads.remove(thread)
+                    self._connections.pop(sock.fileno(), None)
+                log.warning("%s: could not start a thread for %s (%s); refusing it",
+                            self.kind, address, exc)
+                sock.close()
 
     def _serve_connection(self, sock: socket.socket, address: Any) -> None:
         key = sock.fileno()

@@ -374,3 +374,32 @@ def test_create_topics_takes_a_replica_assignment_on_this_broker_only(raw, broke
     assert broker.topic("placed").num_partitions == 3
     assert create("elsewhere", [2]) == E.INVALID_REPLICA_ASSIGNMENT
     assert "elsewhere" not in broker.topics()
+
+
+def test_a_connection_with_no_thread_to_serve_it_is_refused_and_accepting_goes_on(
+        server, monkeypatch):
+    """Thread.start raising (the process is at its thread limit) used to end the accept
+    loop: the listener stopped answering for good."""
+    import threading
+    real_start = threading.Thread.start
+    failures = []
+
+    def start(thread):
+        if "-conn-" in thread.name and not failures:
+            failures.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        return real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    refused = Raw(server, timeout_s=10.0)
+    try:
+        with pytest.raises((ConnectionError, OSError)):
+            refused.call(18, 0, {})
+    finally:
+        refused.close()
+    assert failures
+    served = Raw(server, timeout_s=10.0)
+    try:
+        assert served.call(18, 0, {})["error_code"] == 0
+    finally:
+        served.close()
