@@ -18,7 +18,7 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      OffsetOutOfRangeError, RecordTooLargeError, TopicExistsError,
                      UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
                      ForkedProcessError, ReadOnlyError, SerializationError,
-                     ArgumentTypeError, NotLeaderError)
+                     ArgumentTypeError, NotLeaderError, ResourceError)
 from .mirroring import mirror
 from .murmur2 import murmur2
 from .log import RecoveryReport
@@ -43,4 +43,5 @@ __all__ = [
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
     "ReadOnlyError", "SerializationError", "ArgumentTypeError", "NotLeaderError",
+    "ResourceError",
 ]

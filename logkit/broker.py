@@ -35,7 +35,7 @@ from .config import (LONG_MAX, TOPIC, lookup, overrides_only, resolve_broker_con
 from .consumer import Consumer
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
                      ReadOnlyError, StorageError, TopicExistsError, UnknownTopicError,
-                     storage_error)
+                     start_thread, storage_error)
 from .group import ConsumerGroup, list_groups
 from .log import PartitionLog, check_directory
 from .meta import MetaStore, decode
@@ -307,10 +307,15 @@ class Broker:
             self.doorbell.close()
             raise
         if background:
-            self._scheduler = threading.Thread(target=self._run_scheduler,
-                                               name="logkit-scheduler", daemon=True)
-            self._scheduler.start()
-            self._lease.start()
+            scheduler = threading.Thread(target=self._run_scheduler,
+                                         name="logkit-scheduler", daemon=True)
+            try:
+                start_thread(scheduler, "the broker's retention scheduler")
+                self._scheduler = scheduler
+                self._lease.start()
+            except BaseException:
+                self.close()               # stops what started, closes the stores
+                raise
 
     def _open_read_only(self) -> None:
         if not os.path.isfile(os.path.join(self.path, FORMAT_FILE)):

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .errors import ClosedError, CommitFailedError, LogkitError
+from .errors import ClosedError, CommitFailedError, LogkitError, start_thread
 from .group import GroupCoordinator, OffsetAndMetadata, committed_offset
 from .subscription import SubscriptionState
 from .topic import TopicPartition
@@ -95,7 +95,11 @@ class ConsumerCoordinator:
             self.group.update_subscription(self.subscriptions.topics)
         else:
             self.group.join(self.subscriptions.topics)
-            self._start_heartbeat()
+            try:
+                self._start_heartbeat()
+            except LogkitError:
+                self.group.leave()         # no member without its heartbeat
+                raise
 
     def leave(self, *, autocommit: bool) -> None:
         """Commit the owned positions (if auto-commit and asked) and leave the group."""
@@ -106,9 +110,10 @@ class ConsumerCoordinator:
 
     def _start_heartbeat(self) -> None:
         if self.heartbeat is None:
-            self.heartbeat = threading.Thread(target=self._run_heartbeat,
-                                              name="logkit-heartbeat", daemon=True)
-            self.heartbeat.start()
+            heartbeat = threading.Thread(target=self._run_heartbeat,
+                                         name="logkit-heartbeat", daemon=True)
+            start_thread(heartbeat, "the consumer's heartbeat thread")
+            self.heartbeat = heartbeat
 
     def _run_heartbeat(self) -> None:
         interval = self.heartbeat_interval_ms / 1000

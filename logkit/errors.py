@@ -14,9 +14,11 @@ __all__ = [
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
     "ReadOnlyError", "SerializationError", "storage_error", "ArgumentTypeError",
+    "ResourceError", "start_thread",
 ]
 
 import errno as _errno
+from typing import Any
 
 
 class LogkitError(Exception):
@@ -128,6 +130,25 @@ class MetadataStoreError(StorageError):
 class ForkedProcessError(LogkitError):
     """A Broker (or a client, topic or partition from it) used in a process forked after
     it was opened. Open a new `logkit.Broker(path)` in the child instead."""
+
+
+class ResourceError(LogkitError, RuntimeError):
+    """The process could not get something logkit needs that is not disk space: a
+    thread could not be started (the process is at its thread limit, RLIMIT_NPROC, or
+    out of memory). Nothing was stored by the call that raised it. Also a RuntimeError,
+    what Python itself raises there."""
+
+
+def start_thread(thread: Any, what: str) -> None:
+    """`thread.start()`, with Python's RuntimeError for a thread that cannot be had
+    raised as ResourceError naming `what` (the cause kept)."""
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        if isinstance(exc, LogkitError):
+            raise
+        raise ResourceError(f"could not start {what}: {exc} (the process is at its "
+                            "thread limit or out of memory)") from exc
 
 
 class ReadOnlyError(LogkitError):

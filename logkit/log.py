@@ -66,7 +66,7 @@ from .compression import TOPIC_COMPRESSION_TYPE
 from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitError,
                      LogkitTimeoutError,
                      OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
-                     UnknownTopicError, storage_error)
+                     UnknownTopicError, start_thread, storage_error)
 from .loader import RecoveryReport, leftovers, live_bases
 from .notify import change_slot
 from .records import (ATTR_CONTROL, RECORDS_OFFSET, BatchHeader, Record, check_batch,
@@ -1570,7 +1570,7 @@ class SyncWaiter:
         self._busy = 0                    # entries the thread took and has not done yet
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        start_thread(self._thread, f"the {name} thread")
 
     def add(self, token: Any, partition: Any, ticket: SyncTicket) -> None:
         """Queue `token` until `partition.wait_synced(ticket)` returns or raises."""

@@ -125,7 +125,8 @@ from .compression import codec_id, require
 from .config import PRODUCER, resolve
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
                      LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
-                     RecordTooLargeError, UnknownTopicError, storage_error)
+                     RecordTooLargeError, UnknownTopicError, start_thread,
+                     storage_error)
 from .log import SyncWaiter
 from .murmur2 import partition_for_key
 from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
@@ -452,7 +453,7 @@ class Producer:
         self._metadata_read = time.monotonic()
         self._sender = threading.Thread(target=self._run_sender, name="logkit-producer",
                                         daemon=True)
-        self._sender.start()
+        start_thread(self._sender, "the producer's sender thread")
         if _CSender is not None and not self._slow:
             # The instance attribute shadows the method: the C twin does the fast path
             # and hands every other call to the Python method, arguments unchanged.
@@ -741,8 +742,13 @@ class Producer:
             raise
         if ticket is not None:                # flush.messages: complete after the sync
             if not (self._acks_all and hasattr(partition, "in_sync_replicas")):
-                self._sync_waiter().add(batch, partition, ticket)   # appends go on
-                return True
+                try:
+                    waiter = self._sync_waiter()
+                except LogkitError as exc:    # no thread for it: wait for the sync here
+                    log.warning("producer: %s; waiting for the sync in this thread", exc)
+                else:
+                    waiter.add(batch, partition, ticket)          # appends go on
+                    return True
             try:
                 partition.wait_synced(ticket)
             except LogkitError as exc:

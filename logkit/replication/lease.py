@@ -42,7 +42,7 @@ import time
 import uuid
 from typing import Any, Iterator, Mapping, NamedTuple
 
-from ..errors import LogkitTimeoutError, NotLeaderError, StorageError
+from ..errors import LogkitTimeoutError, NotLeaderError, StorageError, start_thread
 from ..log import PartitionLog
 from ..meta import MetaStore
 from ..tail import open_file
@@ -327,9 +327,10 @@ class LeaseKeeper:
         if self._thread is None and self._fence is None and not self._stop.is_set():
             if self.epoch is not None:           # held at open: valid for one TTL
                 self._until = time.monotonic() + self.ttl_ms / 1000
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name=f"logkit-lease {self.root}")
-            self._thread.start()
+            thread = threading.Thread(target=self._run, daemon=True,
+                                      name=f"logkit-lease {self.root}")
+            start_thread(thread, "the leader lease's renewing thread")
+            self._thread = thread
 
     def close(self) -> None:
         """Stop renewing and, if this keeper renewed it, release the lease (Kafka's

@@ -1,0 +1,108 @@
+"""A process at its thread limit: every thread logkit starts on a public path either
+raises ResourceError (a LogkitError, and a RuntimeError as Python's own is) with
+nothing left half-open, or does its work without the thread. Thread.start is made to
+fail for the named threads, as it does under RLIMIT_NPROC ("can't start new thread")."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import logkit
+from logkit import LogkitError, ResourceError
+
+
+@pytest.fixture
+def no_threads_named(monkeypatch):
+    """Make Thread.start raise for threads whose name starts with one of the prefixes
+    given to the returned function; returns the names refused."""
+    real_start = threading.Thread.start
+    prefixes: list[str] = []
+    refused: list[str] = []
+
+    def start(thread):
+        if any(thread.name.startswith(p) for p in prefixes):
+            refused.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        return real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    def refuse(*names: str) -> list[str]:
+        prefixes[:] = names
+        return refused
+    return refuse
+
+
+def test_a_broker_that_cannot_start_its_chores_raises_and_leaves_nothing_open(
+        tmp_path, no_threads_named):
+    refused = no_threads_named("logkit-scheduler")
+    with pytest.raises(ResourceError, match="retention scheduler") as caught:
+        logkit.Broker(tmp_path / "data")
+    assert isinstance(caught.value, LogkitError) and isinstance(caught.value, RuntimeError)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert refused == ["logkit-scheduler"]
+    no_threads_named()                          # threads again: the directory opens
+    with logkit.Broker(tmp_path / "data") as broker:
+        broker.create_topic("t", 1)
+        assert broker.topic("t").num_partitions == 1
+
+
+def test_a_broker_whose_lease_cannot_renew_raises_and_closes(tmp_path, no_threads_named):
+    no_threads_named("logkit-lease")
+    with pytest.raises(ResourceError, match="lease"):
+        logkit.Broker(tmp_path / "data")
+    no_threads_named()
+    with logkit.Broker(tmp_path / "data") as broker:   # the lease was let go
+        broker.create_topic("t", 1)
+
+
+def test_a_producer_without_its_sender_thread_is_a_resource_error(tmp_path,
+                                                                  no_threads_named):
+    with logkit.Broker(tmp_path / "data", background=False) as broker:
+        broker.create_topic("t", 1)
+        no_threads_named("logkit-producer")
+        with pytest.raises(ResourceError, match="sender thread"):
+            broker.producer()
+        no_threads_named()
+        with broker.producer() as producer:
+            assert producer.send("t", b"v").result(timeout=10).offset == 0
+
+
+def test_durable_sends_wait_for_their_sync_in_place_when_no_waiter_thread_starts(
+        tmp_path, no_threads_named):
+    with logkit.Broker(tmp_path / "data", background=False) as broker:
+        broker.create_topic("t", 1, config={"flush.messages": 1})
+        with broker.producer(linger_ms=60_000) as producer:
+            refused = no_threads_named("logkit-sync")
+            futures = [producer.send("t", b"v%d" % i) for i in range(20)]
+            producer.flush(timeout=30)
+            assert [f.result(timeout=10).offset for f in futures] == list(range(20))
+            assert refused                         # the waiter was asked for, and refused
+        got = broker.topic("t").partition(0).read(0, max_records=100)
+        assert [r.value for r in got] == [b"v%d" % i for i in range(20)]
+
+
+def test_a_group_consumer_without_its_heartbeat_thread_is_a_resource_error(
+        tmp_path, no_threads_named):
+    with logkit.Broker(tmp_path / "data", background=False) as broker:
+        broker.create_topic("t", 1)
+        with broker.producer() as producer:
+            producer.send("t", b"v").result(timeout=10)
+        no_threads_named("logkit-heartbeat")
+        with pytest.raises(ResourceError, match="heartbeat"):
+            broker.consumer("t", group_id="g", auto_offset_reset="earliest")
+        assert broker.group("g").members() == []     # joined, then left: no ghost member
+        no_threads_named()
+        consumer = broker.consumer("t", group_id="g", auto_offset_reset="earliest")
+        try:
+            got = []
+            for _ in range(20):
+                got += consumer.poll(timeout_ms=500)
+                if got:
+                    break
+            assert [r.value for r in got] == [b"v"]
+            assert len(broker.group("g").members()) == 1
+        finally:
+            consumer.close()
