@@ -314,7 +314,10 @@ class Broker:
                 self._scheduler = scheduler
                 self._lease.start()
             except BaseException:
-                self.close()               # stops what started, closes the stores
+                try:
+                    self.close()           # stops what started, closes the stores
+                except Exception as exc:   # the first error is the one to report
+                    log.warning("closing %s after a failed open: %s", self.path, exc)
                 raise
 
     def _open_read_only(self) -> None:

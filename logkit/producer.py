@@ -790,11 +790,16 @@ class Producer:
         waiter = self._ack_waiter
         if waiter is None:
             from .replication.leader import AckWaiter
-            with self._accumulator.lock:
-                waiter = self._ack_waiter
-                if waiter is None:
-                    waiter = self._ack_waiter = AckWaiter(
-                        getattr(self._broker, "doorbell", None), self._resolve)
+            try:
+                with self._accumulator.lock:
+                    waiter = self._ack_waiter
+                    if waiter is None:
+                        waiter = self._ack_waiter = AckWaiter(
+                            getattr(self._broker, "doorbell", None), self._resolve)
+            except LogkitError as exc:       # no thread to wait with: the batch is
+                batch.error = exc            # stored, its replication not confirmed
+                self._resolve(batch)
+                return
         waiter.add(batch, partition, target, self._request_timeout_s,
                    partition.config["min.insync.replicas"])
 

@@ -106,3 +106,20 @@ def test_a_group_consumer_without_its_heartbeat_thread_is_a_resource_error(
             assert len(broker.group("g").members()) == 1
         finally:
             consumer.close()
+
+
+def test_acks_all_without_its_waiter_thread_fails_the_batch_instead_of_hanging(
+        tmp_path, no_threads_named):
+    with logkit.Broker(tmp_path / "data") as broker:
+        broker.create_topic("t", 1, replication_factor=2,
+                            config={"min.insync.replicas": 1})
+        with broker.producer(acks="all", request_timeout_ms=20_000) as producer:
+            refused = no_threads_named("logkit-acks")
+            future = producer.send("t", b"v", partition=0)
+            with pytest.raises(ResourceError, match="acks=all waiter"):
+                future.result(timeout=30)
+            assert refused == ["logkit-acks"]
+            no_threads_named()
+            assert producer.send("t", b"w", partition=0).result(timeout=30).offset == 1
+        got = broker.topic("t").partition(0).read(0, max_records=10)
+        assert [r.value for r in got] == [b"v", b"w"]      # stored: its replication unconfirmed

@@ -51,7 +51,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
-from ..errors import LogkitTimeoutError, NotEnoughReplicasError, StorageError
+from ..errors import LogkitTimeoutError, NotEnoughReplicasError, StorageError, start_thread
 from ..tail import open_file
 from ..topic import Partition, TopicPartition
 
@@ -600,7 +600,7 @@ class AckWaiter:
         self._waiting: list[_Waiting] = []
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="logkit-acks", daemon=True)
-        self._thread.start()
+        start_thread(self._thread, "the acks=all waiter thread")
 
     def add(self, batch: Any, partition: ReplicatedPartition, target: int,
             timeout_s: float, min_insync: int) -> None:
