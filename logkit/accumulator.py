@@ -59,6 +59,12 @@ on its first look: a lone record leaves at once, as before. The sender thread is
 only from idle; while busy it looks on its own clock, so it does not take the GIL from
 a saturated sending thread at every new batch (that hand-off halved the linger_ms=0
 rate). `flush()`, `future.result()` and a full buffer never wait.
+
+A look only lists the due batches; the sender thread seals each when it comes to it
+(`seal_if_open`), as Kafka's sender takes a partition's batch when it drains it. A look
+at a wide topic finds thousands due, and the sender works down the list for a while:
+records sent meanwhile join their partition's due batch rather than open a second, small
+one (3,000 partitions: 37 → 52 records per batch; 1,000: 50 → 89).
 """
 
 from __future__ import annotations
@@ -385,9 +391,14 @@ class RecordAccumulator:
 
     # ---- the ready decision (the sender thread) --------------------------------------
 
-    def _due(self, now: float) -> list[tuple[TopicBatches, int]]:
-        """Seal the batches that are linger_ms old (all of them when the buffer is
-        exhausted or the producer is closing); the partitions to drain. Lock held.
+    def _due(self, now: float) -> list[tuple[TopicBatches, int, Batch | None]]:
+        """The open batches that are linger_ms old (all of them when the buffer is
+        exhausted or the producer is closing), as (state, partition, batch). Lock held.
+        They are sealed when the sender thread comes to each (`seal_if_open`), not
+        here: a look may find thousands due (one per partition of a wide topic), and
+        the records that arrive while the sender works down the list join their
+        partition's batch instead of opening a new one, as Kafka's sender takes a
+        partition's batch when it drains it.
 
         linger_ms=0: while records are still flowing (an open batch grew since the
         previous look) or a sealed batch is being appended (the sending thread is busy
@@ -406,24 +417,25 @@ class RecordAccumulator:
                         batch.seen = batch.size
             if growing or self.in_flight:
                 linger = BUSY_LINGER_S
-        due = []
+        due: list[tuple[TopicBatches, int, Batch | None]] = []
         for state in self.states.values():
             for p, batch in enumerate(state.open):
                 if batch is not None and (batch.created + linger <= now
                                           or self.exhausted or self.closed):
-                    self.seal(state, p)
-                    due.append((state, p))
+                    due.append((state, p, batch))
         self.busy_linger_s = linger
         return due
 
-    def next_ready(self) -> list[tuple[TopicBatches, int]] | None:
-        """For the sender thread: the partitions to drain now (requeued ones first),
-        after waiting — never longer than SENDER_IDLE_WAIT_S — until some open batch
-        is due; None once the producer is closed and nothing is left to append."""
+    def next_ready(self) -> list[tuple[TopicBatches, int, Batch | None]] | None:
+        """For the sender thread: (state, partition, batch to seal first or None) to
+        drain now (requeued ones first), after waiting — never longer than
+        SENDER_IDLE_WAIT_S — until some open batch is due; None once the producer is
+        closed and nothing is left to append."""
         with self.lock:
             if self.closed and not self.open_count and not self.retry:
                 return None
-            retry = list(self.retry)             # requeued by a caller's timeout
+            # requeued by a caller's timeout: sealed already
+            retry = [(state, p, None) for state, p in self.retry]
             self.retry.clear()
             if not self.open_count and not retry:
                 self.sender_idle = True

@@ -914,8 +914,10 @@ class Producer:
             ready = accumulator.next_ready()
             if ready is None:
                 return
-            for state, p in ready:
+            for state, p, due in ready:
                 try:
+                    if due is not None:       # sealed now, with what came meanwhile
+                        accumulator.seal_if_open(due)
                     self._drain(state, p)
                 except Exception:     # never let one partition stop the sender thread
                     log.exception("appending to %s-%d failed", state.name, p)

@@ -45,8 +45,9 @@ def test_linger0_holds_back_a_growing_batch_and_takes_a_quiet_one(broker):
     assert accumulator._due(now) == [] and state.open[0] is batch      # grew: held
     add(accumulator, state)
     assert accumulator._due(now) == [] and not batch.sealed            # grew again
-    assert accumulator._due(now) == [(state, 0)] and batch.sealed      # quiet: due
-    assert len(batch.rows) == 2
+    assert accumulator._due(now) == [(state, 0, batch)]                # quiet: due
+    accumulator.seal_if_open(batch)                  # what the sender does on its way
+    assert batch.sealed and len(batch.rows) == 2
 
 
 def test_linger0_takes_a_batch_opened_while_the_sender_was_idle_at_once(broker):
@@ -58,7 +59,8 @@ def test_linger0_takes_a_batch_opened_while_the_sender_was_idle_at_once(broker):
     state = accumulator.states["t"] = TopicBatches(topic)
     batch = add(accumulator, state, 0)
     accumulator.after_idle = True                    # what next_ready sets after idling
-    assert accumulator._due(batch.created) == [(state, 0)] and batch.sealed
+    assert accumulator._due(batch.created) == [(state, 0, batch)]
+    accumulator.seal_if_open(batch)
     other = add(accumulator, state, 1)
     assert accumulator._due(other.created) == []     # not after idle: held for a look
 
@@ -76,7 +78,7 @@ def test_linger0_holds_back_a_quiet_batch_while_an_append_is_in_progress(broker)
     assert accumulator._due(now) == [] and accumulator._due(now) == []
     claimed = accumulator.claim(state, 0)
     accumulator.release(state, 0, claimed, True)     # appended
-    assert accumulator._due(now) == [(state, 1)] and batch.sealed
+    assert accumulator._due(now) == [(state, 1, batch)]
 
 
 def test_linger0_takes_a_growing_batch_once_it_is_busy_linger_old(broker):
@@ -87,7 +89,7 @@ def test_linger0_takes_a_growing_batch_once_it_is_busy_linger_old(broker):
     state = accumulator.states["t"] = TopicBatches(topic)
     batch = add(accumulator, state)
     late = batch.created + accumulator_module.BUSY_LINGER_S
-    assert accumulator._due(late) == [(state, 0)] and batch.sealed
+    assert accumulator._due(late) == [(state, 0, batch)]
 
 
 def test_linger0_takes_every_batch_at_once_when_the_buffer_is_exhausted(broker):
@@ -98,7 +100,7 @@ def test_linger0_takes_every_batch_at_once_when_the_buffer_is_exhausted(broker):
     add(accumulator, state, 0)
     add(accumulator, state, 1)
     accumulator.exhausted = 1
-    assert sorted(p for _, p in accumulator._due(0.0)) == [0, 1]
+    assert sorted(p for _, p, _batch in accumulator._due(0.0)) == [0, 1]
 
 
 def test_a_positive_linger_is_unchanged_by_the_busy_rule(broker):
@@ -108,7 +110,28 @@ def test_a_positive_linger_is_unchanged_by_the_busy_rule(broker):
     state = accumulator.states["t"] = TopicBatches(topic)
     batch = add(accumulator, state)
     assert accumulator._due(batch.created + 0.049) == []
-    assert accumulator._due(batch.created + 0.051) == [(state, 0)]
+    assert accumulator._due(batch.created + 0.051) == [(state, 0, batch)]
+
+
+def test_records_sent_after_a_look_join_the_due_batch_until_the_sender_takes_it(broker):
+    """A look only lists the due batches; each is sealed when the sender thread comes
+    to it. A record sent in between joins its partition's due batch instead of opening
+    a new one (a look at a wide topic finds thousands due: before, each was sealed at
+    the look and every record sent while the sender worked down the list opened a
+    second, small batch). Nothing is sealed by the look itself."""
+    topic = broker.create_topic("t", 2)
+    accumulator = linger0(linger_ms=50)
+    state = accumulator.states["t"] = TopicBatches(topic)
+    first = add(accumulator, state, 0)
+    other = add(accumulator, state, 1)
+    due = accumulator._due(first.created + 0.051)
+    assert sorted(p for _, p, _batch in due) == [0, 1]
+    assert not first.sealed and not other.sealed and accumulator.in_flight == 0
+    assert add(accumulator, state, 0) is first          # joins the due batch
+    for _, _p, batch in due:
+        accumulator.seal_if_open(batch)
+    assert first.sealed and len(first.rows) == 2 and len(other.rows) == 1
+    assert accumulator.in_flight == 2 and state.open == [None, None]
 
 
 @pytest.mark.parametrize("path", SEND_PATHS)
