@@ -391,7 +391,7 @@ class RecordAccumulator:
 
     # ---- the ready decision (the sender thread) --------------------------------------
 
-    def _due(self, now: float) -> list[tuple[TopicBatches, int, Batch | None]]:
+    def _due(self, now: float) -> list[tuple[TopicBatches, int, Batch]]:
         """The open batches that are linger_ms old (all of them when the buffer is
         exhausted or the producer is closing), as (state, partition, batch). Lock held.
         They are sealed when the sender thread comes to each (`seal_if_open`), not
@@ -417,7 +417,7 @@ class RecordAccumulator:
                         batch.seen = batch.size
             if growing or self.in_flight:
                 linger = BUSY_LINGER_S
-        due: list[tuple[TopicBatches, int, Batch | None]] = []
+        due: list[tuple[TopicBatches, int, Batch]] = []
         for state in self.states.values():
             for p, batch in enumerate(state.open):
                 if batch is not None and (batch.created + linger <= now
@@ -435,7 +435,8 @@ class RecordAccumulator:
             if self.closed and not self.open_count and not self.retry:
                 return None
             # requeued by a caller's timeout: sealed already
-            retry = [(state, p, None) for state, p in self.retry]
+            retry: list[tuple[TopicBatches, int, Batch | None]] = [
+                (state, p, None) for state, p in self.retry]
             self.retry.clear()
             if not self.open_count and not retry:
                 self.sender_idle = True
@@ -452,7 +453,7 @@ class RecordAccumulator:
                 if not self.linger_s:          # busy at linger 0: look again soon
                     wait = min(wait, QUIET_CHECK_S)
                 self.wake.wait(min(SENDER_IDLE_WAIT_S, wait))
-            return retry + due
+            return [*retry, *due]
 
     # ---- lifecycle -------------------------------------------------------------------
 

@@ -145,8 +145,6 @@ def start_thread(thread: Any, what: str) -> None:
     try:
         thread.start()
     except RuntimeError as exc:
-        if isinstance(exc, LogkitError):
-            raise
         raise ResourceError(f"could not start {what}: {exc} (the process is at its "
                             "thread limit or out of memory)") from exc
 

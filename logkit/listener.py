@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, ResourceError, start_thread
 
 __all__ = ["ThreadedListener", "POLL_SLICE_S"]
 
@@ -124,13 +124,12 @@ class ThreadedListener(abc.ABC):
             with self._lock:
                 self._threads.append(thread)
             try:
-                thread.start()
-            except RuntimeError as exc:    # no thread to be had (RLIMIT_NPROC, memory):
+                start_thread(thread, f"a thread for {address}")
+            except ResourceError as exc:   # the process is at its thread limit:
                 with self._lock:           # refuse this connection, keep accepting
                     self._threads.remove(thread)
                     self._connections.pop(sock.fileno(), None)
-                log.warning("%s: could not start a thread for %s (%s); refusing it",
-                            self.kind, address, exc)
+                log.warning("%s: %s; refusing the connection", self.kind, exc)
                 sock.close()
 
     def _serve_connection(self, sock: socket.socket, address: Any) -> None:

@@ -315,25 +315,21 @@ class PartitionLog:
     def _flock(self, deadline: float | None, timeout_s: float | None) -> None:
         fd = self._tail_file.fd
         try:
-            try:
-                _flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # the common case
-                return
-            except BlockingIOError:
-                pass
-            if deadline is None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                return
             sleep_s = _LOCK_POLL_S[0]
             while True:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    _flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # first: the common case
                     return
                 except BlockingIOError:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise self._lock_timeout(timeout_s) from None
-                    time.sleep(min(sleep_s, left))
-                    sleep_s = min(sleep_s * 2, _LOCK_POLL_S[1])
+                    pass
+                if deadline is None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)                  # waits, GIL released
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._lock_timeout(timeout_s) from None
+                time.sleep(min(sleep_s, left))
+                sleep_s = min(sleep_s * 2, _LOCK_POLL_S[1])
         except LogkitTimeoutError:
             raise                         # a TimeoutError is an OSError: not an I/O fault
         except OSError as exc:

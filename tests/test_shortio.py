@@ -94,3 +94,35 @@ def test_pure_python_appends_without_it(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_contended_append_retries_without_waiting_in_the_lock_call(tmp_path, monkeypatch):
+    """Every try for a partition lock held elsewhere is a non-blocking one through the
+    GIL-keeping call, and the append gives up at its bound (the first try used to be
+    repeated at once through fcntl.flock, outside it)."""
+    from logkit import Broker, LogkitTimeoutError, log
+    tries = []
+
+    def counting(fd, operation):
+        tries.append(operation)
+        return shortio.flock(fd, operation)
+
+    with Broker(tmp_path / "data", background=False) as broker:
+        partition = broker.create_topic("t", 1).partition(0)
+        holder = os.open(os.path.join(partition.directory, "logkit.tail"), os.O_RDWR)
+        try:
+            fcntl.flock(holder, fcntl.LOCK_EX)          # another open file holds it
+            monkeypatch.setattr(log, "_flock_now", counting)
+            with pytest.raises(LogkitTimeoutError):
+                partition.append_batch_nowait(one_record_batch(), lock_timeout_s=0.05)
+        finally:
+            os.close(holder)
+        locks = [op for op in tries if op != fcntl.LOCK_UN]
+        assert len(locks) >= 2 and set(locks) == {fcntl.LOCK_EX | fcntl.LOCK_NB}
+        monkeypatch.undo()
+        assert partition.append_batch_nowait(one_record_batch())[0] == 0   # free again
+
+
+def one_record_batch():
+    from logkit.records import encode_batch
+    return encode_batch([(None, b"v", None, None)])
