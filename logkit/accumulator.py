@@ -85,6 +85,8 @@ SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least th
 RESERVE_STEPS = 8                   # past half the buffer, batches reserve batch_size / 8
 QUIET_CHECK_S = 0.001               # linger_ms=0: a busy producer's batches looked at again
 BUSY_LINGER_S = 0.005               # linger_ms=0: a batch waits at most this while busy
+CALLER_GRACE_S = 0.001              # callers append their own: an unclaimed batch waits this
+CALLERS_QUIET_S = 0.05              # ... until no batch opened for this long
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +221,10 @@ class RecordAccumulator:
         self.sender_idle = False       # the sender thread waits with no open batch
         self.busy_linger_s = self.linger_s   # the linger the last look applied
         self.after_idle = False        # the sender's next look follows an idle wait
+        self.woken_for: Batch | None = None   # the batch the last wake-up was for
+        self.callers_take = False      # senders append their own batches: do not wake
+        self.last_opened = 0.0         # when the newest batch was opened (monotonic)
+        self.wakeups = 0               # idle sender thread woken for a new batch
         self.retry: set[tuple[TopicBatches, int]] = set()   # requeued: the sender appends
         self.closed = False
 
@@ -252,6 +258,7 @@ class RecordAccumulator:
                                               max(0, self.batch_size - reserve))
                 self.reserved += reserve
                 self.open_count += 1
+                self.last_opened = batch.created
                 opened = True
             else:
                 opened = False
@@ -263,8 +270,10 @@ class RecordAccumulator:
             if batch.size - batch.bias >= self.batch_size:
                 self.seal(state, p)           # the caller appends it: no hand-off
                 sealed = True
-            elif opened and self.sender_idle:     # else it looks again on its own
-                self.wake.notify()
+            elif opened and self.sender_idle and not self.callers_take:
+                self.wake.notify()            # else it looks again on its own
+                self.wakeups += 1
+                self.woken_for = batch
             return batch, sealed
 
     def _grow(self, batch: Batch, size: int) -> bool:
@@ -331,12 +340,18 @@ class RecordAccumulator:
         state.batch_sealed(p)
         return batch
 
-    def seal_if_open(self, batch: Batch) -> None:
-        """Seal `batch` if it still waits open in the accumulator."""
+    def seal_if_open(self, batch: Batch, *, caller: bool = False) -> None:
+        """Seal `batch` if it still waits open in the accumulator. `caller`: the thread
+        that sent into it waits for it (`future.result()`) and appends it itself; if the
+        sender thread was woken for this batch, senders are taking their own batches
+        and new ones stop waking it (see `_note_callers`)."""
         state, p = batch.state, batch.partition
         with self.lock:
             if state.open[p] is batch:
                 self.seal(state, p)
+            if caller and self.woken_for is batch:
+                self.callers_take = True
+                self.woken_for = None
 
     def seal_all(self) -> list[TopicBatches]:
         """Seal every open batch (flush); every topic's batches, to drain."""
@@ -417,6 +432,8 @@ class RecordAccumulator:
                         batch.seen = batch.size
             if growing or self.in_flight:
                 linger = BUSY_LINGER_S
+        if self.callers_take:                 # give the callers their grace first
+            linger = max(linger, CALLER_GRACE_S)
         due: list[tuple[TopicBatches, int, Batch]] = []
         for state in self.states.values():
             for p, batch in enumerate(state.open):
@@ -424,7 +441,24 @@ class RecordAccumulator:
                                           or self.exhausted or self.closed):
                     due.append((state, p, batch))
         self.busy_linger_s = linger
+        if due and self.callers_take:         # a batch nobody claimed for a grace:
+            self.callers_take = False         # wake at once for the next one again
         return due
+
+    def _note_callers(self, now: float) -> None:
+        """Whether senders still append their own batches (lock held; the sender thread
+        about to idle): not once no batch was opened for CALLERS_QUIET_S.
+
+        A sender that waits on its record (`future.result()`) seals and appends the
+        batch itself; waking the idle sender thread for that batch only puts a second
+        thread on the CPU beside it (across processes, beside a producer and its
+        consumer, that wake cost the round trip ~40 µs here). So once a caller takes a
+        batch the sender thread was woken for (`seal_if_open(caller=True)`), new
+        batches stop waking it: it looks every CALLER_GRACE_S instead and appends a
+        batch nobody claimed for that long (`_due`), which turns the wake-ups back on,
+        as does a quiet spell."""
+        if self.callers_take and now - self.last_opened > CALLERS_QUIET_S:
+            self.callers_take = False
 
     def next_ready(self) -> list[tuple[TopicBatches, int, Batch | None]] | None:
         """For the sender thread: (state, partition, batch to seal first or None) to
@@ -438,13 +472,14 @@ class RecordAccumulator:
             retry: list[tuple[TopicBatches, int, Batch | None]] = [
                 (state, p, None) for state, p in self.retry]
             self.retry.clear()
+            now = time.monotonic()
             if not self.open_count and not retry:
+                self._note_callers(now)
                 self.sender_idle = True
-                self.wake.wait(SENDER_IDLE_WAIT_S)
+                self.wake.wait(CALLER_GRACE_S if self.callers_take else SENDER_IDLE_WAIT_S)
                 self.sender_idle = False
                 self.after_idle = True
                 return []
-            now = time.monotonic()
             due = self._due(now) if self.open_count else []
             if not due and not retry:
                 oldest = min(b.created for s in self.states.values()
@@ -469,4 +504,5 @@ class RecordAccumulator:
     def metrics(self) -> dict[str, int]:
         with self.lock:
             return {"open_batches": self.open_count, "in_flight_batches": self.in_flight,
-                    "buffer_reserved_bytes": self.reserved}
+                    "buffer_reserved_bytes": self.reserved,
+                    "sender_wakeups": self.wakeups}

@@ -639,7 +639,7 @@ class Producer:
     def _append_if_open(self, batch: Batch, deadline: float | None = None) -> None:
         """Seal `batch` if it still waits in the accumulator, and append what is due,
         waiting for the append lock until `deadline` at most (see `_drain`)."""
-        self._accumulator.seal_if_open(batch)
+        self._accumulator.seal_if_open(batch, caller=True)
         self._drain(batch.state, batch.partition, deadline)
 
     def _drain(self, state: _TopicState, p: int, deadline: float | None = None) -> None:

@@ -16,6 +16,7 @@ from logkit import ForkedProcessError
 from logkit import accumulator as accumulator_module
 from logkit.accumulator import RecordAccumulator, TopicBatches
 from tests.helpers.clients import SEND_PATHS, use_path
+from tests.helpers.procs import wait_until
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROW = (None, b"v" * 100, None, None)
@@ -132,6 +133,65 @@ def test_records_sent_after_a_look_join_the_due_batch_until_the_sender_takes_it(
         accumulator.seal_if_open(batch)
     assert first.sealed and len(first.rows) == 2 and len(other.rows) == 1
     assert accumulator.in_flight == 2 and state.open == [None, None]
+
+
+def test_a_caller_taking_the_batch_its_wake_up_was_for_stops_the_wake_ups(broker):
+    """The idle sender thread is woken for a new batch; the sending thread then takes
+    that batch itself (`result()`): new batches stop waking it. It looks every
+    CALLER_GRACE_S instead, and a batch nobody claimed for that long is due (and turns
+    the wake-ups back on), as does CALLERS_QUIET_S without a new batch. A caller taking
+    a batch nobody was woken for changes nothing."""
+    topic = broker.create_topic("t", 1)
+    accumulator = linger0()
+    state = accumulator.states["t"] = TopicBatches(topic)
+    quiet = add(accumulator, state)                       # the sender busy: no wake
+    accumulator.seal_if_open(quiet, caller=True)
+    assert accumulator.wakeups == 0 and not accumulator.callers_take
+    accumulator.release(state, 0, accumulator.claim(state, 0), True)
+    accumulator.sender_idle = True
+    batch = add(accumulator, state)
+    assert accumulator.wakeups == 1                       # woken for it
+    accumulator.seal_if_open(batch)                       # the sender thread's own take
+    assert not accumulator.callers_take
+    accumulator.seal_if_open(batch, caller=True)          # result(): the caller's
+    assert accumulator.callers_take
+    accumulator.release(state, 0, accumulator.claim(state, 0), True)     # appended
+    lone = add(accumulator, state)
+    assert accumulator.wakeups == 1                       # not woken for this one
+    accumulator.after_idle = True
+    assert accumulator._due(lone.created) == []           # the caller's grace first
+    later = lone.created + accumulator_module.CALLER_GRACE_S
+    assert accumulator._due(later) == [(state, 0, lone)]
+    assert not accumulator.callers_take                   # unclaimed: wake-ups again
+    accumulator.callers_take = True
+    accumulator._note_callers(lone.created + accumulator_module.CALLERS_QUIET_S / 2)
+    assert accumulator.callers_take                       # batches still opening
+    accumulator._note_callers(lone.created + 2 * accumulator_module.CALLERS_QUIET_S)
+    assert not accumulator.callers_take                   # quiet: wake-ups again
+
+
+def test_synchronous_sends_do_not_wake_the_sender_thread_per_record(broker):
+    """send(...).result() in a loop (Kafka's EndToEndLatency pattern): the caller
+    appends each record itself, so after the first the idle sender thread is not woken
+    for each new batch (each wake put a second thread on the CPU for nothing). A record
+    sent without waiting afterwards is still appended by the sender thread, and the
+    wake-ups resume once one such record has waited out the grace."""
+    topic = broker.create_topic("t", 1)
+    producer = broker.producer(linger_ms=0)
+    for i in range(200):
+        producer.send("t", b"%03d" % i).result(timeout=10)
+    assert producer.metrics()["sender_wakeups"] <= 20, producer.metrics()
+    partition = topic.partition(0)
+    lone = producer.send("t", b"lone")                    # nobody waits on it
+    wait_until(lambda: partition.high_watermark == 201, 10, "the sender thread")
+    assert lone.result(timeout=1).offset == 200
+    wait_until(lambda: producer.metrics()["open_batches"] == 0, 10, "the sender")
+    before = producer.metrics()["sender_wakeups"]
+    wait_until(lambda: producer._accumulator.sender_idle, 10, "the sender to idle")
+    producer.send("t", b"next")
+    wait_until(lambda: partition.high_watermark == 202, 10, "the sender thread")
+    assert producer.metrics()["sender_wakeups"] == before + 1
+    producer.close()
 
 
 @pytest.mark.parametrize("path", SEND_PATHS)
