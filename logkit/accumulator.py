@@ -65,6 +65,11 @@ A look only lists the due batches; the sender thread seals each when it comes to
 at a wide topic finds thousands due, and the sender works down the list for a while:
 records sent meanwhile join their partition's due batch rather than open a second, small
 one (3,000 partitions: 37 → 52 records per batch; 1,000: 50 → 89).
+
+Callers that take their own batches (`future.result()` right after `send()`) stop the
+wake-ups of the idle sender thread (`callers_take`, see `_note_callers`): it looks every
+CALLER_GRACE_S instead, and a batch nobody claimed for that long is due and turns the
+wake-ups back on.
 """
 
 from __future__ import annotations
