@@ -67,10 +67,17 @@ class ThreadedListener(abc.ABC):
         self._acceptor: threading.Thread | None = None
 
     def _start_accepting(self) -> None:
-        """Start the acceptor (the subclass calls it once its own state is ready)."""
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
-                                          name=f"logkit-{self.kind_slug}-{self.port}")
-        self._acceptor.start()
+        """Start the acceptor (the subclass calls it once its own state is ready). No
+        thread for it: the listener is closed (its socket, the subclass's hooks) and
+        ResourceError raised."""
+        acceptor = threading.Thread(target=self._accept_loop, daemon=True,
+                                    name=f"logkit-{self.kind_slug}-{self.port}")
+        try:
+            start_thread(acceptor, f"the {self.kind}'s accepting thread")
+        except ResourceError:
+            self.close()
+            raise
+        self._acceptor = acceptor
 
     @property
     def kind_slug(self) -> str:

@@ -37,7 +37,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .compat import LEVELS, SCHEMA_TYPES
 from .compat.errors import (InvalidSchemaError, SchemaNotFoundError, SchemaRegistryError)
-from .errors import ClosedError, CodecUnavailableError, LogkitError, ReadOnlyError
+from .errors import (ClosedError, CodecUnavailableError, LogkitError, ReadOnlyError,
+                     ResourceError, start_thread)
 from .schema_registry import RegisteredSchema, Schema, SchemaRegistry, check_version
 
 __all__ = ["RegistryServer", "serve", "handle", "ROUTES", "MAX_BODY_BYTES"]
@@ -480,7 +481,12 @@ class RegistryServer:
                                         kwargs={"poll_interval": 0.1},
                                         name=f"logkit-schema-registry-{self.port}",
                                         daemon=True)
-        self._thread.start()
+        try:
+            start_thread(self._thread, "the schema registry's HTTP server thread")
+        except ResourceError:
+            self._closed = True
+            self._server.server_close()
+            raise
         log.info("schema registry REST API on %s", self.url)
 
     def __repr__(self) -> str:

@@ -123,3 +123,55 @@ def test_acks_all_without_its_waiter_thread_fails_the_batch_instead_of_hanging(
             assert producer.send("t", b"w", partition=0).result(timeout=30).offset == 1
         got = broker.topic("t").partition(0).read(0, max_records=10)
         assert [r.value for r in got] == [b"v", b"w"]      # stored: its replication unconfirmed
+
+
+def test_a_follower_without_its_thread_raises_and_releases_the_directory(
+        tmp_path, no_threads_named):
+    with logkit.Broker(tmp_path / "leader") as leader:
+        leader.create_topic("t", 1)
+        leader.topic("t").partition(0).append([(None, b"v", None, None)])
+        source = logkit.DirectorySource(leader.path)
+        follower = logkit.Follower(tmp_path / "f", source)
+        refused = no_threads_named("logkit-follower")
+        with pytest.raises(ResourceError, match="follower thread"):
+            follower.start()
+        assert refused and not follower.running
+        no_threads_named()
+        with logkit.Follower(tmp_path / "f", logkit.DirectorySource(leader.path)) as again:
+            again.catch_up(timeout=30)              # the directory was let go
+            assert again.running
+        follower.stop()
+
+
+@pytest.mark.parametrize("kind", ["kafka", "replication", "schema-registry"])
+def test_a_listener_without_its_thread_raises_and_frees_its_port(
+        tmp_path, no_threads_named, kind):
+    with logkit.Broker(tmp_path / "data") as broker:
+        start = {"kafka": lambda port: broker.serve(port=port),
+                 "replication": lambda port: broker.serve_replication(port=port,
+                                                                      secret="s"),
+                 "schema-registry": lambda port: broker.serve_schema_registry(port=port)}
+        first = start[kind](0)
+        port = first.port
+        first.close()
+        refused = no_threads_named(f"logkit-{kind}")
+        with pytest.raises(ResourceError):
+            start[kind](port)
+        assert refused
+        no_threads_named()
+        server = start[kind](port)                    # the socket was closed
+        assert server.port == port
+        server.close()
+
+
+def test_a_shipper_without_its_thread_raises(tmp_path, no_threads_named):
+    with logkit.Broker(tmp_path / "data") as broker:
+        broker.create_topic("t", 1)
+        url = f"file://{tmp_path / 'bucket'}"
+        refused = no_threads_named("logkit-ship")
+        with pytest.raises(ResourceError, match="shipping thread"):
+            broker.ship(url)
+        assert refused
+        no_threads_named()
+        with broker.ship(url) as shipper:
+            shipper.flush()

@@ -53,7 +53,7 @@ from ..broker import Broker
 from ..config import resolve_broker_config, resolve_config
 from ..errors import (ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       LogkitTimeoutError, NotLeaderError, OffsetOutOfRangeError,
-                      UnknownTopicError)
+                      ResourceError, UnknownTopicError, start_thread)
 from ..records import iter_batches
 from ..tail import open_file
 from ..topic import Partition, Topic, TopicPartition
@@ -278,11 +278,18 @@ class Follower:
                 return
             self._error = None
             self._stopping.clear()
-            if self._broker is None:
+            opened = self._broker is None
+            if opened:
                 self._open()
-            self._thread = threading.Thread(target=self._thread_main,
-                                            name=f"logkit-follower {self.path}", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._thread_main,
+                                      name=f"logkit-follower {self.path}", daemon=True)
+            try:
+                start_thread(thread, f"the follower thread of {self.path}")
+            except ResourceError:
+                if opened:                    # as it was: the directory not held
+                    self._close()
+                raise
+            self._thread = thread
 
     def run(self) -> None:
         """Copy in the calling thread until `stop()` is called from another thread;

@@ -53,7 +53,8 @@ from typing import Any, Callable, Mapping, NamedTuple, TypeVar
 from ..broker import Broker
 from ..config import resolve_config
 from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
-                      NotLeaderError, OffsetOutOfRangeError, StorageError, UnknownTopicError)
+                      NotLeaderError, OffsetOutOfRangeError, ResourceError, StorageError,
+                      UnknownTopicError, start_thread)
 from ..group import committed_offsets, list_groups
 from ..records import BatchHeader, iter_batches, read_header
 from ..topic import Partition, TopicPartition
@@ -386,7 +387,11 @@ class Shipper:
         self._fence: str | None = None
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"logkit-ship {url}")
-        self._thread.start()
+        try:
+            start_thread(self._thread, f"the shipping thread to {url}")
+        except ResourceError:
+            self._closed = True               # nothing started: nothing to stop or ship
+            raise
 
     def __repr__(self) -> str:
         return f"Shipper({self._broker.path!r} -> {self.url!r})"
