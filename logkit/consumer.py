@@ -76,6 +76,8 @@ def _check_poll_arguments(timeout_ms: Any, max_records: Any) -> float:
     """poll()'s timeout in ms (a negative one counts as 0), or a named error: an
     ArgumentTypeError (a ConfigError and a TypeError) for a wrong type, a ConfigError
     for a value out of range."""
+    if type(timeout_ms) is int and type(max_records) is int and max_records > 0:
+        return timeout_ms if timeout_ms > 0 else 0        # the usual call, checked fast
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
         raise ArgumentTypeError(f"timeout_ms must be an int (or float) of milliseconds, "
                                 f"got {timeout_ms!r} ({type(timeout_ms).__name__})")
