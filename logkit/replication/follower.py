@@ -281,15 +281,15 @@ class Follower:
             opened = self._broker is None
             if opened:
                 self._open()
-            thread = threading.Thread(target=self._thread_main,
-                                      name=f"logkit-follower {self.path}", daemon=True)
+            self._thread = threading.Thread(target=self._thread_main,
+                                            name=f"logkit-follower {self.path}", daemon=True)
             try:
-                start_thread(thread, f"the follower thread of {self.path}")
+                start_thread(self._thread, f"the follower thread of {self.path}")
             except ResourceError:
+                self._thread = None
                 if opened:                    # as it was: the directory not held
                     self._close()
                 raise
-            self._thread = thread
 
     def run(self) -> None:
         """Copy in the calling thread until `stop()` is called from another thread;
