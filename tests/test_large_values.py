@@ -120,12 +120,13 @@ def test_a_batch_sealed_by_send_does_not_wake_the_sender_thread(tmp_path):
             accumulator.wake.notify = counted
             # the sender must be idle first, or no wake would be sent either way
             wait_until(lambda: accumulator.sender_idle, 10, "the sender thread idle")
+            # "warm"'s result() took the batch its wake-up was for, which stops the
+            # wake-ups (accumulator.callers_take): turn them back on, or neither send
+            # below could wake the sender thread and the first check would prove nothing
+            accumulator.callers_take = False
             producer.send("t", os.urandom(BIG)).result()
             assert wakes == []
-            # a batch left open wakes it (unless callers took theirs lately, as "warm"
-            # did: accumulator.callers_take; cleared as it is for records nobody waits on)
-            accumulator.callers_take = False
-            producer.send("t", b"small").result()
+            producer.send("t", b"small").result()    # a batch left open: it is woken
             assert wakes == ["MainThread"]
             accumulator.wake.notify = real
 
