@@ -29,8 +29,9 @@ setup(cmdclass={"build_py": BuildPyWithJar}, ext_modules=[
     Extension("logkit._sendpath", sources=["logkit/_sendpath.c"],
               depends=["logkit/_murmur2.h"], optional=True,
               extra_compile_args=["-O3", "-std=c99"]),
-    # The append path's short system calls with the GIL kept (logkit/log.py and
-    # logkit/segment.py fall back to fcntl.flock and os.pwrite without it).
+    # The append path's short system calls with the GIL kept, and its common case in
+    # one call (logkit/log.py and logkit/segment.py fall back to fcntl.flock, os.pwrite
+    # and the Python append without it).
     Extension("logkit._shortio", sources=["logkit/_shortio.c"], optional=True,
               extra_compile_args=["-O2", "-std=gnu99"]),
     # The doorbell's futex wait/wake (logkit/notify.py falls back to ctypes without it).

@@ -227,6 +227,12 @@ class _Index:
             finally:
                 os.close(fd)
 
+    def store(self) -> tuple[Any, int] | None:
+        """(the map, the bytes from its start with real blocks) of a mapped index, for
+        the append path in C (logkit/_shortio.c), which stores entries below the
+        reserved end only; None when it is not mapped."""
+        return None if self._mmap is None else (self._mmap, self._reserved)
+
     def entry(self, n: int) -> tuple[int, int]:
         assert 0 <= n < self.entries and self._mmap is not None
         return self.ENTRY.unpack_from(self._mmap, n * self.entry_size)

@@ -93,6 +93,8 @@ _LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tr
 # GIL hand-over around a system call costs two context switches when another thread
 # of the process is busy, as a producer's sender thread is.
 _flock_now = fcntl.flock if shortio is None else shortio.flock
+# The common append under the lock in one C call (logkit/_shortio.c, `_append_fast`).
+_append_common = None if shortio is None else shortio.append_common
 MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
 BATCHES_SINCE_MAX_BYTES = 1 << 20     # batches_since() bound (one batch at least)
 READ_RETRIES = 100                    # a retention run may pull segments from a read
@@ -187,6 +189,9 @@ class PartitionLog:
         self._deferred: tuple[int, int] | None = None   # (end, segment-list version) of
         #                                 a deferred append, set and taken under the lock
         self.sync_count = 0            # fdatasyncs of the group-commit path (benchmarks)
+        # The active segment the last general append wrote to, for `_append_fast`;
+        # None whenever the segment list changes (`_refresh`, `_close_segments`).
+        self._fast_segment: LogSegment | None = None
         self._closed = False
         self._last_recovery: RecoveryReport | None = None
         try:
@@ -430,6 +435,7 @@ class PartitionLog:
         self._listed = tail
         if tail.segments_version == self._segments_version:
             return
+        self._fast_segment = None
         if bases is None:
             bases = live_bases(os.listdir(self.directory), tail)
         stale = [b for b, seg in self._segments.items()
@@ -518,6 +524,7 @@ class PartitionLog:
         return segment, segment.sealed_size
 
     def _close_segments(self) -> None:
+        self._fast_segment = None
         for segment in self._segments.values():
             segment.close()
         self._segments.clear()
@@ -608,10 +615,17 @@ class PartitionLog:
             stamp_log_append_time(batch, _now_ms())
             header = _whole_batch_header(batch)
         count = header.last_offset_delta + 1
-        tail = self._lock_tail("append", lock_timeout_s)     # `_locked_tail`, unwrapped
+        self._acquire(lock_timeout_s)
         try:
             try:
-                base_offset = self._append_locked(batch, header, size, count, tail)
+                base_offset = -1
+                if self._fast_segment is not None and type(batch) is bytearray:
+                    base_offset = self._append_fast(batch)
+                if base_offset < 0:
+                    # `_locked_tail`'s prelude, then the general append
+                    tail = self._tail_under_lock()
+                    self._refresh(tail)
+                    base_offset = self._append_locked(batch, header, size, count, tail)
             except OSError as exc:
                 raise storage_error(exc, "append", self.directory) from exc
             deferred, self._deferred = self._deferred, None
@@ -623,6 +637,31 @@ class PartitionLog:
         if self._doorbell is not None:
             self._doorbell.ring(self._change_slot)
         return base_offset, None
+
+    def _append_fast(self, batch: bytearray) -> int:
+        """The common append in one C call (`shortio.append_common`, the twin of
+        `_append_locked` for an append that needs no roll, sync, index reservation or
+        repair): the base offset, or -1 with nothing changed when `_append_locked` must
+        decide. Called under the lock, only after a general append of this process
+        (`_dirty`) set `_fast_segment`; the C call checks that the tail still names
+        that segment and segment list. A failed write is cut back, as `_append_locked`
+        does."""
+        segment = self._fast_segment
+        files = segment.append_files()
+        if files is None:
+            return -1
+        config = self.config
+        try:
+            return _append_common(
+                self._tail_file.mm, batch, *files, segment.base_offset,
+                self._segments_version, BOOT_ID, config["segment.bytes"],
+                config["segment.ms"], config["index.interval.bytes"],
+                config["flush.messages"])
+        except OSError:
+            tail = self._tail_file.read_locked()       # unchanged: nothing was published
+            if tail is not None:
+                self._cut_back(segment, tail.active_size)
+            raise
 
     def _append_locked(self, batch: bytearray, header: BatchHeader, size: int, count: int,
                        tail: Tail, shipped_roll: bool | None = None) -> int:
@@ -685,6 +724,8 @@ class PartitionLog:
             tail.leader_epoch, tail.deleted)
         self._tail_file.publish(tail)
         self._dirty = True
+        if _append_common is not None:
+            self._fast_segment = segment
         if deferred:
             self._deferred = (last_offset + 1, tail.segments_version)
         return base_offset

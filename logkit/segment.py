@@ -300,6 +300,18 @@ class LogSegment:
             raise OSError(errno.ENOSPC, f"short write ({written} of {size} bytes)",
                           self.path)
 
+    def append_files(self) -> tuple[int, Any, int, Any, int] | None:
+        """What `shortio.append_common` writes through, for an open active segment whose
+        index maps are open: (the `.log` descriptor, the offset index's map and its
+        reserved bytes, the time index's map and its reserved bytes); else None."""
+        if not self.active or self._fd < 0 or self._offset_index is None \
+                or self._time_index is None:
+            return None
+        offsets, times = self._offset_index.store(), self._time_index.store()
+        if offsets is None or times is None:
+            return None
+        return (self._fd, *offsets, *times)
+
     def index_batch(self, last_offset: int, position: int, interval_bytes: int,
                     max_timestamp: int, max_timestamp_offset: int) -> None:
         """Add index entries for a batch just written at `position`, Kafka's way: when

@@ -81,6 +81,7 @@ def test_pure_python_appends_without_it(tmp_path):
         import fcntl, os
         from logkit import Broker, log, segment
         assert log._flock_now is fcntl.flock and segment._pwrite is os.pwrite
+        assert log._append_common is None
         with Broker({str(tmp_path / "data")!r}) as broker:
             topic = broker.create_topic("t", 1)
             with broker.producer() as producer:

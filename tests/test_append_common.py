@@ -1,0 +1,229 @@
+"""The append in one C call (`shortio.append_common`, used by `PartitionLog._append_fast`)
+is the twin of the Python append for the cases it takes: the same bytes in every file
+and the same tail, whatever mix of index entries, index reservations, full indexes,
+rolls and timestamps the appends go through; it hands back everything else; and a
+failed write through it stores and publishes nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import logkit
+from logkit import log as partition_log
+from logkit.records import encode_batch
+from logkit.tail import TAIL_FILE, TailFile
+from tests.crashpoints import driver
+
+shortio = pytest.importorskip("logkit._shortio",
+                              reason="the optional C extension is not built here")
+
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Tail fields that hold the wall clock of an append, which two runs cannot share.
+CLOCK_FIELDS = ("boot_id", "roll_time_ms", "first_unflushed_ms")
+
+
+class Counting:
+    """shortio.append_common, counting the appends it made and the ones it handed back."""
+
+    def __init__(self) -> None:
+        self.appended = self.handed_back = 0
+
+    def __call__(self, *args):
+        result = shortio.append_common(*args)
+        if result < 0:
+            self.handed_back += 1
+        else:
+            self.appended += 1
+        return result
+
+
+def batches(count: int, seed: int, steps: tuple[int, ...]) -> list[bytearray]:
+    """Batches of 1-6 records, values of 1-300 bytes, timestamps moved by one of
+    `steps` per batch (growing and stepping back: the time index both grows and skips;
+    all 0: it stays at one entry while the offset index fills)."""
+    import random
+    rng = random.Random(seed)
+    out, ts = [], 1_700_000_000_000
+    for i in range(count):
+        ts += rng.choice(steps)
+        rows = [(b"k%d" % i if rng.random() < 0.5 else None,
+                 rng.randbytes(rng.randrange(1, 300)), [],
+                 ts) for _ in range(rng.randrange(1, 7))]
+        out.append(encode_batch(rows))
+    return out
+
+
+def run(root: str, config: dict, stream: list[bytearray]) -> tuple[dict, dict]:
+    """Append `stream` to a fresh one-partition topic; (every file's bytes, the tail)."""
+    with logkit.Broker(root) as broker:
+        partition = broker.create_topic("t", 1, config=config).partition(0)
+        expected = 0
+        for batch in stream:
+            assert partition.append_batch(bytearray(batch), verify=False) == expected
+            expected += int.from_bytes(batch[23:27], "big") + 1     # lastOffsetDelta + 1
+        partition.check()
+        directory = partition.directory
+        tail = TailFile(os.path.join(directory, TAIL_FILE), read_only=True)
+        try:
+            state = {k: v for k, v in tail.read()._asdict().items() if k not in CLOCK_FIELDS}
+        finally:
+            tail.close()
+        files = {}
+        for name in sorted(os.listdir(directory)):
+            if name.endswith((".log", ".index", ".timeindex")):
+                with open(os.path.join(directory, name), "rb") as f:
+                    files[name] = f.read()
+    return files, state
+
+
+GROWING = (1, 5, 40, -30)
+SCENARIOS = {
+    # every few hundred bytes an index entry; rolls by size; small index files: the
+    # time index fills up and rolls the segment first
+    "rolls and full indexes": ({"segment.bytes": 6000, "index.interval.bytes": 300,
+                                "segment.index.bytes": 120}, 600, GROWING),
+    # one timestamp throughout: the offset index fills up and rolls the segment
+    "full offset index": ({"index.interval.bytes": 100, "segment.index.bytes": 120}, 600,
+                          (0,)),
+    # an entry per batch into default-sized indexes: past the first 64 KiB reservation
+    # of the offset index (8-byte entries) and of the time index (12-byte entries)
+    "reservations": ({"index.interval.bytes": 0}, 9000, GROWING),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_c_append_writes_the_bytes_the_python_append_writes(tmp_path, monkeypatch,
+                                                                   scenario):
+    config, count, steps = SCENARIOS[scenario]
+    stream = batches(count, len(scenario), steps)
+    monkeypatch.setattr(partition_log, "_append_common", None)
+    python_files, python_tail = run(str(tmp_path / "python"), config, stream)
+    counting = Counting()
+    monkeypatch.setattr(partition_log, "_append_common", counting)
+    c_files, c_tail = run(str(tmp_path / "c"), config, stream)
+    assert counting.appended > count // 2, (counting.appended, counting.handed_back)
+    assert counting.handed_back > 0           # the rolls and reservations went back
+    assert sorted(c_files) == sorted(python_files)
+    if scenario != "reservations":
+        assert len(python_files) > 3 * 10          # more than ten segments, three files each
+    for name in python_files:
+        assert c_files[name] == python_files[name], name
+    assert c_tail == python_tail
+
+
+def test_another_writers_roll_hands_the_append_back_and_offsets_stay_contiguous(tmp_path):
+    """Two brokers on one directory are two appenders with their own segment lists (as
+    two processes are): each one's rolls change the other's list under it."""
+    config = {"segment.bytes": 3000, "index.interval.bytes": 200}
+    with logkit.Broker(tmp_path) as first, logkit.Broker(tmp_path) as second:
+        first.create_topic("t", 1, config=config)
+        parts = [first.topic("t").partition(0), second.topic("t").partition(0)]
+        written = []
+        for i in range(400):
+            value = b"w%d-%d" % (i % 2, i) + b"." * (i % 50)
+            offset = parts[i % 2].append([(None, value, [], None)])
+            written.append((offset, value))
+        assert [o for o, _ in written] == list(range(400))
+        for p in parts:
+            assert [(r.offset, r.value) for r in p.read(0, max_records=1000)] == written
+            p.check()
+        segments = [n for n in os.listdir(parts[0].directory) if n.endswith(".log")]
+        assert len(segments) > 10
+
+
+pytestmark_strace = pytest.mark.skipif(driver.strace_usable() is not None,
+                                       reason=driver.strace_usable() or "")
+
+
+@pytestmark_strace
+@pytest.mark.parametrize("error", ["EIO", "ENOSPC"])
+def test_a_failed_write_through_the_c_append_stores_and_publishes_nothing(tmp_path, error):
+    with logkit.Broker(tmp_path) as broker:
+        directory = broker.create_topic("t", 1).partition(0).directory
+    log_path = os.path.join(directory, f"{0:020d}.log")
+    script = textwrap.dedent("""
+        import sys, logkit
+        from logkit import log
+        from logkit._shortio import append_common
+        calls = []
+        def counting(*args):
+            calls.append(1)
+            return append_common(*args)
+        log._append_common = counting
+        with logkit.Broker(sys.argv[1]) as b:
+            p = b.topic("t").partition(0)
+            for i in range(3):          # the 3rd write of the file fails (see strace)
+                try:
+                    print("appended", p.append([(None, b"v%d" % i, [], None)]))
+                except logkit.StorageError as exc:
+                    print("failed", type(exc).__name__, exc.operation, p.log_end_offset)
+            print("calls", len(calls))
+    """)
+    argv = [driver.STRACE, "-f", "-qq", "-o", "/dev/null", "-P", log_path,
+            "-e", "trace=pwrite64", "-e", f"inject=pwrite64:error={error}:when=3",
+            sys.executable, "-c", script, str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT_DIR, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT_DIR))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    # the first append is the general one; the next two go through the C append
+    assert lines[:2] == ["appended 0", "appended 1"], done.stdout
+    expected = "DiskFullError" if error == "ENOSPC" else "StorageError"
+    assert lines[2] == f"failed {expected} append 2", done.stdout
+    assert lines[3] == "calls 2", done.stdout
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.topic("t").partition(0)
+        assert os.path.getsize(log_path) == p._log.tail().active_size
+        assert p.append([(None, b"after", [], None)]) == 2
+        assert [r.value for r in p.read(0, max_records=10)] == [b"v0", b"v1", b"after"]
+        p.check()
+
+
+def test_what_the_c_append_hands_back_it_leaves_untouched(tmp_path):
+    """Each case the Python append must decide comes back as -1 with no byte written:
+    an index entry past the reserved blocks (a full disk must fail at the reservation,
+    not at a store through the map), another segment list, a torn tail, a sync due."""
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.create_topic("t", 1, config={"index.interval.bytes": 0}).partition(0)
+        p.append([(None, b"first", [], None)])            # the general append,
+        p.append([(None, b"second", [], None)])   # whose first index entry reserves blocks
+        log = p._log
+        segment = log._fast_segment
+        fd, index, index_reserved, timeindex, timeindex_reserved = segment.append_files()
+        config = log.config
+        tail_map = log._tail_file.mm
+
+        def attempt(**change) -> int:
+            args = dict(index_reserved=index_reserved, timeindex_reserved=timeindex_reserved,
+                        version=log._segments_version, flush=config["flush.messages"])
+            args.update(change)
+            return shortio.append_common(
+                tail_map, encode_batch([(None, b"x", [], 4_000_000_000_000)]), fd, index,
+                args["index_reserved"], timeindex, args["timeindex_reserved"],
+                segment.base_offset, args["version"], partition_log.BOOT_ID,
+                config["segment.bytes"], config["segment.ms"],
+                config["index.interval.bytes"], args["flush"])
+
+        def state() -> tuple:
+            return (bytes(tail_map[:168]), os.path.getsize(segment.path),
+                    bytes(index[:64]), bytes(timeindex[:64]))
+
+        before = state()
+        assert attempt(index_reserved=8) == -1               # room for one entry only
+        assert attempt(timeindex_reserved=12) == -1
+        assert attempt(version=log._segments_version + 1) == -1
+        assert attempt(flush=2) == -1                        # the 2nd message syncs
+        seq = int.from_bytes(tail_map[8:16], "little")
+        tail_map[8:16] = (seq + 1).to_bytes(8, "little")      # a writer died mid-update
+        assert attempt() == -1
+        tail_map[8:16] = seq.to_bytes(8, "little")
+        assert state() == before
+        assert attempt() == 2                                # and, unchanged, it appends
+        assert state() != before
+        assert [r.value for r in p.read(0, max_records=5)] == [b"first", b"second", b"x"]
+        p.check()
