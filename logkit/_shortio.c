@@ -262,8 +262,12 @@ append_locked(unsigned char *tail, Py_ssize_t tail_len, unsigned char *batch,
         return -2;
     }
     if (written != size) {              /* a short write to a regular file: disk full */
-        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "is", ENOSPC,
-                                              "short write of a batch");
+        PyObject *message = PyUnicode_FromFormat("short write (%zd of %zd bytes)",
+                                                 written, (Py_ssize_t)size);
+        if (message == NULL)
+            return -2;
+        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "iO", ENOSPC, message);
+        Py_DECREF(message);
         if (exc != NULL) {
             PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
             Py_DECREF(exc);

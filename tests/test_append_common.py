@@ -227,3 +227,45 @@ def test_what_the_c_append_hands_back_it_leaves_untouched(tmp_path):
         assert state() != before
         assert [r.value for r in p.read(0, max_records=5)] == [b"first", b"second", b"x"]
         p.check()
+
+
+def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_path):
+    """A real short write: RLIMIT_FSIZE lets the pwrite write only part of the batch."""
+    script = textwrap.dedent("""
+        import os, resource, signal, sys, logkit
+        from logkit import log
+        from logkit._shortio import append_common
+        calls = []
+        def counting(*args):
+            calls.append(1)
+            return append_common(*args)
+        log._append_common = counting
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # EFBIG / a short write instead
+        with logkit.Broker(sys.argv[1]) as b:
+            p = b.create_topic("t", 1).partition(0)
+            p.append([(None, b"a", [], None)])
+            p.append([(None, b"b", [], None)])
+            size = p._log.tail().active_size
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, resource.RLIM_INFINITY))
+            try:
+                p.append([(None, b"x" * 1000, [], None)])
+            except logkit.DiskFullError as exc:
+                print("full", exc.__cause__)
+            resource.setrlimit(resource.RLIMIT_FSIZE,
+                               (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            log_path = os.path.join(p.directory, f"{0:020d}.log")
+            print("cut", os.path.getsize(log_path) == size, p.log_end_offset)
+            print("calls", len(calls))
+    """)
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT_DIR,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT_DIR))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        "full [Errno 28] short write (100 of 1070 bytes)", "cut True 2", "calls 2"], \
+        done.stdout
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.topic("t").partition(0)
+        assert p.append([(None, b"after", [], None)]) == 2
+        assert [r.value for r in p.read(0, max_records=10)] == [b"a", b"b", b"after"]
+        p.check()
