@@ -870,8 +870,11 @@ class PartitionLog:
         Nothing is cut in place, so readers in other processes keep their mapped files:
         the segments from the cut on are renamed `.deleted`, the kept prefix of the cut
         one is copied back under its name, and recovery rebuilds its indexes and
-        publishes the tail. A kill at any step leaves a prefix of the old log that the
-        next open recovers."""
+        publishes the tail. Until then the tail reads as torn (`publish_torn`), so
+        another process's appender recovers before it appends instead of writing to
+        the swapped segment through its cached descriptor, and its readers wait. A
+        kill at any step leaves a prefix of the old log that the next open, or the next
+        lock holder, recovers."""
         with self._locked_tail("truncate") as tail:
             return self._truncate_locked(tail, offset, "truncate")
 
@@ -886,7 +889,10 @@ class PartitionLog:
         segment, size = self._sized(bases[i], tail)
         cut = segment.find(offset, size)
         try:
-            self._tail_file.publish(tail._replace(
+            # Torn until recovery publishes the new list: another process that has the
+            # active segment open must not append to it once it is swapped (it recovers
+            # first, also when we die mid-way).
+            self._tail_file.publish_torn(tail._replace(
                 recovery_point=min(tail.recovery_point, bases[i]), clean=0))
             self._tail_file.sync()
             self._close_segments()

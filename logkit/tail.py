@@ -8,7 +8,8 @@ mmap'd file that holds it. Several processes map the same file. A writer (holdin
 partition's append lock: see log.py) bumps the sequence number to odd, writes the body,
 then bumps it to even; a reader takes no lock and retries until it reads the same even
 number before and after the body. An odd number seen *under the lock* can only be a
-writer that died mid-update: the partition log then repairs the tail by recovery.
+writer that died mid-update, or a truncation that died before its recovery published
+(`publish_torn`): the partition log then repairs the tail by recovery.
 
 Invariant: a snapshot returned by `TailFile.read()` is one that a writer published whole;
 the body is never half old, half new.
@@ -247,6 +248,19 @@ class TailFile:
     def publish(self, tail: Tail) -> None:
         """Write `tail` stamped with this boot's id (every publish does)."""
         self.write((BOOT_ID, *tail[1:]))
+
+    def publish_torn(self, tail: Tail) -> None:
+        """Write `tail` as `publish` does but leave the sequence number odd, as a writer
+        that died mid-update would (caller holds the partition lock): until recovery
+        publishes a whole tail, every other reader waits for the lock and every other
+        lock holder recovers first — also when this process dies before that. For a
+        change of files that no single publish can describe (a truncation's swap of
+        the active segment); recovery reads the body, recovery point included."""
+        mm = self.mm
+        seq = _SEQ.unpack_from(mm, _SEQ_OFFSET)[0]
+        _SEQ.pack_into(mm, _SEQ_OFFSET, seq + 1 if not seq & 1 else seq)
+        _MAGIC.pack_into(mm, 0, TAIL_MAGIC, TAIL_VERSION)
+        _BODY.pack_into(mm, _BODY_OFFSET, BOOT_ID, *tail[1:])
 
     def sync(self) -> None:
         self.mm.flush()

@@ -465,3 +465,36 @@ def test_a_symlinked_format_file_is_refused(tmp_path):
     (root / "logkit.json").symlink_to(outside)
     with pytest.raises(StorageError):
         logkit.Broker(root)
+
+
+# ---- a truncation killed mid-way, with another appender open -------------------------
+
+def test_a_truncation_killed_after_its_copy_does_not_lose_another_processes_appends(tmp_path):
+    """A truncation swaps the active segment's `.log` for a copy of its prefix, then
+    recovery publishes the new segment list. Killed in between, it must not leave an
+    appender in another process writing, through its cached descriptor, to the retired
+    file: that append would be acknowledged and then lost at the next open."""
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.create_topic("t", 1).partition(0)
+        fill(p, 10)                         # this process now appends through its cache
+        result = run_python("""
+            import os, sys, logkit
+            from logkit import log
+            copy = log._copy_prefix
+            def copy_then_die(path, size):
+                copy(path, size)
+                os._exit(9)                 # SIGKILL's effect: no cleanup, lock released
+            log._copy_prefix = copy_then_die
+            with logkit.Broker(sys.argv[1]) as b:
+                b.topic("t").partition(0).truncate_to(6)
+        """, str(tmp_path))
+        assert result.returncode == 9, result.stderr
+        offset = p.append([(None, b"acknowledged", [], None)])
+        got = values(p.read(0, 100))
+        assert got[-1] == (offset, b"acknowledged")
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.topic("t").partition(0)
+        got = values(p.read(0, 100))
+        assert (offset, b"acknowledged") in got, got
+        assert [o for o, _ in got] == list(range(len(got)))
+        p.check()
