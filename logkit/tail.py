@@ -237,30 +237,31 @@ class TailFile:
 
     def write(self, tail: Tail | tuple) -> None:
         """Publish `tail` under the seqlock (caller holds the partition lock)."""
+        _SEQ.pack_into(self.mm, _SEQ_OFFSET, self._write_torn(tail) + 1)
+
+    def _write_torn(self, tail: Tail | tuple) -> int:
+        """The first half of a publish: the sequence number made odd (an odd one a dead
+        writer left stays), the header and the body written; returns the odd number."""
         mm = self.mm
-        seq = _SEQ.unpack_from(mm, _SEQ_OFFSET)[0]
-        seq = seq + 1 if seq & 1 else seq + 2     # a torn odd value from a dead writer
-        _SEQ.pack_into(mm, _SEQ_OFFSET, seq - 1 | 1)
+        seq = _SEQ.unpack_from(mm, _SEQ_OFFSET)[0] | 1
+        _SEQ.pack_into(mm, _SEQ_OFFSET, seq)
         _MAGIC.pack_into(mm, 0, TAIL_MAGIC, TAIL_VERSION)
         _BODY.pack_into(mm, _BODY_OFFSET, *tail)
-        _SEQ.pack_into(mm, _SEQ_OFFSET, seq)
+        return seq
 
     def publish(self, tail: Tail) -> None:
         """Write `tail` stamped with this boot's id (every publish does)."""
         self.write((BOOT_ID, *tail[1:]))
 
     def publish_torn(self, tail: Tail) -> None:
-        """Write `tail` as `publish` does but leave the sequence number odd, as a writer
-        that died mid-update would (caller holds the partition lock): until recovery
-        publishes a whole tail, every other reader waits for the lock and every other
-        lock holder recovers first — also when this process dies before that. For a
-        change of files that no single publish can describe (a truncation's swap of
-        the active segment); recovery reads the body, recovery point included."""
-        mm = self.mm
-        seq = _SEQ.unpack_from(mm, _SEQ_OFFSET)[0]
-        _SEQ.pack_into(mm, _SEQ_OFFSET, seq + 1 if not seq & 1 else seq)
-        _MAGIC.pack_into(mm, 0, TAIL_MAGIC, TAIL_VERSION)
-        _BODY.pack_into(mm, _BODY_OFFSET, BOOT_ID, *tail[1:])
+        """`publish`'s first half alone: `tail` written, the sequence number left odd as
+        a writer that died mid-update leaves it (caller holds the partition lock).
+        Until recovery publishes a whole tail, every other reader waits for the lock
+        and every other lock holder recovers first — also when this process dies
+        before that. For a change of files that no single publish can describe (a
+        truncation's swap of the active segment); recovery reads the body, recovery
+        point included."""
+        self._write_torn((BOOT_ID, *tail[1:]))
 
     def sync(self) -> None:
         self.mm.flush()

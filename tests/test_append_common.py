@@ -42,6 +42,29 @@ class Counting:
         return result
 
 
+# A child process's preamble: the C append, counting its calls in `calls`.
+COUNTING_PREAMBLE = """
+    import logkit
+    from logkit import log
+    from logkit._shortio import append_common
+    calls = []
+    def counting(*args):
+        calls.append(1)
+        return append_common(*args)
+    log._append_common = counting
+"""
+
+
+def run_counting(body: str, root: str, *, wrapper: tuple[str, ...] = ()
+                 ) -> subprocess.CompletedProcess:
+    """Run `body` (with `sys.argv[1]` = root) after COUNTING_PREAMBLE in a fresh
+    process, under `wrapper` (an strace command line) when given."""
+    script = textwrap.dedent(COUNTING_PREAMBLE) + textwrap.dedent(body)
+    return subprocess.run([*wrapper, sys.executable, "-c", script, root], cwd=ROOT_DIR,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT_DIR))
+
+
 def batches(count: int, seed: int, steps: tuple[int, ...]) -> list[bytearray]:
     """Batches of 1-6 records, values of 1-300 bytes, timestamps moved by one of
     `steps` per batch (growing and stepping back: the time index both grows and skips;
@@ -136,25 +159,18 @@ def test_another_writers_roll_hands_the_append_back_and_offsets_stay_contiguous(
         assert len(segments) > 10
 
 
-pytestmark_strace = pytest.mark.skipif(driver.strace_usable() is not None,
+needs_strace = pytest.mark.skipif(driver.strace_usable() is not None,
                                        reason=driver.strace_usable() or "")
 
 
-@pytestmark_strace
+@needs_strace
 @pytest.mark.parametrize("error", ["EIO", "ENOSPC"])
 def test_a_failed_write_through_the_c_append_stores_and_publishes_nothing(tmp_path, error):
     with logkit.Broker(tmp_path) as broker:
         directory = broker.create_topic("t", 1).partition(0).directory
     log_path = os.path.join(directory, f"{0:020d}.log")
-    script = textwrap.dedent("""
-        import sys, logkit
-        from logkit import log
-        from logkit._shortio import append_common
-        calls = []
-        def counting(*args):
-            calls.append(1)
-            return append_common(*args)
-        log._append_common = counting
+    done = run_counting("""
+        import sys
         with logkit.Broker(sys.argv[1]) as b:
             p = b.topic("t").partition(0)
             for i in range(3):          # the 3rd write of the file fails (see strace)
@@ -163,12 +179,9 @@ def test_a_failed_write_through_the_c_append_stores_and_publishes_nothing(tmp_pa
                 except logkit.StorageError as exc:
                     print("failed", type(exc).__name__, exc.operation, p.log_end_offset)
             print("calls", len(calls))
-    """)
-    argv = [driver.STRACE, "-f", "-qq", "-o", "/dev/null", "-P", log_path,
-            "-e", "trace=pwrite64", "-e", f"inject=pwrite64:error={error}:when=3",
-            sys.executable, "-c", script, str(tmp_path)]
-    done = subprocess.run(argv, cwd=ROOT_DIR, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=ROOT_DIR))
+    """, str(tmp_path), wrapper=(
+        driver.STRACE, "-f", "-qq", "-o", "/dev/null", "-P", log_path,
+        "-e", "trace=pwrite64", "-e", f"inject=pwrite64:error={error}:when=3"))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.split("\n")
     # the first append is the general one; the next two go through the C append
@@ -231,15 +244,8 @@ def test_what_the_c_append_hands_back_it_leaves_untouched(tmp_path):
 
 def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_path):
     """A real short write: RLIMIT_FSIZE lets the pwrite write only part of the batch."""
-    script = textwrap.dedent("""
-        import os, resource, signal, sys, logkit
-        from logkit import log
-        from logkit._shortio import append_common
-        calls = []
-        def counting(*args):
-            calls.append(1)
-            return append_common(*args)
-        log._append_common = counting
+    done = run_counting("""
+        import os, resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # EFBIG / a short write instead
         with logkit.Broker(sys.argv[1]) as b:
             p = b.create_topic("t", 1).partition(0)
@@ -256,10 +262,7 @@ def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_p
             log_path = os.path.join(p.directory, f"{0:020d}.log")
             print("cut", os.path.getsize(log_path) == size, p.log_end_offset)
             print("calls", len(calls))
-    """)
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT_DIR,
-                          capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=ROOT_DIR))
+    """, str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == [
         "full [Errno 28] short write (100 of 1070 bytes)", "cut True 2", "calls 2"], \
