@@ -437,6 +437,9 @@ typedef struct {
     Py_ssize_t batch_size;
     int future_is_base;      /* future_type subclasses FutureBase (checked once) */
     int slow;                /* set when the producer closes: everything goes to Python */
+    PyObject *look;          /* called every `look_every` calls, or NULL */
+    int look_every;
+    int countdown;           /* calls left until the next look */
     vectorcallfunc vectorcall;
 } Sender;
 
@@ -488,6 +491,16 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     PyObject *topic, *value = Py_None, *key = Py_None;
     if (self->slow || nargs < 1 || nargs > 3)
         return fallback(self, args, nargsf, kwnames);
+    if (self->look != NULL && --self->countdown <= 0) {
+        /* The producer's look for due batches (Producer._look): a sending thread
+         * appends them between its sends, not in a closed or forked
+         * producer (`slow`). */
+        self->countdown = self->look_every;
+        PyObject *done = PyObject_CallNoArgs(self->look);
+        if (done == NULL)
+            return NULL;
+        Py_DECREF(done);
+    }
     topic = args[0];
     if (nargs > 1) value = args[1];
     if (nargs > 2) key = args[2];
@@ -582,11 +595,18 @@ sender_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
 static int
 sender_init(Sender *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *fallback_fn, *states, *future_type, *acks;
+    PyObject *fallback_fn, *states, *future_type, *acks, *look = Py_None;
     Py_ssize_t batch_size;
-    if (!PyArg_ParseTuple(args, "OO!OOn", &fallback_fn, &PyDict_Type, &states,
-                          &future_type, &acks, &batch_size))
+    int look_every = 0;
+    if (!PyArg_ParseTuple(args, "OO!OOn|Oi", &fallback_fn, &PyDict_Type, &states,
+                          &future_type, &acks, &batch_size, &look, &look_every))
         return -1;
+    if (look != Py_None && (!PyCallable_Check(look) || look_every < 1)) {
+        PyErr_SetString(PyExc_TypeError, "look must be a callable and look_every >= 1");
+        return -1;
+    }
+    Py_XSETREF(self->look, look == Py_None ? NULL : Py_NewRef(look));
+    self->look_every = self->countdown = look_every;
     Py_XSETREF(self->fallback, Py_NewRef(fallback_fn));
     Py_XSETREF(self->states, Py_NewRef(states));
     Py_XSETREF(self->future_type, Py_NewRef(future_type));
@@ -606,6 +626,7 @@ sender_traverse(Sender *self, visitproc visit, void *arg)
     Py_VISIT(self->states);
     Py_VISIT(self->future_type);
     Py_VISIT(self->acks);
+    Py_VISIT(self->look);
     return 0;
 }
 
@@ -616,6 +637,7 @@ sender_clear(Sender *self)
     Py_CLEAR(self->states);
     Py_CLEAR(self->future_type);
     Py_CLEAR(self->acks);
+    Py_CLEAR(self->look);
     return 0;
 }
 
@@ -635,8 +657,9 @@ static PyMemberDef sender_members[] = {
 static PyTypeObject SenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "logkit._sendpath.Sender",
-    .tp_doc = "Sender(send_py, states, future_type, acks, batch_size): "
-              "Producer.send's common case in C.",
+    .tp_doc = "Sender(send_py, states, future_type, acks, batch_size, look=None, "
+              "look_every=0): Producer.send's common case in C; calls look() every "
+              "look_every calls.",
     .tp_basicsize = sizeof(Sender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = PyType_GenericNew,

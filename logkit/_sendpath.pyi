@@ -54,11 +54,14 @@ def forked() -> None:
     """Mark this process a forked child (callback registration takes Python's path)."""
 
 class Sender:
-    """Sender(send_py, states, future_type, acks, batch_size): callable like
-    Producer.send; every call it does not take goes to `send_py` unchanged."""
+    """Sender(send_py, states, future_type, acks, batch_size, look=None,
+    look_every=0): callable like Producer.send; every call it does not take goes to
+    `send_py` unchanged; `look()` is called before every `look_every`-th call."""
 
     slow: int        # nonzero: every call goes to the Python method
     def __init__(self, send_py: Callable[..., Any], states: dict[str, Any],
-                 future_type: type, acks: Any, batch_size: int, /) -> None: ...
+                 future_type: type, acks: Any, batch_size: int,
+                 look: Callable[[], Any] | None = None, look_every: int = 0, /
+                 ) -> None: ...
     def __call__(self, topic: str, value: Any = ..., key: Any = ...,
                  **kwargs: Any) -> Any: ...

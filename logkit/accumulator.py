@@ -84,7 +84,8 @@ from . import _native
 from .errors import ClosedError, LogkitTimeoutError
 from .records import RECORDS_OFFSET, RecordMetadata
 
-__all__ = ["Batch", "TopicBatches", "RecordAccumulator", "DIRECT_ROWS"]
+__all__ = ["Batch", "TopicBatches", "RecordAccumulator", "DIRECT_ROWS", "CALLER_DUE_MAX",
+           "CALLER_LOOK_EVERY"]
 
 SENDER_IDLE_WAIT_S = 1.0            # the sender re-checks its state at least this often
 RESERVE_STEPS = 8                   # past half the buffer, batches reserve batch_size / 8
@@ -92,6 +93,12 @@ QUIET_CHECK_S = 0.001               # linger_ms=0: a busy producer's batches loo
 BUSY_LINGER_S = 0.005               # linger_ms=0: a batch waits at most this while busy
 CALLER_GRACE_S = 0.001              # callers append their own: an unclaimed batch waits this
 CALLERS_QUIET_S = 0.05              # ... until no batch opened for this long
+CALLER_DUE_MAX = 4                  # due batches a sending thread appends per look
+CALLER_LOOK_EVERY = 64              # sends between two looks of a sending thread
+CALLERS_LOOKING_S = 0.002           # the sender thread stands back this long after
+                                    # a sending thread's look for due batches
+SENDER_YIELD_S = 0.0001             # ... and steps off the GIL this long between
+                                    # CALLER_DUE_MAX batches of a list it works down
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +226,12 @@ class RecordAccumulator:
         self.wake = threading.Condition(self.lock)      # the sender thread has work
         self.states: dict[str, TopicBatches] = {}       # topic name -> its batches
         self.open_count = 0
+        # The open batches, oldest first (opened under `lock`, so in `created` order):
+        # a look for due batches stops at the first one that is not.
+        self.opened: collections.OrderedDict[Batch, None] = collections.OrderedDict()
+        self.next_caller_look = 0.0    # a sending thread looks for due batches then
+        self.callers_looked = -1.0     # when one last did (monotonic)
+        self.sender_looked = -1.0      # when the sender thread's last look was
         self.reserved = 0
         self.in_flight = 0             # sealed batches not yet appended
         self.exhausted = 0             # senders waiting for buffer space
@@ -235,13 +248,15 @@ class RecordAccumulator:
 
     # ---- adding records (send) -------------------------------------------------------
 
-    def add(self, state: TopicBatches, p: int, row: tuple, size: int, deadline: float
-            ) -> tuple[Batch | None, bool]:
+    def add(self, state: TopicBatches, p: int, row: tuple, size: int, deadline: float,
+            *, wait: bool = True) -> tuple[Batch | None, bool]:
         """Add `row` (about `size` bytes) to partition p's open batch: seal a batch it
         does not fit, open a new one, seal one it fills. Returns the batch that took
         the row (None: no room yet) and whether a batch of p was sealed — the caller
         then drains p, which frees buffer space, and calls again if the row is not in.
-        Waits for room until `deadline` (monotonic) only when it sealed nothing."""
+        With `wait`, waits for room until `deadline` (monotonic) when it sealed
+        nothing; without, returns at once (the caller first appends the oldest open
+        batches itself, `take_due(everything=True)`)."""
         with self.lock:
             if self.closed:
                 raise ClosedError("producer is closed")
@@ -256,12 +271,13 @@ class RecordAccumulator:
                 reserve = whole if self.reserved + whole <= self.buffer_memory // 2 else \
                     max(self.batch_size // RESERVE_STEPS, size + RECORDS_OFFSET)
                 if self.reserved + reserve > self.buffer_memory and self.reserved:
-                    if not sealed:            # appending ours first frees space
+                    if not sealed and wait:   # appending ours first frees space
                         self._wait_for_space(deadline)
                     return None, sealed
                 batch = state.open[p] = Batch(state, p, reserve,
                                               max(0, self.batch_size - reserve))
                 self.reserved += reserve
+                self.opened[batch] = None
                 self.open_count += 1
                 self.last_opened = batch.created
                 opened = True
@@ -335,6 +351,7 @@ class RecordAccumulator:
         batch = state.open[p]
         assert batch is not None
         state.open[p] = None
+        del self.opened[batch]
         batch.sealed = True
         inbox, rows = batch.inbox, batch.rows
         while inbox:                         # late appends land after this: rescued
@@ -439,16 +456,70 @@ class RecordAccumulator:
                 linger = BUSY_LINGER_S
         if self.callers_take:                 # give the callers their grace first
             linger = max(linger, CALLER_GRACE_S)
+        everything = self.exhausted or self.closed
         due: list[tuple[TopicBatches, int, Batch]] = []
-        for state in self.states.values():
-            for p, batch in enumerate(state.open):
-                if batch is not None and (batch.created + linger <= now
-                                          or self.exhausted or self.closed):
-                    due.append((state, p, batch))
+        for batch in self.opened:             # oldest first
+            if batch.created + linger > now and not everything:
+                break
+            due.append((batch.state, batch.partition, batch))
         self.busy_linger_s = linger
         if due and self.callers_take:         # a batch nobody claimed for a grace:
             self.callers_take = False         # wake at once for the next one again
         return due
+
+    def take_due(self, now: float, *, everything: bool = False) -> list[Batch]:
+        """For a sending thread (`Producer._look`): seal and return up to
+        CALLER_DUE_MAX of the oldest open batches that are due — `linger_ms` old, or
+        BUSY_LINGER_S at linger_ms=0, since records are flowing; any age with
+        `everything` (no room in the buffer for its record) — for it to append itself,
+        so the sender thread stands back (`_callers_looking`). The work is the due
+        batches', not the partitions'."""
+        with self.lock:
+            self.next_caller_look = now + QUIET_CHECK_S
+            self.callers_looked = now
+            linger = -1.0 if everything else self.linger_s or BUSY_LINGER_S
+            due: list[Batch] = []
+            for batch in self.opened:         # oldest first
+                if batch.created + linger > now or len(due) == CALLER_DUE_MAX:
+                    break
+                due.append(batch)
+            for batch in due:
+                self.seal(batch.state, batch.partition)
+            return due
+
+    def yield_to_callers(self) -> None:
+        """For the sender thread working down a long list of due batches: step off
+        the GIL for SENDER_YIELD_S. A thread that gives the GIL up in short system calls
+        and takes it straight back can keep a waiting sending thread from ever getting
+        it (CPython forces a switch only after a whole switch interval with no hand-off
+        at all); a blocking wait lets the sending thread in, to send and to look —
+        which ends the list (`callers_looking`)."""
+        with self.lock:
+            self.wake.wait(SENDER_YIELD_S)
+
+    def callers_looking(self) -> bool:
+        """For the sender thread working down a list of due batches (no lock): a
+        sending thread has looked for due batches since the look that made the list,
+        so the rest of it is left to the sending threads."""
+        return (self.callers_looked > self.sender_looked
+                and not (self.exhausted or self.closed))
+
+    def _callers_looking(self, now: float) -> bool:
+        """Whether the sender thread's look should leave the due batches to the
+        sending threads (lock held): one looked since the sender thread's previous look
+        or within CALLERS_LOOKING_S (a pause of the sending thread — the garbage
+        collector, a first append — does not hand its work to the sender thread), and
+        the buffer is not exhausted, nor the producer closing. The first look after an
+        idle wait still takes up to CALLER_DUE_MAX batches (a lone record leaves at
+        once; the batches of a burst that began meanwhile are the senders').
+
+        Why: appends are CPU work under one GIL. A sending thread that appends the
+        due batches between its sends does the same work as the sender thread would,
+        without the two threads taking the GIL and the accumulator's lock from each
+        other (at 1,000 partitions that hand-off halved the produce rate)."""
+        looked, previous, self.sender_looked = self.callers_looked, self.sender_looked, now
+        return ((looked > previous or now - looked < CALLERS_LOOKING_S)
+                and not (self.exhausted or self.closed))
 
     def _note_callers(self, now: float) -> None:
         """Whether senders still append their own batches (lock held; the sender thread
@@ -485,13 +556,19 @@ class RecordAccumulator:
                 self.sender_idle = False
                 self.after_idle = True
                 return []
-            due = self._due(now) if self.open_count else []
+            looking = self.open_count and self._callers_looking(now)
+            standing_back = looking and not self.after_idle
+            due = self._due(now) if self.open_count and not standing_back else []
+            if looking:            # after an idle wait: a lone record leaves at once,
+                due = due[:CALLER_DUE_MAX]    # a burst's batches are the senders'
             if not due and not retry:
-                oldest = min(b.created for s in self.states.values()
-                             for b in s.open if b is not None)
-                wait = max(0.0, oldest + self.busy_linger_s - now)
-                if not self.linger_s:          # busy at linger 0: look again soon
-                    wait = min(wait, QUIET_CHECK_S)
+                if standing_back:              # until the sending threads stop looking
+                    wait = max(QUIET_CHECK_S, self.callers_looked + CALLERS_LOOKING_S - now)
+                else:
+                    oldest = next(iter(self.opened)).created
+                    wait = max(0.0, oldest + self.busy_linger_s - now)
+                    if not self.linger_s:      # busy at linger 0: look again soon
+                        wait = min(wait, QUIET_CHECK_S)
                 self.wake.wait(min(SENDER_IDLE_WAIT_S, wait))
             return [*retry, *due]
 

@@ -61,7 +61,8 @@ PARTITION_METADATA = "partition.metadata"     # Kafka's: version and topic id
 TOMBSTONE_SUFFIX = ".delete"
 STALE_TMP_S = 60                              # a format temp file older is a crash's
 # create_topic keeps the partitions it made open when partitions x this <= the soft
-# descriptor limit (one descriptor each, plus room for the segments and the rest).
+# descriptor limit (three descriptors each — the tail file, its map, the first
+# segment's .log — plus room for the rest).
 KEPT_DESCRIPTOR_SHARE = 4
 
 log = logging.getLogger(__name__)
@@ -412,9 +413,9 @@ class Broker:
         config_resolved = resolve_topic_config(overrides, self.config)
 
         # The partition logs initialised inside the transaction stay open and become
-        # the topic's handles, so a first append does not open each partition again —
-        # when descriptors are plentiful (a kept log holds one; a process under a low
-        # limit opens partitions as it uses them, as before).
+        # the topic's handles, with the first segment each made, so a first append
+        # opens and maps nothing — when descriptors are plentiful (a kept log holds
+        # three; a process under a low limit opens partitions as it uses them).
         opened: dict[int, PartitionLog] = {}
         limit = self._descriptor_limit
         keep = opened if limit < 0 or partitions * KEPT_DESCRIPTOR_SHARE <= limit \

@@ -22,7 +22,7 @@ import bisect
 import logging
 import os
 import time
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from .segment import (LogSegment, SegmentRecovery, parse_segment_name, retire_segment,
                       segment_file_name, unlink_segment)
@@ -155,11 +155,15 @@ def _sweep_orphans(directory: str) -> None:
 
 
 def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, full: bool,
-            name: str) -> RecoveryReport:
+            name: str, adopt: Callable[[LogSegment], None] | None = None
+            ) -> RecoveryReport:
     """Validate from the recovery point (everything when `full` or when the tail is
     unreadable), rebuild indexes, truncate at the first bad byte, drop later segments,
     publish a fresh tail. `name` is `topic-partition`, for the log. The caller holds
-    the partition lock and has closed its segments."""
+    the partition lock and has closed its segments. A first segment made here (a new
+    partition) is handed to `adopt` still open, once the tail naming it is published,
+    so the caller's first append does not open and map its files again; without
+    `adopt`, or when recovery fails, it is closed."""
     started = time.perf_counter()
     valid = tail_file.valid()
     old = tail_file.read() if valid and not tail_file.torn() else None
@@ -188,10 +192,33 @@ def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, f
     names = set(os.listdir(directory))
     _sweep_orphans(directory)
     index_bytes = config["segment.index.bytes"]
+    made: LogSegment | None = None
     if not bases:
         start = previous_start if previous_start is not None else 0
-        LogSegment(directory, start, active=True, create_index_bytes=index_bytes).close()
+        made = LogSegment(directory, start, active=True, create_index_bytes=index_bytes)
+        if adopt is None or not fresh:    # else recovery below opens it again
+            made.close()
+            made = None
         bases = [start]
+    try:
+        report = _recover_from(directory, tail_file, config, full=full, name=name,
+                               bases=bases, names=names, fresh=fresh, previous=previous,
+                               previous_start=previous_start, started=started)
+    except BaseException:
+        if made is not None:
+            made.close()
+        raise
+    if made is not None and adopt is not None:
+        adopt(made)
+    return report
+
+
+def _recover_from(directory: str, tail_file: TailFile, config: Mapping[str, Any], *,
+                  full: bool, name: str, bases: list[int], names: set[str], fresh: bool,
+                  previous: Tail | None, previous_start: int | None, started: float
+                  ) -> RecoveryReport:
+    """`recover` from the segment list on: scan, cut, publish the tail."""
+    index_bytes = config["segment.index.bytes"]
     recovery_point = 0 if full or previous is None else previous.recovery_point
     first = max(0, bisect.bisect_right(bases, recovery_point) - 1)
     checked = truncated = segments_checked = 0

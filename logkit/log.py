@@ -416,10 +416,26 @@ class PartitionLog:
         """loader.recover with this log's segments closed first and re-listed after.
         Caller holds the lock."""
         self._close_segments()
+        made: list[LogSegment] = []
         report = loader.recover(self.directory, self._tail_file, self.config, full=full,
-                                name=self.name)
+                                name=self.name,
+                                adopt=None if self.read_only else made.append)
         self._last_recovery = report
-        self._refresh(self._tail_under_lock())
+        try:
+            self._refresh(self._tail_under_lock())
+        except BaseException:
+            for segment in made:
+                segment.close()
+            raise
+        # A new partition's first segment, still open: kept as the active one, so the
+        # first append does not open and map its files again.
+        for segment in made:
+            listed = self._listed
+            if listed is not None and not self._segments \
+                    and segment.base_offset == listed.active_base_offset:
+                self._segments[segment.base_offset] = segment
+            else:
+                segment.close()
         return report
 
     def recover(self) -> RecoveryReport:

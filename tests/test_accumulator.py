@@ -331,3 +331,164 @@ def test_add_callback_in_a_forked_child_raises(broker):
     producer.flush()
     assert got == [pending.result(timeout=5)]
     producer.close()
+
+
+# ---- the sending threads take the due batches; the sender thread stands back ----------
+
+def _aged(accumulator, state, partitions, start=100.0, step=0.001):
+    """One open batch per partition, created `step` apart from `start` (opening order
+    is creation order, as under the lock)."""
+    batches = []
+    for i, p in enumerate(partitions):
+        batch = add(accumulator, state, p)
+        batch.created = start + i * step
+        batches.append(batch)
+    return batches
+
+
+def test_a_sending_thread_takes_the_oldest_due_batches_itself(broker):
+    """`take_due` (a sending thread that opened a batch): the oldest open batches that
+    are BUSY_LINGER_S old at linger_ms=0 — records are flowing — sealed for it to
+    append, at most CALLER_DUE_MAX per look, stopping at the first that is not due;
+    the look is remembered (the sender thread stands back) and the next one is
+    QUIET_CHECK_S away."""
+    busy = accumulator_module.BUSY_LINGER_S
+    topic = broker.create_topic("t", 8)
+    accumulator = linger0()
+    state = accumulator.states["t"] = TopicBatches(topic)
+    batches = _aged(accumulator, state, range(7))
+    now = 100.0025 + busy                               # the first three are due
+    taken = accumulator.take_due(now)
+    assert taken == batches[:3]
+    assert all(b.sealed for b in taken) and not any(b.sealed for b in batches[3:])
+    assert [state.open[p] for p in range(3)] == [None] * 3
+    assert [list(state.sealed[p]) for p in range(3)] == [[b] for b in taken]
+    assert accumulator.in_flight == 3 and accumulator.open_count == 4
+    assert accumulator.callers_looked == now
+    assert accumulator.next_caller_look == now + accumulator_module.QUIET_CHECK_S
+    later = accumulator.take_due(now + 1.0)             # all due: CALLER_DUE_MAX
+    assert later == batches[3:3 + accumulator_module.CALLER_DUE_MAX]
+    assert accumulator.take_due(now + 1.0) == batches[3 + len(later):]
+    assert list(accumulator.opened) == []
+
+
+def test_take_due_waits_linger_ms_when_it_is_set(broker):
+    topic = broker.create_topic("t", 2)
+    accumulator = linger0(linger_ms=50)
+    state = accumulator.states["t"] = TopicBatches(topic)
+    first, second = _aged(accumulator, state, range(2), step=0.01)
+    assert accumulator.take_due(100.0 + 0.049) == []
+    assert accumulator.take_due(100.0 + 0.051) == [first]
+    assert not second.sealed
+
+
+def test_the_sender_thread_stands_back_while_sending_threads_look(broker):
+    """After a sending thread's look, the sender thread's look appends nothing (it
+    waits) — unless it follows an idle wait (a lone record leaves at once), the buffer
+    is exhausted or the producer closes — and once CALLERS_LOOKING_S passes without a
+    look it takes the due batches again. A list it is working down is cut short the
+    same way (`callers_looking`)."""
+    import time
+    topic = broker.create_topic("t", 8)
+    accumulator = linger0()
+    state = accumulator.states["t"] = TopicBatches(topic)
+    batches = _aged(accumulator, state, range(6), start=time.monotonic() - 10)
+    taken = accumulator.take_due(time.monotonic())
+    assert len(taken) == accumulator_module.CALLER_DUE_MAX    # two due ones are left
+    assert accumulator.callers_looking()
+    assert accumulator.next_ready() == []                     # stood back
+    assert not any(b.sealed for b in batches[len(taken):])
+    accumulator.after_idle = True                             # after an idle wait
+    assert [b for _, _, b in accumulator.next_ready()] == batches[len(taken):]
+    for batch in batches:
+        accumulator.seal_if_open(batch)           # what the sender does on its way
+    more = _aged(accumulator, state, range(6), start=time.monotonic() - 5)
+    accumulator.callers_looked = time.monotonic()
+    accumulator.after_idle = True               # a burst began while it slept: a few
+    assert [b for _, _, b in accumulator.next_ready()] == \
+        more[:accumulator_module.CALLER_DUE_MAX]
+    for batch in more:
+        accumulator.seal_if_open(batch)
+    _aged(accumulator, state, range(2), start=time.monotonic() - 5)
+    accumulator.callers_looked = time.monotonic()
+    accumulator.exhausted = 1                                 # a sender waits for room
+    assert not accumulator.callers_looking()
+    assert len(accumulator.next_ready()) == 2
+    accumulator.exhausted = 0
+    accumulator.callers_looked = time.monotonic() - accumulator_module.CALLERS_LOOKING_S
+    assert not accumulator.callers_looking()                  # nobody looked lately
+    assert len(accumulator.next_ready()) == 2
+
+
+def _appends_by_thread(producer):
+    """Count each thread's batch appends (wraps this producer's `_append`)."""
+    import collections
+    import threading
+    counts = collections.Counter()
+    append = producer._append
+
+    def counted(batch, deadline=None):
+        counts[threading.current_thread() is threading.main_thread()] += 1
+        return append(batch, deadline)
+    producer._append = counted
+    return counts
+
+
+def test_a_saturated_sender_over_many_partitions_appends_the_due_batches_itself(broker):
+    """linger_ms=0, one thread sending unique keys over 300 partitions as fast as it
+    can: a partition's batch is BUSY_LINGER_S old long before it fills, so the batches
+    fall due — and the sending thread appends them between its sends, not the sender
+    thread (the two taking the GIL and the accumulator's lock from each other halved
+    the rate at 1,000 partitions). Every record is stored once, in send order."""
+    partitions = 300
+    topic = broker.create_topic("t", partitions)
+    producer = broker.producer(linger_ms=0)
+    counts = _appends_by_thread(producer)
+    futures = [producer.send("t", b"v" * 100, key=b"k%07d" % i) for i in range(60_000)]
+    producer.flush()
+    caller, sender = counts[True], counts[False]
+    assert caller + sender >= partitions
+    assert sender <= (caller + sender) // 10, (caller, sender)
+    offsets: dict[int, int] = {}
+    for future in futures:
+        metadata = future.result(timeout=10)
+        assert metadata.offset == offsets.get(metadata.partition, 0)
+        offsets[metadata.partition] = metadata.offset + 1
+    assert sum(topic.partition(p).log_end_offset for p in range(partitions)) == 60_000
+    producer.close()
+
+
+def test_batches_left_when_the_sending_thread_stops_are_appended_without_a_flush(broker):
+    """The sender thread stands back only while sending threads look: a burst over
+    many partitions that ends without flush() is appended all the same."""
+    topic = broker.create_topic("t", 100)
+    producer = broker.producer(linger_ms=0)
+    futures = [producer.send("t", b"v", key=b"k%05d" % i) for i in range(5_000)]
+    stored = lambda: sum(topic.partition(p).log_end_offset for p in range(100))  # noqa
+    wait_until(lambda: stored() == 5_000, 30, "the sender thread's appends")
+    assert all(future.done() for future in futures)
+    producer.close()
+
+
+def test_no_room_in_the_buffer_the_sending_thread_appends_the_oldest_batches(broker):
+    """A record that needs a new batch and finds no room in buffer_memory: `add`
+    without `wait` returns at once, and the sending thread takes the oldest open
+    batches whatever their age (`take_due(everything=True)`) to append them itself —
+    what the sender thread would do — instead of waiting for it."""
+    topic = broker.create_topic("t", 40)
+    accumulator = linger0(buffer_memory=4 * 16384)
+    state = accumulator.states["t"] = TopicBatches(topic)
+    batches = []
+    for p in range(40):                                           # fill the buffer
+        batch, sealed = accumulator.add(state, p, ROW, ROW_BYTES, deadline=0.0,
+                                        wait=False)
+        if batch is None:
+            break
+        batches.append(batch)
+    assert batch is None and not sealed and accumulator.exhausted == 0
+    assert 1 < len(batches) < 40
+    for i, batch in enumerate(batches):
+        batch.created = 100.0 + i * 0.001                         # all fresh
+    taken = accumulator.take_due(100.0, everything=True)          # any age
+    assert taken == batches[:accumulator_module.CALLER_DUE_MAX]
+    assert all(b.sealed for b in taken) and not batches[-1].sealed

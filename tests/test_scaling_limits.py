@@ -423,20 +423,29 @@ def open_descriptors() -> int:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
-def test_create_topic_hands_its_opened_partitions_to_the_topic(tmp_path):
-    """The partition logs create_topic initialised stay open as the topic's handles: a
-    first append opens the segment's .log only, not the partition again (its tail
-    file), and nothing is left open when the topic is closed."""
+def test_create_topic_hands_its_opened_partitions_to_the_topic(tmp_path, monkeypatch):
+    """The partition logs create_topic initialised stay open as the topic's handles,
+    with the first segment each made (its .log open, its indexes mapped): a first
+    append opens nothing — not the partition again (its tail file), not the segment —
+    and nothing is left open when the topic is closed."""
+    from logkit import segment as segment_module
     with logkit.Broker(str(tmp_path), background=False) as broker:
         before = open_descriptors()
         topic = broker.create_topic("t", partitions=20)
         assert all(p.opened for p in topic.partitions)
-        # each tail file's descriptor and its map's (mmap.mmap keeps a dup)
-        assert open_descriptors() - before == 2 * 20
+        # each tail file's descriptor and its map's (mmap.mmap keeps a dup), and each
+        # first segment's .log
+        assert open_descriptors() - before == 3 * 20
+        opened = []
+        monkeypatch.setattr(segment_module.LogSegment, "__init__",
+                            lambda *a, **k: opened.append(a) or pytest.fail("reopened"))
         for p in topic.partitions:
             p.append([(None, b"v", [], None)])
-        assert open_descriptors() - before == 3 * 20      # + each active .log
+        monkeypatch.undo()
+        assert opened == [] and open_descriptors() - before == 3 * 20
         assert [p.log_end_offset for p in topic.partitions] == [1] * 20
+        for p in topic.partitions:
+            p.check()
         broker.delete_topic("t")
         assert open_descriptors() == before
 
