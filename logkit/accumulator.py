@@ -70,6 +70,20 @@ Callers that take their own batches (`future.result()` right after `send()`) sto
 wake-ups of the idle sender thread (`callers_take`, see `_note_callers`): it looks every
 CALLER_GRACE_S instead, and a batch nobody claimed for that long is due and turns the
 wake-ups back on.
+
+Sending threads append the due batches (`take_due`, called by `Producer._look` every
+CALLER_LOOK_EVERY sends and at each new batch, at most every QUIET_CHECK_S): up to
+CALLER_DUE_MAX of the oldest open batches that are due — the `opened` order is creation
+order, so a look costs the due batches, not the partitions. While they look, the sender
+thread stands back (`_callers_looking`: a look since its previous one, or within
+CALLERS_LOOKING_S), takes at most CALLER_DUE_MAX after an idle wait, and cuts a list
+short at the first sending thread's look, stepping off the GIL between steps
+(`yield_to_callers`); it takes over once they stop looking, or when the buffer is
+exhausted or the producer closes. A record that finds no room in the buffer first has
+its thread append the oldest open batches (`take_due(everything=True)`), and waits only
+when none is open. Appends are the same CPU work under one GIL whichever thread does
+them; the sender thread doing them beside a thread that keeps sending cost thousands of
+GIL and lock hand-offs a second (the produce rate halved at 1,000 partitions).
 """
 
 from __future__ import annotations

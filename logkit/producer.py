@@ -16,10 +16,13 @@ append in place of a produce request):
 | the next record does not fit `batch_size`  | the thread that called `send()`,  |
 |                                            | or the thread already appending   |
 |                                            | that partition                    |
-| the batch is `linger_ms` old               | the background sender thread      |
+| the batch is `linger_ms` old               | a sending thread at its next look |
+|                                            | (`_look`), else the sender thread |
 | `flush()` / `close()`                      | the calling thread                |
 | `future.result()` on a still-open batch    | the calling thread (no hand-off)  |
-| `buffer_memory` exhausted                  | the sender thread, ignoring linger|
+| `buffer_memory` exhausted                  | the thread needing room (oldest   |
+|                                            | first), the sender thread if it   |
+|                                            | has to wait                       |
 
 With `linger_ms=0` a batch is due at once while the producer is quiet: a lone record
 leaves as soon as the sender thread runs. While records keep arriving (a batch grew
