@@ -72,7 +72,7 @@ CALLER_GRACE_S instead, and a batch nobody claimed for that long is due and turn
 wake-ups back on.
 
 Sending threads append the due batches (`take_due`, called by `Producer._look` every
-CALLER_LOOK_EVERY sends and at each new batch, at most every QUIET_CHECK_S): up to
+CALLER_LOOK_EVERY sends, at most every QUIET_CHECK_S): up to
 CALLER_DUE_MAX of the oldest open batches that are due — the `opened` order is creation
 order, so a look costs the due batches, not the partitions. While they look, the sender
 thread stands back (`_callers_looking`: a look since its previous one, or within
@@ -108,7 +108,7 @@ BUSY_LINGER_S = 0.005               # linger_ms=0: a batch waits at most this wh
 CALLER_GRACE_S = 0.001              # callers append their own: an unclaimed batch waits this
 CALLERS_QUIET_S = 0.05              # ... until no batch opened for this long
 CALLER_DUE_MAX = 4                  # due batches a sending thread appends per look
-CALLER_LOOK_EVERY = 64              # sends between two looks of a sending thread
+CALLER_LOOK_EVERY = 256             # sends between two looks of a sending thread
 CALLERS_LOOKING_S = 0.002           # the sender thread stands back this long after
                                     # a sending thread's look for due batches
 SENDER_YIELD_S = 0.0001             # ... and steps off the GIL this long between
@@ -242,7 +242,7 @@ class RecordAccumulator:
         self.open_count = 0
         # The open batches, oldest first (opened under `lock`, so in `created` order):
         # a look for due batches stops at the first one that is not.
-        self.opened: collections.OrderedDict[Batch, None] = collections.OrderedDict()
+        self.opened: dict[Batch, None] = {}
         self.next_caller_look = 0.0    # a sending thread looks for due batches then
         self.callers_looked = -1.0     # when one last did (monotonic)
         self.sender_looked = -1.0      # when the sender thread's last look was

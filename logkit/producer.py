@@ -651,12 +651,14 @@ class Producer:
                 for due in oldest:
                     self._drain(due.state, due.partition, now + self._max_block_s)
                 wait = not oldest
-        self._look()
+        self._look_countdown -= 1
+        if self._look_countdown <= 0:
+            self._look()
         return FutureRecordMetadata(batch, row, self._acks)
 
     def _look(self) -> None:
-        """A sending thread's look for due batches, at each new batch and every
-        CALLER_LOOK_EVERY sends (logkit/_sendpath.c counts its own): at most every
+        """A sending thread's look for due batches, every CALLER_LOOK_EVERY sends
+        (logkit/_sendpath.c counts its own): at most every
         QUIET_CHECK_S, it appends the oldest due batches itself
         (`RecordAccumulator.take_due`), and the sender thread stands back while it
         does. The appends are the same CPU work under the same GIL either way; done
