@@ -658,12 +658,11 @@ class Producer:
 
     def _look(self) -> None:
         """A sending thread's look for due batches, every CALLER_LOOK_EVERY sends
-        (logkit/_sendpath.c counts its own): at most every
-        QUIET_CHECK_S, it appends the oldest due batches itself
-        (`RecordAccumulator.take_due`), and the sender thread stands back while it
-        does. The appends are the same CPU work under the same GIL either way; done
-        here they cost no hand-off between threads (at 1,000 partitions the sender
-        thread taking them halved the produce rate)."""
+        (logkit/_sendpath.c counts its own): at most every QUIET_CHECK_S, it appends
+        the oldest due batches itself (`RecordAccumulator.take_due`), and the sender
+        thread stands back while it does. The appends are the same CPU work under the
+        same GIL either way; done here they cost no hand-off between threads (at 1,000
+        partitions the sender thread taking them halved the produce rate)."""
         self._look_countdown = CALLER_LOOK_EVERY
         accumulator = self._accumulator
         now = time.monotonic()
