@@ -75,7 +75,7 @@ Sending threads append the due batches (`take_due`, called by `Producer._look` e
 CALLER_LOOK_EVERY sends, at most every QUIET_CHECK_S): up to
 CALLER_DUE_MAX of the oldest open batches that are due — the `opened` order is creation
 order, so a look costs the due batches, not the partitions. While they look, the sender
-thread stands back (`_callers_looking`: a look since its previous one, or within
+thread stands back (`_stand_back`: a look since its previous one, or within
 CALLERS_LOOKING_S), takes at most CALLER_DUE_MAX after an idle wait, and cuts a list
 short at the first sending thread's look, stepping off the GIL between steps
 (`yield_to_callers`); it takes over once they stop looking, or when the buffer is
@@ -486,7 +486,7 @@ class RecordAccumulator:
         CALLER_DUE_MAX of the oldest open batches that are due — `linger_ms` old, or
         BUSY_LINGER_S at linger_ms=0, since records are flowing; any age with
         `everything` (no room in the buffer for its record) — for it to append itself,
-        so the sender thread stands back (`_callers_looking`). The work is the due
+        so the sender thread stands back (`_stand_back`). The work is the due
         batches', not the partitions'."""
         with self.lock:
             self.next_caller_look = now + QUIET_CHECK_S
@@ -507,18 +507,18 @@ class RecordAccumulator:
         and takes it straight back can keep a waiting sending thread from ever getting
         it (CPython forces a switch only after a whole switch interval with no hand-off
         at all); a blocking wait lets the sending thread in, to send and to look —
-        which ends the list (`callers_looking`)."""
+        which ends the list (`callers_took_over`)."""
         with self.lock:
             self.wake.wait(SENDER_YIELD_S)
 
-    def callers_looking(self) -> bool:
+    def callers_took_over(self) -> bool:
         """For the sender thread working down a list of due batches (no lock): a
         sending thread has looked for due batches since the look that made the list,
         so the rest of it is left to the sending threads."""
         return (self.callers_looked > self.sender_looked
                 and not (self.exhausted or self.closed))
 
-    def _callers_looking(self, now: float) -> bool:
+    def _stand_back(self, now: float) -> bool:
         """Whether the sender thread's look should leave the due batches to the
         sending threads (lock held): one looked since the sender thread's previous look
         or within CALLERS_LOOKING_S (a pause of the sending thread — the garbage
@@ -570,7 +570,7 @@ class RecordAccumulator:
                 self.sender_idle = False
                 self.after_idle = True
                 return []
-            looking = self.open_count and self._callers_looking(now)
+            looking = self.open_count and self._stand_back(now)
             standing_back = looking and not self.after_idle
             due = self._due(now) if self.open_count and not standing_back else []
             if looking:            # after an idle wait: a lone record leaves at once,

@@ -556,6 +556,9 @@ class Producer:
             if not 0 <= partition < state.count:
                 raise UnknownTopicError(f"topic {topic!r} has no partition {partition!r} "
                                         f"(it has {state.count})")
+        self._look_countdown -= 1              # send()'s own count skipped this one
+        if self._look_countdown <= 0:
+            self._look()
         return self._enqueue(state, partition, (key, value, headers, timestamp_ms), size)
 
     def _state(self, name: str) -> _TopicState:
@@ -651,9 +654,6 @@ class Producer:
                 for due in oldest:
                     self._drain(due.state, due.partition, now + self._max_block_s)
                 wait = not oldest
-        self._look_countdown -= 1
-        if self._look_countdown <= 0:
-            self._look()
         return FutureRecordMetadata(batch, row, self._acks)
 
     def _look(self) -> None:
@@ -952,7 +952,7 @@ class Producer:
                 if due is not None:
                     if i and not i % CALLER_DUE_MAX:
                         accumulator.yield_to_callers()
-                    if accumulator.callers_looking():
+                    if accumulator.callers_took_over():
                         break                 # the sending threads take them now
                 try:
                     if due is not None:       # sealed now, with what came meanwhile

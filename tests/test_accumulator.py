@@ -387,7 +387,7 @@ def test_the_sender_thread_stands_back_while_sending_threads_look(broker):
     waits) — unless it follows an idle wait (a lone record leaves at once), the buffer
     is exhausted or the producer closes — and once CALLERS_LOOKING_S passes without a
     look it takes the due batches again. A list it is working down is cut short the
-    same way (`callers_looking`)."""
+    same way (`callers_took_over`)."""
     import time
     topic = broker.create_topic("t", 8)
     accumulator = linger0()
@@ -395,7 +395,7 @@ def test_the_sender_thread_stands_back_while_sending_threads_look(broker):
     batches = _aged(accumulator, state, range(6), start=time.monotonic() - 10)
     taken = accumulator.take_due(time.monotonic())
     assert len(taken) == accumulator_module.CALLER_DUE_MAX    # two due ones are left
-    assert accumulator.callers_looking()
+    assert accumulator.callers_took_over()
     assert accumulator.next_ready() == []                     # stood back
     assert not any(b.sealed for b in batches[len(taken):])
     accumulator.after_idle = True                             # after an idle wait
@@ -412,11 +412,11 @@ def test_the_sender_thread_stands_back_while_sending_threads_look(broker):
     _aged(accumulator, state, range(2), start=time.monotonic() - 5)
     accumulator.callers_looked = time.monotonic()
     accumulator.exhausted = 1                                 # a sender waits for room
-    assert not accumulator.callers_looking()
+    assert not accumulator.callers_took_over()
     assert len(accumulator.next_ready()) == 2
     accumulator.exhausted = 0
     accumulator.callers_looked = time.monotonic() - accumulator_module.CALLERS_LOOKING_S
-    assert not accumulator.callers_looking()                  # nobody looked lately
+    assert not accumulator.callers_took_over()                # nobody looked lately
     assert len(accumulator.next_ready()) == 2
 
 
