@@ -31,13 +31,21 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <errno.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 #define HELD_WRITE_MAX (256 * 1024)
 
@@ -170,15 +178,19 @@ now_ms(void)
     return (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
 }
 
-/* Decide, write and publish one append (see the module comment). Returns the base
- * offset, FALLBACK when the Python append must decide, or -2 with OSError set. */
+/* Decide, write and publish one append (see the module comment). `batch` is the first
+ * of `npieces` buffers that together hold the batch (`batch_len` bytes; the whole header
+ * is in the first, where the stamps go). Returns the base offset, FALLBACK when the
+ * Python append must decide, or -2 with OSError set and the position the write began
+ * at in *written_at (what the caller cuts the file back to). */
 static long long
 append_locked(unsigned char *tail, Py_ssize_t tail_len, unsigned char *batch,
-              Py_ssize_t batch_len, int fd, unsigned char *oidx, Py_ssize_t oidx_len,
-              Py_ssize_t oreserved, unsigned char *tidx, Py_ssize_t tidx_len,
-              Py_ssize_t treserved, long long active_base, unsigned long long version,
-              const char *boot_id, long long segment_bytes, long long segment_ms,
-              long long interval_bytes, long long flush_messages)
+              const struct iovec *pieces, int npieces, Py_ssize_t batch_len, int fd,
+              unsigned char *oidx, Py_ssize_t oidx_len, Py_ssize_t oreserved,
+              unsigned char *tidx, Py_ssize_t tidx_len, Py_ssize_t treserved,
+              long long active_base, unsigned long long version, const char *boot_id,
+              long long segment_bytes, long long segment_ms, long long interval_bytes,
+              long long flush_messages, long long *written_at)
 {
     int64_t t[T_FIELDS];
     uint64_t seq;
@@ -250,8 +262,12 @@ append_locked(unsigned char *tail, Py_ssize_t tail_len, unsigned char *batch,
     put_be64(batch + B_BASE_OFFSET, (uint64_t)base);
     put_be32(batch + B_LEADER_EPOCH, (uint32_t)(int32_t)t[T_LEADER_EPOCH]);
     ssize_t written;
+    *written_at = position;
     for (;;) {
-        written = pwrite(fd, batch, (size_t)size, (off_t)position);
+        if (npieces == 1)
+            written = pwrite(fd, batch, (size_t)size, (off_t)position);
+        else
+            written = pwritev(fd, pieces, npieces, (off_t)position);
         if (written >= 0 || errno != EINTR)
             break;
         if (PyErr_CheckSignals() < 0)
@@ -336,12 +352,13 @@ shortio_append_common(PyObject *self, PyObject *args)
                           &boot_id, &boot_len, &segment_bytes, &segment_ms,
                           &interval_bytes, &flush_messages))
         return NULL;
-    long long result = FALLBACK;
+    long long result = FALLBACK, written_at;
+    struct iovec whole = {batch.buf, (size_t)batch.len};
     if (boot_len == 16)
-        result = append_locked(tail.buf, tail.len, batch.buf, batch.len, fd, oidx.buf,
-                               oidx.len, oreserved, tidx.buf, tidx.len, treserved,
+        result = append_locked(tail.buf, tail.len, batch.buf, &whole, 1, batch.len, fd,
+                               oidx.buf, oidx.len, oreserved, tidx.buf, tidx.len, treserved,
                                active_base, version, boot_id, segment_bytes, segment_ms,
-                               interval_bytes, flush_messages);
+                               interval_bytes, flush_messages, &written_at);
     PyBuffer_Release(&tail);
     PyBuffer_Release(&batch);
     PyBuffer_Release(&oidx);
@@ -350,6 +367,384 @@ shortio_append_common(PyObject *self, PyObject *args)
         return NULL;
     return PyLong_FromLongLong(result);
 }
+
+/* ---- Appender: the uncontended append, locks and doorbell included ---------------- */
+
+/* This process's id, kept by a fork handler (a forked child must not append through
+ * its parent's handles: it falls back, and the Python append names the error). */
+static long current_pid;
+
+static void
+after_fork_in_child(void)
+{
+    current_pid = (long)getpid();
+}
+
+#define MAX_PIECES 8
+#define CODEC_MASK 0x07
+#define B_ATTRIBUTES 21
+
+typedef struct {
+    PyObject_HEAD
+    long pid;
+    PyObject *append_lock, *thread_lock;    /* acquire(False) and release() */
+    int tail_fd, fd;
+    PyObject *tail, *index, *timeindex;     /* the tail's map, the two index maps */
+    Py_ssize_t index_reserved, timeindex_reserved;
+    long long active_base;
+    unsigned long long version;
+    char boot_id[16];
+    long long segment_bytes, segment_ms, interval_bytes, flush_messages, max_bytes;
+    int codec;
+    PyObject *doorbell;                     /* its `_mm`, read at each ring; or None */
+    Py_ssize_t change_offset;
+    PyObject *cut_back, *unlock;
+    unsigned long long appended, handed_back;
+} Appender;
+
+static PyObject *str_acquire, *str_release, *str_mm;
+
+static int
+appender_traverse(Appender *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->append_lock);
+    Py_VISIT(self->thread_lock);
+    Py_VISIT(self->tail);
+    Py_VISIT(self->index);
+    Py_VISIT(self->timeindex);
+    Py_VISIT(self->doorbell);
+    Py_VISIT(self->cut_back);
+    Py_VISIT(self->unlock);
+    return 0;
+}
+
+static int
+appender_clear(Appender *self)
+{
+    Py_CLEAR(self->append_lock);
+    Py_CLEAR(self->thread_lock);
+    Py_CLEAR(self->tail);
+    Py_CLEAR(self->index);
+    Py_CLEAR(self->timeindex);
+    Py_CLEAR(self->doorbell);
+    Py_CLEAR(self->cut_back);
+    Py_CLEAR(self->unlock);
+    return 0;
+}
+
+static void
+appender_dealloc(Appender *self)
+{
+    PyObject_GC_UnTrack(self);
+    appender_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+appender_init(Appender *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {
+        "pid", "append_lock", "thread_lock", "tail_fd", "tail", "fd", "index",
+        "index_reserved", "timeindex", "timeindex_reserved", "active_base",
+        "segments_version", "boot_id", "segment_bytes", "segment_ms",
+        "index_interval_bytes", "flush_messages", "max_message_bytes", "codec",
+        "doorbell", "change_offset", "cut_back", "unlock", NULL};
+    PyObject *append_lock, *thread_lock, *tail, *index, *timeindex, *doorbell, *cut_back,
+             *unlock;
+    const char *boot_id;
+    Py_ssize_t boot_len;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "lOOiOiOnOnLKy#LLLLLiOnOO:Appender", names, &self->pid,
+            &append_lock, &thread_lock, &self->tail_fd, &tail, &self->fd, &index,
+            &self->index_reserved, &timeindex, &self->timeindex_reserved,
+            &self->active_base, &self->version, &boot_id, &boot_len, &self->segment_bytes,
+            &self->segment_ms, &self->interval_bytes, &self->flush_messages,
+            &self->max_bytes, &self->codec, &doorbell, &self->change_offset, &cut_back,
+            &unlock))
+        return -1;
+    if (boot_len != 16) {
+        PyErr_SetString(PyExc_ValueError, "Appender: boot_id must be 16 bytes");
+        return -1;
+    }
+    memcpy(self->boot_id, boot_id, 16);
+    appender_clear(self);
+    Py_INCREF(append_lock); self->append_lock = append_lock;
+    Py_INCREF(thread_lock); self->thread_lock = thread_lock;
+    Py_INCREF(tail); self->tail = tail;
+    Py_INCREF(index); self->index = index;
+    Py_INCREF(timeindex); self->timeindex = timeindex;
+    Py_INCREF(doorbell); self->doorbell = doorbell;
+    Py_INCREF(cut_back); self->cut_back = cut_back;
+    Py_INCREF(unlock); self->unlock = unlock;
+    return 0;
+}
+
+/* lock.acquire(False): 1 taken, 0 not free, -1 error. Never waits (the GIL stays). */
+static int
+try_acquire(PyObject *lock)
+{
+    PyObject *args[2] = {lock, Py_False};
+    PyObject *got = PyObject_VectorcallMethod(str_acquire, args,
+                                              2, NULL);
+    if (got == NULL)
+        return -1;
+    int taken = PyObject_IsTrue(got);
+    Py_DECREF(got);
+    return taken;
+}
+
+static int
+release(PyObject *lock)
+{
+    PyObject *args[1] = {lock};
+    PyObject *done = PyObject_VectorcallMethod(str_release, args,
+                                               1, NULL);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+/* Undo what the append took, innermost first (PartitionLog._release); an unlock that
+ * fails is handed to `unlock()` (PartitionLog._funlock, which reopens the tail file).
+ * Keeps an error already set; returns -1 when one is set. */
+static int
+let_go(Appender *self)
+{
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    int failed = release(self->thread_lock) < 0;
+    if (!failed) {
+        int rc;
+        do {
+            rc = flock(self->tail_fd, LOCK_UN);
+        } while (rc != 0 && errno == EINTR);
+        if (rc != 0) {
+            PyObject *done = PyObject_CallNoArgs(self->unlock);
+            failed = done == NULL;
+            Py_XDECREF(done);
+        }
+    }
+    if (failed && type != NULL)
+        PyErr_Clear();                      /* the first error is the one to report */
+    failed |= release(self->append_lock) < 0;
+    if (type != NULL) {
+        PyErr_Restore(type, value, trace);
+        return -1;
+    }
+    return failed ? -1 : 0;
+}
+
+/* Tell every waiting process (notify.Doorbell.ring): the partition's change slot and
+ * word 0 go up by one, and the futex on word 0 wakes its waiters. */
+static void
+ring(Appender *self)
+{
+    if (self->doorbell == Py_None)
+        return;
+    PyObject *mm = PyObject_GetAttr(self->doorbell, str_mm);
+    if (mm == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    Py_buffer view;
+    if (mm == Py_None || PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();                      /* closed: nothing to ring */
+        Py_DECREF(mm);
+        return;
+    }
+    if (view.len >= 4 && self->change_offset >= 0 && self->change_offset % 4 == 0
+            && self->change_offset + 4 <= view.len) {
+        __atomic_add_fetch((uint32_t *)((char *)view.buf + self->change_offset), 1,
+                           __ATOMIC_SEQ_CST);
+        __atomic_add_fetch((uint32_t *)view.buf, 1, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+        syscall(SYS_futex, view.buf, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#endif
+    }
+    PyBuffer_Release(&view);
+    Py_DECREF(mm);
+}
+
+PyDoc_STRVAR(appender_append_doc,
+"append(batch) -> int\n\n"
+"Append one whole encoded batch (a bytearray, or a list of buffers whose first is a\n"
+"bytearray holding the whole header) when nothing stands in the way: the base offset,\n"
+"the locks taken and released and the doorbell rung in this one call; or -1, with\n"
+"nothing taken or changed, when the Python append must decide (a lock not free at\n"
+"once, a roll, a sync, an index reservation, a batch it would refuse or rewrite, a\n"
+"forked child, another segment list). A failed write raises OSError after\n"
+"`cut_back(position)` ran under the lock.");
+
+static PyObject *
+appender_append(Appender *self, PyObject *batch)
+{
+    Py_buffer views[MAX_PIECES];
+    struct iovec pieces[MAX_PIECES];
+    Py_buffer tail, oidx, tidx;
+    int npieces = 0, have_maps = 0;
+    long long result = FALLBACK, written_at = 0;
+    Py_ssize_t total = 0;
+    unsigned char *head;
+    int taken = 0, rc;
+
+    if (current_pid != self->pid)
+        goto handed_back;
+    if (PyByteArray_CheckExact(batch)) {
+        if (PyObject_GetBuffer(batch, &views[0], PyBUF_WRITABLE) < 0)
+            return NULL;
+        npieces = 1;
+    } else if (PyList_CheckExact(batch) && PyList_GET_SIZE(batch) >= 1
+               && PyList_GET_SIZE(batch) <= MAX_PIECES
+               && PyByteArray_CheckExact(PyList_GET_ITEM(batch, 0))) {
+        Py_ssize_t n = PyList_GET_SIZE(batch);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (PyObject_GetBuffer(PyList_GET_ITEM(batch, i), &views[i],
+                                   i == 0 ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+                PyErr_Clear();              /* the Python append names the fault */
+                goto release_pieces;
+            }
+            npieces++;
+        }
+    } else {
+        goto handed_back;
+    }
+    for (int i = 0; i < npieces; i++) {
+        pieces[i].iov_base = views[i].buf;
+        pieces[i].iov_len = (size_t)views[i].len;
+        total += views[i].len;
+    }
+    head = views[0].buf;
+    if (views[0].len < B_HEADER || total > self->max_bytes
+            || (int64_t)(int32_t)be32(head + B_LENGTH) + LOG_OVERHEAD != total
+            || (self->codec >= 0 && (head[B_ATTRIBUTES + 1] & CODEC_MASK) != self->codec))
+        goto release_pieces;                /* refused, rewritten or corrupt: Python */
+    if (PyObject_GetBuffer(self->tail, &tail, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        goto release_pieces;
+    }
+    if (PyObject_GetBuffer(self->index, &oidx, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&tail);
+        goto release_pieces;
+    }
+    if (PyObject_GetBuffer(self->timeindex, &tidx, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&oidx);
+        PyBuffer_Release(&tail);
+        goto release_pieces;
+    }
+    have_maps = 1;
+
+    /* PartitionLog._acquire's order, none of it waiting: the process's append lock,
+     * the flock, the thread lock. */
+    taken = try_acquire(self->append_lock);
+    if (taken <= 0)
+        goto failed_or_handed_back;
+    do {
+        rc = flock(self->tail_fd, LOCK_EX | LOCK_NB);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+        if (release(self->append_lock) < 0)
+            taken = -1;
+        goto failed_or_handed_back;         /* held elsewhere, or Python names it */
+    }
+    taken = try_acquire(self->thread_lock);
+    if (taken <= 0) {
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        flock(self->tail_fd, LOCK_UN);
+        release(self->append_lock);
+        PyErr_Restore(type, value, trace);
+        goto failed_or_handed_back;
+    }
+    result = append_locked(tail.buf, tail.len, head, pieces, npieces, total, self->fd,
+                           oidx.buf, oidx.len, self->index_reserved, tidx.buf, tidx.len,
+                           self->timeindex_reserved, self->active_base, self->version,
+                           self->boot_id, self->segment_bytes, self->segment_ms,
+                           self->interval_bytes, self->flush_messages, &written_at);
+    if (result == -2) {                     /* the write failed: cut back, then let go */
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        PyObject *done = PyObject_CallFunction(self->cut_back, "L", written_at);
+        if (done == NULL)
+            PyErr_Clear();                  /* the write's error is the one to report */
+        Py_XDECREF(done);
+        PyErr_Restore(type, value, trace);
+        let_go(self);
+        goto release_all;
+    }
+    if (let_go(self) < 0) {
+        if (result >= 0) {
+            /* Stored and published: the unlock's failure must not fail the append
+             * (PartitionLog._funlock's rule); it was handed to `unlock()`. */
+            PyErr_Clear();
+        } else {
+            result = -2;
+            goto release_all;
+        }
+    }
+    goto release_all;
+
+failed_or_handed_back:
+    if (taken < 0)
+        result = -2;
+release_all:
+    if (have_maps) {
+        PyBuffer_Release(&tidx);
+        PyBuffer_Release(&oidx);
+        PyBuffer_Release(&tail);
+    }
+release_pieces:
+    for (int i = 0; i < npieces; i++)
+        PyBuffer_Release(&views[i]);
+    if (result == -2)
+        return NULL;
+    if (result >= 0) {
+        self->appended++;
+        ring(self);
+        return PyLong_FromLongLong(result);
+    }
+handed_back:
+    self->handed_back++;
+    return PyLong_FromLong(FALLBACK);
+}
+
+static PyMethodDef appender_methods[] = {
+    {"append", (PyCFunction)appender_append, METH_O, appender_append_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef appender_members[] = {
+    {"appended", T_ULONGLONG, offsetof(Appender, appended), READONLY,
+     "appends made in one call"},
+    {"handed_back", T_ULONGLONG, offsetof(Appender, handed_back), READONLY,
+     "calls that returned -1 for the Python append"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(appender_doc,
+"Appender(pid, append_lock, thread_lock, tail_fd, tail, fd, index, index_reserved,\n"
+"         timeindex, timeindex_reserved, active_base, segments_version, boot_id,\n"
+"         segment_bytes, segment_ms, index_interval_bytes, flush_messages,\n"
+"         max_message_bytes, codec, doorbell, change_offset, cut_back, unlock)\n\n"
+"A partition log's whole append for one active segment in one call, when it is\n"
+"uncontended and needs no decision (PartitionLog._appender; see append()). Made by\n"
+"the log after a general append and dropped whenever that segment, its index maps or\n"
+"the tail file's handle change: every buffer it names stays mapped while it lives.");
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "logkit._shortio.Appender",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = appender_doc,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)appender_init,
+    .tp_dealloc = (destructor)appender_dealloc,
+    .tp_traverse = (traverseproc)appender_traverse,
+    .tp_clear = (inquiry)appender_clear,
+    .tp_methods = appender_methods,
+    .tp_members = appender_members,
+};
 
 static PyMethodDef methods[] = {
     {"pwrite", shortio_pwrite, METH_VARARGS, pwrite_doc},
@@ -367,10 +762,25 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__shortio(void)
 {
+    str_acquire = PyUnicode_InternFromString("acquire");
+    str_release = PyUnicode_InternFromString("release");
+    str_mm = PyUnicode_InternFromString("_mm");
+    if (str_acquire == NULL || str_release == NULL || str_mm == NULL)
+        return NULL;
+    if (PyType_Ready(&AppenderType) < 0)
+        return NULL;
+    current_pid = (long)getpid();
+    if (pthread_atfork(NULL, NULL, after_fork_in_child) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "pthread_atfork failed");
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "HELD_WRITE_MAX", HELD_WRITE_MAX) < 0) {
+    Py_INCREF(&AppenderType);
+    if (PyModule_AddIntConstant(m, "HELD_WRITE_MAX", HELD_WRITE_MAX) < 0
+            || PyModule_AddObject(m, "Appender", (PyObject *)&AppenderType) < 0) {
+        Py_DECREF(&AppenderType);
         Py_DECREF(m);
         return NULL;
     }

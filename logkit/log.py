@@ -62,13 +62,13 @@ from typing import Any, Callable, Container, Iterator, Mapping, NamedTuple, Type
 
 from . import _fork, loader
 from ._native import shortio
-from .compression import TOPIC_COMPRESSION_TYPE
+from .compression import CODEC_NAMES, TOPIC_COMPRESSION_TYPE
 from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitError,
                      LogkitTimeoutError,
                      OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
                      UnknownTopicError, start_thread, storage_error)
 from .loader import RecoveryReport, leftovers, live_bases
-from .notify import change_slot
+from .notify import change_offset, change_slot
 from .records import (ATTR_CONTROL, RECORDS_OFFSET, BatchHeader, Record, check_batch,
                       decode_batch, encode_batch, iter_batches, read_header,
                       stamp_base_offset, stamp_log_append_time)
@@ -95,6 +95,8 @@ _LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tr
 _flock_now = fcntl.flock if shortio is None else shortio.flock
 # The common append under the lock in one C call (logkit/_shortio.c, `_append_fast`).
 _append_common = None if shortio is None else shortio.append_common
+# ... and the whole uncontended append, locks and doorbell included (`_arm`).
+_Appender = None if shortio is None else shortio.Appender
 MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
 BATCHES_SINCE_MAX_BYTES = 1 << 20     # batches_since() bound (one batch at least)
 READ_RETRIES = 100                    # a retention run may pull segments from a read
@@ -189,9 +191,11 @@ class PartitionLog:
         self._deferred: tuple[int, int] | None = None   # (end, segment-list version) of
         #                                 a deferred append, set and taken under the lock
         self.sync_count = 0            # fdatasyncs of the group-commit path (benchmarks)
-        # The active segment the last general append wrote to, for `_append_fast`;
-        # None whenever the segment list changes (`_refresh`, `_close_segments`).
+        # The active segment the last general append wrote to, for `_append_fast`, and
+        # the C appender for it (`_arm`); both None whenever the segment list changes
+        # (`_refresh`, `_close_segments`) or the tail file is reopened (`_funlock`).
         self._fast_segment: LogSegment | None = None
+        self._appender: Any = None
         self._closed = False
         self._last_recovery: RecoveryReport | None = None
         try:
@@ -350,6 +354,7 @@ class PartitionLog:
             log.warning("unlock of %s failed (%s); reopening it to release the lock",
                         self._tail_file.path, exc)
             old = self._tail_file
+            self._arm(None)                   # it names the old handle
             try:
                 self._tail_file = TailFile(old.path)
             except OSError:
@@ -451,7 +456,7 @@ class PartitionLog:
         self._listed = tail
         if tail.segments_version == self._segments_version:
             return
-        self._fast_segment = None
+        self._arm(None)
         if bases is None:
             bases = live_bases(os.listdir(self.directory), tail)
         stale = [b for b, seg in self._segments.items()
@@ -540,7 +545,7 @@ class PartitionLog:
         return segment, segment.sealed_size
 
     def _close_segments(self) -> None:
-        self._fast_segment = None
+        self._arm(None)
         for segment in self._segments.values():
             segment.close()
         self._segments.clear()
@@ -607,6 +612,16 @@ class PartitionLog:
         bytearray with the whole header (records.encode_batch_parts: a large value is
         then written from where it is, by one pwritev, never copied into a batch); when
         the batch is to be verified or rewritten, the pieces are joined first."""
+        appender = self._appender
+        if appender is not None and not verify:
+            # The whole append in one C call when nothing stands in the way (`_arm`);
+            # -1: it changed nothing, and the append below decides.
+            try:
+                base_offset = appender.append(batch)
+            except OSError as exc:          # cut back under the lock (`_cut_back_fast`)
+                raise storage_error(exc, "append", self.directory) from exc
+            if base_offset >= 0:
+                return base_offset, None
         config = self.config
         if type(batch) is list:
             batch = _pieces(batch)
@@ -679,6 +694,38 @@ class PartitionLog:
                 self._cut_back(segment, tail.active_size)
             raise
 
+    def _arm(self, segment: LogSegment | None) -> None:
+        """Set the segment the next append may take in one C call (None: none). The
+        C appender (shortio.Appender) takes the locks without waiting, appends as
+        `_append_fast` does, releases and rings, or changes nothing and hands the
+        append back. It is made here, after a general append, with the handles and
+        index reservations of that moment, and dropped with the segment; a topic that
+        rewrites batches (LogAppendTime) gets none."""
+        self._fast_segment = segment
+        self._appender = None
+        if segment is None or _Appender is None:
+            return
+        files = segment.append_files()
+        config = self.config
+        if files is None or config["message.timestamp.type"] == "LogAppendTime":
+            return
+        codec = config["compression.type"]
+        tail_file = self._tail_file
+        doorbell = self._doorbell
+        self._appender = _Appender(
+            self._pid, self._append_lock, self._thread_lock, tail_file.fd, tail_file.mm,
+            *files, segment.base_offset, self._segments_version, BOOT_ID,
+            config["segment.bytes"], config["segment.ms"], config["index.interval.bytes"],
+            config["flush.messages"], config["max.message.bytes"],
+            -1 if codec == "producer" else CODEC_NAMES[codec], doorbell,
+            change_offset(self._change_slot), self._cut_back_fast, self._funlock)
+
+    def _cut_back_fast(self, position: int) -> None:
+        """The C appender's write failed at `position`: cut back (under the lock)."""
+        segment = self._fast_segment
+        if segment is not None:
+            self._cut_back(segment, position)
+
     def _append_locked(self, batch: bytearray, header: BatchHeader, size: int, count: int,
                        tail: Tail, shipped_roll: bool | None = None) -> int:
         config = self.config
@@ -741,7 +788,7 @@ class PartitionLog:
         self._tail_file.publish(tail)
         self._dirty = True
         if _append_common is not None:
-            self._fast_segment = segment
+            self._arm(segment)
         if deferred:
             self._deferred = (last_offset + 1, tail.segments_version)
         return base_offset

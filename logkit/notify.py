@@ -91,6 +91,12 @@ def change_slot(topic: str, partition: int) -> int:
     return 1 + zlib.crc32(f"{topic}-{partition}".encode()) % (CHANGE_SLOTS - 1)
 
 
+def change_offset(slot: int) -> int:
+    """Where change slot `slot`'s counter sits in the doorbell page (slot 0's for any
+    slot out of range): what `Doorbell.ring` adds one to, and the C append with it."""
+    return CHANGES_OFFSET + 4 * (slot if 0 <= slot < CHANGE_SLOTS else 0)
+
+
 def changed_slots(before: bytes, after: bytes,
                   among: Collection[int] | None = None) -> list[int] | None:
     """The slots whose counters differ between two `changes()` snapshots, or None when
@@ -241,7 +247,7 @@ class Doorbell:
             return
         extension, mm = _cdoorbell, self._mm
         if mm is not None:
-            offset = CHANGES_OFFSET + 4 * (slot if 0 <= slot < CHANGE_SLOTS else 0)
+            offset = change_offset(slot)
             try:
                 _WORD.pack_into(mm, offset,
                                 (_WORD.unpack_from(mm, offset)[0] + 1) & 0xFFFFFFFF)

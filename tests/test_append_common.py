@@ -1,8 +1,9 @@
-"""The append in one C call (`shortio.append_common`, used by `PartitionLog._append_fast`)
-is the twin of the Python append for the cases it takes: the same bytes in every file
-and the same tail, whatever mix of index entries, index reservations, full indexes,
-rolls and timestamps the appends go through; it hands back everything else; and a
-failed write through it stores and publishes nothing."""
+"""The append in C — under the lock (`shortio.append_common`, used by
+`PartitionLog._append_fast`) and whole, locks and doorbell included (`shortio.Appender`,
+`PartitionLog._arm`) — is the twin of the Python append for the cases it takes: the
+same bytes in every file and the same tail, whatever mix of index entries, index
+reservations, full indexes, rolls and timestamps the appends go through; it hands back
+everything else untouched; and a failed write through it stores and publishes nothing."""
 
 from __future__ import annotations
 
@@ -42,24 +43,85 @@ class Counting:
         return result
 
 
-# A child process's preamble: the C append, counting its calls in `calls`.
-COUNTING_PREAMBLE = """
-    import logkit
-    from logkit import log
-    from logkit._shortio import append_common
-    calls = []
-    def counting(*args):
-        calls.append(1)
-        return append_common(*args)
-    log._append_common = counting
-"""
+class CountingAppenders:
+    """Stands in for shortio.Appender in logkit.log: makes real ones and counts, over
+    all of them, the appends they made and the ones they handed back."""
+
+    def __init__(self) -> None:
+        self.appended = self.handed_back = 0
+
+    def __call__(self, *args):
+        return _CountedAppender(self, shortio.Appender(*args))
 
 
-def run_counting(body: str, root: str, *, wrapper: tuple[str, ...] = ()
+class _CountedAppender:
+    def __init__(self, counts: CountingAppenders, appender) -> None:
+        self.counts, self.appender = counts, appender
+
+    def append(self, batch) -> int:
+        result = self.appender.append(batch)
+        if result < 0:
+            self.counts.handed_back += 1
+        else:
+            self.counts.appended += 1
+        return result
+
+
+def c_path(monkeypatch, path: str) -> Counting | CountingAppenders | None:
+    """Set which appends logkit.log makes in C: none ("python"), the one under a lock
+    the Python code took ("under the lock"), or, first, the whole one ("in one call");
+    returns the counter of the C path chosen."""
+    if path == "python":
+        monkeypatch.setattr(partition_log, "_append_common", None)
+        monkeypatch.setattr(partition_log, "_Appender", None)
+        return None
+    if path == "under the lock":
+        monkeypatch.setattr(partition_log, "_Appender", None)
+        counting = Counting()
+        monkeypatch.setattr(partition_log, "_append_common", counting)
+        return counting
+    counting = CountingAppenders()
+    monkeypatch.setattr(partition_log, "_append_common", shortio.append_common)
+    monkeypatch.setattr(partition_log, "_Appender", counting)
+    return counting
+
+
+C_PATHS = ("under the lock", "in one call")
+
+# A child process's preamble for each C path: it counts its calls in `calls`.
+COUNTING_PREAMBLES = {
+    "under the lock": """
+        import logkit
+        from logkit import log
+        from logkit._shortio import append_common
+        calls = []
+        def counting(*args):
+            calls.append(1)
+            return append_common(*args)
+        log._append_common = counting
+        log._Appender = None
+    """,
+    "in one call": """
+        import logkit
+        from logkit import log
+        from logkit._shortio import Appender
+        calls = []
+        class counting:
+            def __init__(self, *args):
+                self.appender = Appender(*args)
+            def append(self, batch):
+                calls.append(1)
+                return self.appender.append(batch)
+        log._Appender = counting
+    """,
+}
+
+
+def run_counting(body: str, root: str, *, path: str, wrapper: tuple[str, ...] = ()
                  ) -> subprocess.CompletedProcess:
-    """Run `body` (with `sys.argv[1]` = root) after COUNTING_PREAMBLE in a fresh
-    process, under `wrapper` (an strace command line) when given."""
-    script = textwrap.dedent(COUNTING_PREAMBLE) + textwrap.dedent(body)
+    """Run `body` (with `sys.argv[1]` = root) after the preamble of C path `path` in a
+    fresh process, under `wrapper` (an strace command line) when given."""
+    script = textwrap.dedent(COUNTING_PREAMBLES[path]) + textwrap.dedent(body)
     return subprocess.run([*wrapper, sys.executable, "-c", script, root], cwd=ROOT_DIR,
                           capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=ROOT_DIR))
@@ -119,15 +181,15 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.parametrize("path", C_PATHS)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_the_c_append_writes_the_bytes_the_python_append_writes(tmp_path, monkeypatch,
-                                                                   scenario):
+                                                                   scenario, path):
     config, count, steps = SCENARIOS[scenario]
     stream = batches(count, len(scenario), steps)
-    monkeypatch.setattr(partition_log, "_append_common", None)
+    c_path(monkeypatch, "python")
     python_files, python_tail = run(str(tmp_path / "python"), config, stream)
-    counting = Counting()
-    monkeypatch.setattr(partition_log, "_append_common", counting)
+    counting = c_path(monkeypatch, path)
     c_files, c_tail = run(str(tmp_path / "c"), config, stream)
     assert counting.appended > count // 2, (counting.appended, counting.handed_back)
     assert counting.handed_back > 0           # the rolls and reservations went back
@@ -164,8 +226,10 @@ needs_strace = pytest.mark.skipif(driver.strace_usable() is not None,
 
 
 @needs_strace
+@pytest.mark.parametrize("path", C_PATHS)
 @pytest.mark.parametrize("error", ["EIO", "ENOSPC"])
-def test_a_failed_write_through_the_c_append_stores_and_publishes_nothing(tmp_path, error):
+def test_a_failed_write_through_the_c_append_stores_and_publishes_nothing(tmp_path, error,
+                                                                         path):
     with logkit.Broker(tmp_path) as broker:
         directory = broker.create_topic("t", 1).partition(0).directory
     log_path = os.path.join(directory, f"{0:020d}.log")
@@ -179,7 +243,7 @@ def test_a_failed_write_through_the_c_append_stores_and_publishes_nothing(tmp_pa
                 except logkit.StorageError as exc:
                     print("failed", type(exc).__name__, exc.operation, p.log_end_offset)
             print("calls", len(calls))
-    """, str(tmp_path), wrapper=(
+    """, str(tmp_path), path=path, wrapper=(
         driver.STRACE, "-f", "-qq", "-o", "/dev/null", "-P", log_path,
         "-e", "trace=pwrite64", "-e", f"inject=pwrite64:error={error}:when=3"))
     assert done.returncode == 0, done.stderr
@@ -242,7 +306,8 @@ def test_what_the_c_append_hands_back_it_leaves_untouched(tmp_path):
         p.check()
 
 
-def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_path):
+@pytest.mark.parametrize("path", C_PATHS)
+def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_path, path):
     """A real short write: RLIMIT_FSIZE lets the pwrite write only part of the batch."""
     done = run_counting("""
         import os, resource, signal, sys
@@ -262,7 +327,7 @@ def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_p
             log_path = os.path.join(p.directory, f"{0:020d}.log")
             print("cut", os.path.getsize(log_path) == size, p.log_end_offset)
             print("calls", len(calls))
-    """, str(tmp_path))
+    """, str(tmp_path), path=path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == [
         "full [Errno 28] short write (100 of 1070 bytes)", "cut True 2", "calls 2"], \
@@ -272,3 +337,123 @@ def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_p
         assert p.append([(None, b"after", [], None)]) == 2
         assert [r.value for r in p.read(0, max_records=10)] == [b"a", b"b", b"after"]
         p.check()
+
+
+def test_the_whole_c_append_hands_back_what_stands_in_its_way(tmp_path):
+    """The one-call append (shortio.Appender) takes no lock that is not free at once
+    and no batch the Python append would refuse, rewrite or name as corrupt: each such
+    call comes back as -1 with nothing written, nothing published and no lock held."""
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.create_topic("t", 1, config={"index.interval.bytes": 0,
+                                                "max.message.bytes": 2000}).partition(0)
+        p.append([(None, b"first", [], None)])            # the general append arms it
+        log = p._log
+        appender = log._appender
+        assert appender is not None
+        segment = log._fast_segment
+        tail_map = log._tail_file.mm
+
+        def batch(value: bytes = b"x") -> bytearray:
+            return encode_batch([(None, value, [], 4_000_000_000_000)])
+
+        def state() -> tuple:
+            return (bytes(tail_map[:168]), os.path.getsize(segment.path),
+                    broker.doorbell.value())
+
+        def nothing_held() -> bool:
+            return not log._append_lock.locked() and log._thread_lock.acquire(False) \
+                and (log._thread_lock.release() or True)
+
+        before = state()
+        with log._append_lock:                           # another thread appending
+            assert appender.append(batch()) == -1
+        import threading
+        taken, done = threading.Event(), threading.Event()
+
+        def reader() -> None:                            # a reader of this process
+            with log._thread_lock:
+                taken.set()
+                done.wait(30)
+        thread = threading.Thread(target=reader)
+        thread.start()
+        assert taken.wait(30)
+        assert appender.append(batch()) == -1
+        done.set()
+        thread.join(30)
+        import fcntl
+        fd = os.open(os.path.join(p.directory, TAIL_FILE), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)               # another process's append
+            assert appender.append(batch()) == -1
+        finally:
+            os.close(fd)
+        wrong_length = batch()
+        wrong_length[8:12] = (len(wrong_length)).to_bytes(4, "big")
+        assert appender.append(wrong_length) == -1           # corrupt: Python names it
+        assert appender.append(batch(b"v" * 3000)) == -1     # over max.message.bytes
+        assert appender.append([bytes(batch())]) == -1       # pieces need a bytearray head
+        assert appender.append(b"not a batch") == -1
+        assert state() == before and nothing_held()
+        assert appender.handed_back == 7 and appender.appended == 0
+        with pytest.raises(logkit.CorruptRecordError):
+            p.append_batch(wrong_length, verify=False)
+        with pytest.raises(logkit.RecordTooLargeError):
+            p.append_batch(batch(b"v" * 3000), verify=False)
+        assert state() == before
+        assert appender.append(batch()) == 1                 # unchanged: it appends,
+        after = state()
+        assert after[1] > before[1] and after[2] > before[2]     # and rings the doorbell
+        assert nothing_held()
+        assert [r.value for r in p.read(0, max_records=5)] == [b"first", b"x"]
+        p.check()
+
+
+def test_the_whole_c_append_takes_only_batches_the_topic_keeps_as_they_are(tmp_path):
+    """A topic that recompresses (compression.type other than the batch's) or stamps
+    LogAppendTime rewrites a batch: the one-call append hands those back."""
+    with logkit.Broker(tmp_path) as broker:
+        gz = broker.create_topic("gz", 1, config={"compression.type": "gzip"}).partition(0)
+        gz.append([(None, b"first", [], None)])
+        plain = encode_batch([(None, b"plain", [], None)])
+        assert gz._log._appender.append(plain) == -1
+        assert gz.append_batch(plain, verify=False) == 1    # the Python append recompresses
+        assert gz._log._appender.append(encode_batch([(None, b"z", [], None)],
+                                                     codec=1)) == 2
+        assert [r.value for r in gz.read(0, max_records=5)] == [b"first", b"plain", b"z"]
+        stamped = broker.create_topic("lat", 1, config={
+            "message.timestamp.type": "LogAppendTime"}).partition(0)
+        stamped.append([(None, b"a", [], 1)])
+        stamped.append([(None, b"b", [], 1)])
+        assert stamped._log._appender is None
+        assert all(r.timestamp > 1 for r in stamped.read(0, max_records=5))
+
+
+def test_a_forked_child_cannot_append_through_its_parents_c_appender(tmp_path):
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.create_topic("t", 1).partition(0)
+        p.append([(None, b"first", [], None)])
+        appender = p._log._appender
+        assert appender is not None
+        pid = os.fork()
+        if pid == 0:                                       # the child: handed back
+            code = 0 if appender.append(encode_batch([(None, b"c", [], None)])) == -1 else 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert p.log_end_offset == 1
+        assert appender.append(encode_batch([(None, b"parent", [], None)])) == 1
+
+
+def test_the_collector_sees_the_c_appenders_references(tmp_path):
+    """The appender holds the log's bound methods (a reference cycle): the collector
+    must see through it, or a log dropped unclosed would never be freed."""
+    import gc
+    with logkit.Broker(tmp_path) as broker:
+        p = broker.create_topic("t", 1).partition(0)
+        p.append([(None, b"first", [], None)])
+        log = p._log
+        appender = log._appender
+        assert gc.is_tracked(appender)
+        referents = gc.get_referents(appender)
+        assert any(getattr(r, "__self__", None) is log for r in referents)
+        assert log._append_lock in referents and log._thread_lock in referents
