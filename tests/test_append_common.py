@@ -88,6 +88,14 @@ def c_path(monkeypatch, path: str) -> Counting | CountingAppenders | None:
 
 C_PATHS = ("under the lock", "in one call")
 
+
+@pytest.fixture
+def c_appends(monkeypatch) -> None:
+    """Both C appends on, as a build with the extension has them (also when the suite
+    runs with LOGKIT_PURE_PYTHON=1)."""
+    monkeypatch.setattr(partition_log, "_append_common", shortio.append_common)
+    monkeypatch.setattr(partition_log, "_Appender", shortio.Appender)
+
 # A child process's preamble for each C path: it counts its calls in `calls`.
 COUNTING_PREAMBLES = {
     "under the lock": """
@@ -104,7 +112,7 @@ COUNTING_PREAMBLES = {
     "in one call": """
         import logkit
         from logkit import log
-        from logkit._shortio import Appender
+        from logkit._shortio import Appender, append_common
         calls = []
         class counting:
             def __init__(self, *args):
@@ -113,6 +121,7 @@ COUNTING_PREAMBLES = {
                 calls.append(1)
                 return self.appender.append(batch)
         log._Appender = counting
+        log._append_common = append_common
     """,
 }
 
@@ -261,7 +270,7 @@ def test_a_failed_write_through_the_c_append_stores_and_publishes_nothing(tmp_pa
         p.check()
 
 
-def test_what_the_c_append_hands_back_it_leaves_untouched(tmp_path):
+def test_what_the_c_append_hands_back_it_leaves_untouched(tmp_path, c_appends):
     """Each case the Python append must decide comes back as -1 with no byte written:
     an index entry past the reserved blocks (a full disk must fail at the reservation,
     not at a store through the map), another segment list, a torn tail, a sync due."""
@@ -339,7 +348,7 @@ def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_p
         p.check()
 
 
-def test_the_whole_c_append_hands_back_what_stands_in_its_way(tmp_path):
+def test_the_whole_c_append_hands_back_what_stands_in_its_way(tmp_path, c_appends):
     """The one-call append (shortio.Appender) takes no lock that is not free at once
     and no batch the Python append would refuse, rewrite or name as corrupt: each such
     call comes back as -1 with nothing written, nothing published and no lock held."""
@@ -408,7 +417,7 @@ def test_the_whole_c_append_hands_back_what_stands_in_its_way(tmp_path):
         p.check()
 
 
-def test_the_whole_c_append_takes_only_batches_the_topic_keeps_as_they_are(tmp_path):
+def test_the_whole_c_append_takes_only_batches_the_topic_keeps_as_they_are(tmp_path, c_appends):
     """A topic that recompresses (compression.type other than the batch's) or stamps
     LogAppendTime rewrites a batch: the one-call append hands those back."""
     with logkit.Broker(tmp_path) as broker:
@@ -428,7 +437,7 @@ def test_the_whole_c_append_takes_only_batches_the_topic_keeps_as_they_are(tmp_p
         assert all(r.timestamp > 1 for r in stamped.read(0, max_records=5))
 
 
-def test_a_forked_child_cannot_append_through_its_parents_c_appender(tmp_path):
+def test_a_forked_child_cannot_append_through_its_parents_c_appender(tmp_path, c_appends):
     with logkit.Broker(tmp_path) as broker:
         p = broker.create_topic("t", 1).partition(0)
         p.append([(None, b"first", [], None)])
@@ -444,7 +453,7 @@ def test_a_forked_child_cannot_append_through_its_parents_c_appender(tmp_path):
         assert appender.append(encode_batch([(None, b"parent", [], None)])) == 1
 
 
-def test_the_collector_sees_the_c_appenders_references(tmp_path):
+def test_the_collector_sees_the_c_appenders_references(tmp_path, c_appends):
     """The appender holds the log's bound methods (a reference cycle): the collector
     must see through it, or a log dropped unclosed would never be freed."""
     import gc
