@@ -20,13 +20,24 @@
  * records.py's (the batch header); tests/test_append_common.py holds the two paths to
  * the same bytes.
  *
+ * Appender.append() is that append with the locks around it, for the case where no
+ * lock is held by anyone: the process's append lock, the flock and the thread lock
+ * taken without waiting (PartitionLog._acquire's order), append_common's append, the
+ * locks released, the doorbell rung — one call instead of some forty Python steps. Any
+ * lock not free at once, any batch the Python append would refuse, rewrite or name as
+ * corrupt, a forked child: -1 with nothing taken or changed, and the Python append
+ * (which waits for locks and names every error) decides.
+ *
  * Invariant: the same results and errors as the Python calls they replace — bytes
  * written (short writes are the caller's to check), OSError with errno (EWOULDBLOCK is
  * BlockingIOError), EINTR retried after running signal handlers (an exception from a
  * handler propagates). flock() refuses a blocking LOCK_EX: a wait must not hold the
  * GIL. append_common() publishes nothing unless the batch was written whole: on a
  * failed or short write it raises OSError with the tail and indexes untouched (the
- * caller cuts the file back, as after the Python write).
+ * caller cuts the file back, as after the Python write; Appender.append() calls its
+ * `cut_back` under the lock, then lets the locks go). Appender.append() never waits,
+ * and holds the GIL throughout except inside those error-path callbacks (Python code),
+ * so no other thread of the process sees the log mid-append.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -755,8 +766,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "logkit._shortio",
-    "The append path in C: its short system calls with the GIL kept, and the common "
-    "append under the partition lock.", -1, methods,
+    "The append path in C: its short system calls with the GIL kept, the common "
+    "append under the partition lock, and the whole uncontended append.", -1, methods,
 };
 
 PyMODINIT_FUNC
