@@ -626,8 +626,10 @@ appender_append(Appender *self, PyObject *batch)
     head = views[0].buf;
     if (views[0].len < B_HEADER || total > self->max_bytes || total > HELD_WRITE_MAX
             || (int64_t)(int32_t)be32(head + B_LENGTH) + LOG_OVERHEAD != total
+            || (int64_t)(int32_t)be32(head + B_LAST_OFFSET_DELTA) + 1 >= self->flush_messages
             || (self->codec >= 0 && (head[B_ATTRIBUTES + 1] & CODEC_MASK) != self->codec))
-        goto release_pieces;    /* refused, rewritten, corrupt or a long write: Python */
+        goto release_pieces;    /* refused, rewritten, corrupt, a long write or a sync
+                                   due whatever the tail says: Python */
     if (PyObject_GetBuffer(self->tail, &tail, PyBUF_WRITABLE) < 0) {
         PyErr_Clear();
         goto release_pieces;

@@ -699,15 +699,17 @@ class PartitionLog:
         C appender (shortio.Appender) takes the locks without waiting, appends as
         `_append_fast` does, releases and rings, or changes nothing and hands the
         append back. It is made here, after a general append, with the handles and
-        index reservations of that moment, and dropped with the segment; a topic that
-        rewrites batches (LogAppendTime) gets none."""
+        index reservations of that moment, and dropped with the segment. A topic that
+        rewrites batches (LogAppendTime) gets none, nor one whose every append syncs
+        (flush.messages=1: each would be handed back)."""
         self._fast_segment = segment
         self._appender = None
         if segment is None or _Appender is None:
             return
         files = segment.append_files()
         config = self.config
-        if files is None or config["message.timestamp.type"] == "LogAppendTime":
+        if files is None or config["message.timestamp.type"] == "LogAppendTime" \
+                or config["flush.messages"] <= 1:
             return
         codec = config["compression.type"]
         tail_file = self._tail_file

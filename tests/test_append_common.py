@@ -419,7 +419,8 @@ def test_the_whole_c_append_hands_back_what_stands_in_its_way(tmp_path, c_append
 
 def test_the_whole_c_append_takes_only_batches_the_topic_keeps_as_they_are(tmp_path, c_appends):
     """A topic that recompresses (compression.type other than the batch's) or stamps
-    LogAppendTime rewrites a batch: the one-call append hands those back."""
+    LogAppendTime rewrites a batch: the one-call append hands those back; a topic whose
+    every append syncs (flush.messages=1) gets no one-call append."""
     with logkit.Broker(tmp_path) as broker:
         gz = broker.create_topic("gz", 1, config={"compression.type": "gzip"}).partition(0)
         gz.append([(None, b"first", [], None)])
@@ -435,6 +436,12 @@ def test_the_whole_c_append_takes_only_batches_the_topic_keeps_as_they_are(tmp_p
         stamped.append([(None, b"b", [], 1)])
         assert stamped._log._appender is None
         assert all(r.timestamp > 1 for r in stamped.read(0, max_records=5))
+        durable = broker.create_topic("sync", 1, config={"flush.messages": 1}).partition(0)
+        durable.append([(None, b"a", [], None)])           # every append syncs: the
+        assert durable._log._appender is None              # one-call append never could
+        syncs = durable._log.sync_count
+        durable.append([(None, b"b", [], None)])
+        assert durable._log.sync_count == syncs + 1
 
 
 def test_a_forked_child_cannot_append_through_its_parents_c_appender(tmp_path, c_appends):
