@@ -522,21 +522,36 @@ let_go(Appender *self)
 {
     PyObject *type, *value, *trace;
     PyErr_Fetch(&type, &value, &trace);
+    /* Each step runs whatever the one before did; the first error is kept. */
     int failed = release(self->thread_lock) < 0;
-    if (!failed) {
-        int rc;
-        do {
-            rc = flock(self->tail_fd, LOCK_UN);
-        } while (rc != 0 && errno == EINTR);
-        if (rc != 0) {
-            PyObject *done = PyObject_CallNoArgs(self->unlock);
-            failed = done == NULL;
-            Py_XDECREF(done);
-        }
+    if (failed) {
+        if (type == NULL)
+            PyErr_Fetch(&type, &value, &trace);
+        else
+            PyErr_Clear();
     }
-    if (failed && type != NULL)
-        PyErr_Clear();                      /* the first error is the one to report */
-    failed |= release(self->append_lock) < 0;
+    int rc;
+    do {
+        rc = flock(self->tail_fd, LOCK_UN);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+        PyObject *done = PyObject_CallNoArgs(self->unlock);
+        if (done == NULL) {
+            failed = 1;
+            if (type == NULL)
+                PyErr_Fetch(&type, &value, &trace);
+            else
+                PyErr_Clear();
+        }
+        Py_XDECREF(done);
+    }
+    if (release(self->append_lock) < 0) {
+        failed = 1;
+        if (type == NULL)
+            PyErr_Fetch(&type, &value, &trace);
+        else
+            PyErr_Clear();
+    }
     if (type != NULL) {
         PyErr_Restore(type, value, trace);
         return -1;
