@@ -7,10 +7,12 @@ everything else untouched; and a failed write through it stores and publishes no
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -370,13 +372,34 @@ def test_the_whole_c_append_hands_back_what_stands_in_its_way(tmp_path, c_append
                     broker.doorbell.value())
 
         def nothing_held() -> bool:
-            return not log._append_lock.locked() and log._thread_lock.acquire(False) \
-                and (log._thread_lock.release() or True)
+            """Every lock free, as another thread and another process see them (the
+            thread lock is reentrant: this thread would get it even if it leaked)."""
+            free = []
+
+            def look() -> None:
+                free.append(log._append_lock.acquire(False))
+                if free[-1]:
+                    log._append_lock.release()
+                free.append(log._thread_lock.acquire(False))
+                if free[-1]:
+                    log._thread_lock.release()
+            other = threading.Thread(target=look)
+            other.start()
+            other.join(30)
+            fd = os.open(os.path.join(p.directory, TAIL_FILE), os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                free.append(True)
+            except BlockingIOError:
+                free.append(False)
+            finally:
+                os.close(fd)
+            return free == [True, True, True]
 
         before = state()
+        assert nothing_held()
         with log._append_lock:                           # another thread appending
             assert appender.append(batch()) == -1
-        import threading
         taken, done = threading.Event(), threading.Event()
 
         def reader() -> None:                            # a reader of this process
@@ -389,7 +412,6 @@ def test_the_whole_c_append_hands_back_what_stands_in_its_way(tmp_path, c_append
         assert appender.append(batch()) == -1
         done.set()
         thread.join(30)
-        import fcntl
         fd = os.open(os.path.join(p.directory, TAIL_FILE), os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)               # another process's append
