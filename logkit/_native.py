@@ -4,9 +4,10 @@ Owns: importing the optional C extensions once, MarkupSafe's way (`try: from . i
 _speedups ... except ImportError`): `speedups` is `logkit._speedups` (record codec,
 column decoder, murmur2), `sendpath` is `logkit._sendpath` (Producer.send's common
 case) and `shortio` is `logkit._shortio` (the append path's flock and pwrite with the GIL
-kept, and its common case under the lock in one call), each None when it was not built
-or when the environment variable `LOGKIT_PURE_PYTHON` is set to a non-empty value (tests
-and benchmarks use it to run the pure-Python code). Every module that has a compiled twin takes it from here.
+kept, its common case under the lock in one call, and the whole uncontended append),
+each None when it was not built or when the environment variable `LOGKIT_PURE_PYTHON` is
+set to a non-empty value (tests and benchmarks use it to run the pure-Python code).
+Every module that has a compiled twin takes it from here.
 
 Invariant: the pure-Python code is complete and always correct on its own; a compiled
 twin only makes it faster, and tests/test_speedups.py holds the two to the same bytes.

@@ -478,15 +478,14 @@ appender_init(Appender *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     memcpy(self->boot_id, boot_id, 16);
-    appender_clear(self);
-    Py_INCREF(append_lock); self->append_lock = append_lock;
-    Py_INCREF(thread_lock); self->thread_lock = thread_lock;
-    Py_INCREF(tail); self->tail = tail;
-    Py_INCREF(index); self->index = index;
-    Py_INCREF(timeindex); self->timeindex = timeindex;
-    Py_INCREF(doorbell); self->doorbell = doorbell;
-    Py_INCREF(cut_back); self->cut_back = cut_back;
-    Py_INCREF(unlock); self->unlock = unlock;
+    Py_XSETREF(self->append_lock, Py_NewRef(append_lock));
+    Py_XSETREF(self->thread_lock, Py_NewRef(thread_lock));
+    Py_XSETREF(self->tail, Py_NewRef(tail));
+    Py_XSETREF(self->index, Py_NewRef(index));
+    Py_XSETREF(self->timeindex, Py_NewRef(timeindex));
+    Py_XSETREF(self->doorbell, Py_NewRef(doorbell));
+    Py_XSETREF(self->cut_back, Py_NewRef(cut_back));
+    Py_XSETREF(self->unlock, Py_NewRef(unlock));
     return 0;
 }
 
