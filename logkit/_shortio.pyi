@@ -1,7 +1,7 @@
 """Type stub of the optional C extension `logkit._shortio` (logkit/_shortio.c): the
 append path's short system calls, made without releasing the GIL, its common case
-under the partition lock in one call, and the whole uncontended append (`Appender`). Import it through
-`logkit._native`, which chooses once."""
+under the partition lock in one call, and the whole uncontended append (`Appender`).
+Import it through `logkit._native`, which chooses once."""
 
 from typing import Any
 
