@@ -2,14 +2,16 @@
  *
  * Owns nothing: a Sender holds references to one producer's topic states and does, in
  * C, exactly what the fast path of logkit/producer.py `Producer.send` does in
- * Python -- bytes key and value, no headers, no explicit partition or timestamp, a
- * known topic whose open batch has room. Every other case, and any surprise, is handed
+ * Python -- bytes key and value, no headers or explicit timestamp, the partition the
+ * default partitioner picks or an explicit one the topic state has, a known topic
+ * whose open batch has room. Every other case, and any surprise, is handed
  * to the Python method unchanged, so the two paths cannot disagree on anything but
  * speed. The Python module stays complete: without this extension nothing changes.
  *
- * Validation stays in Python on purpose: a call with a timestamp, headers or a partition
- * always falls back (only `key` and `value` are taken here, and both must be exact
- * bytes), so the timestamp range and header type checks of Producer._send_general run
+ * Validation stays in Python on purpose: a call with a timestamp or headers always
+ * falls back (only `key`, `value` and `partition` are taken here: exact bytes, and an
+ * exact int inside the state's partitions), so the timestamp range, header type and
+ * partition range checks of Producer._send_general run
  * for every record whichever path is built. Fork safety costs nothing here either: in a
  * forked child producer.py's at-fork hook sets `slow`, sending every call to the Python
  * method, which raises ForkedProcessError; it also calls forked(), after which
@@ -426,7 +428,7 @@ static PyTypeObject TopicBaseType = {
 /* ---- Sender ------------------------------------------------------------------------ */
 
 /* send()'s keyword names, interned in PyInit__sendpath. */
-static PyObject *s_key, *s_value;
+static PyObject *s_key, *s_value, *s_partition;
 
 typedef struct {
     PyObject_HEAD
@@ -488,7 +490,7 @@ static PyObject *
 sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *topic, *value = Py_None, *key = Py_None;
+    PyObject *topic, *value = Py_None, *key = Py_None, *partition = Py_None;
     if (self->slow || nargs < 1 || nargs > 3)
         return fallback(self, args, nargsf, kwnames);
     if (self->look != NULL && --self->countdown <= 0) {
@@ -514,8 +516,10 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
             } else if (name == s_value || PyUnicode_Compare(name, s_value) == 0) {
                 if (nargs > 1) return fallback(self, args, nargsf, kwnames);
                 value = args[nargs + i];
+            } else if (name == s_partition || PyUnicode_Compare(name, s_partition) == 0) {
+                partition = args[nargs + i];
             } else {
-                return fallback(self, args, nargsf, kwnames);   /* headers, partition... */
+                return fallback(self, args, nargsf, kwnames);   /* headers, timestamp... */
             }
         }
     }
@@ -531,7 +535,21 @@ sender_call(Sender *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     TopicBase *state = (TopicBase *)state_obj;
     Py_ssize_t size = PyBytes_GET_SIZE(value) + RECORD_OVERHEAD_BYTES;
     Py_ssize_t p;
-    if (key == Py_None) {
+    if (partition != Py_None) {
+        /* an explicit partition: an exact int below the length of `open` (which grows
+         * before the count: a partition being added exists already); anything else is
+         * checked and named by the Python path */
+        PyObject *open = state->open;
+        if (!PyLong_CheckExact(partition) || open == NULL || !PyList_CheckExact(open))
+            return fallback(self, args, nargsf, kwnames);
+        int overflow = 0;
+        long long wanted = PyLong_AsLongLongAndOverflow(partition, &overflow);
+        if (overflow || wanted < 0 || wanted >= PyList_GET_SIZE(open))
+            return fallback(self, args, nargsf, kwnames);
+        if (key != Py_None)
+            size += PyBytes_GET_SIZE(key);
+        p = (Py_ssize_t)wanted;
+    } else if (key == Py_None) {
         p = state->sticky;
     } else {
         /* Kafka's keyed partitioner: murmur2, made positive, mod the partition count
@@ -683,6 +701,7 @@ PyInit__sendpath(void)
 {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_key, "key"); INTERN(s_value, "value"); INTERN(s_add, "_add");
+    INTERN(s_partition, "partition");
 #undef INTERN
     if (PyType_Ready(&SenderType) < 0 || PyType_Ready(&FutureBaseType) < 0 ||
             PyType_Ready(&BatchBaseType) < 0 || PyType_Ready(&TopicBaseType) < 0)

@@ -547,10 +547,89 @@ error:
     return -1;
 }
 
+/* The records section written straight into a new bytearray after `room` zero bytes,
+ * each key and value copied once, for the common rows: exact 4-tuples of exact bytes
+ * or None key and value, no headers, an int or None timestamp. Returns the result
+ * tuple, NULL with an error set, or Py_NotImplemented (borrowed, nothing set) for any
+ * other row: the general loop below takes the whole batch then. */
+static PyObject *
+encode_plain(PyObject *seq, Py_ssize_t count, int64_t now_ms, Py_ssize_t room)
+{
+    int64_t base_ts = 0, max_ts = 0;
+    Py_ssize_t total = room;
+    /* pass 1: check every row, take the timestamps, size the section */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *rec = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 4)
+            return Py_NotImplemented;
+        PyObject *key = PyTuple_GET_ITEM(rec, 0), *value = PyTuple_GET_ITEM(rec, 1),
+                 *ts_obj = PyTuple_GET_ITEM(rec, 3);
+        if ((key != Py_None && !PyBytes_CheckExact(key)) ||
+                (value != Py_None && !PyBytes_CheckExact(value)) ||
+                PyTuple_GET_ITEM(rec, 2) != Py_None ||
+                (ts_obj != Py_None && !PyLong_CheckExact(ts_obj)))
+            return Py_NotImplemented;
+        int64_t ts = now_ms;
+        if (ts_obj != Py_None) {
+            int overflow = 0;
+            ts = PyLong_AsLongLongAndOverflow(ts_obj, &overflow);
+            if (overflow || (ts == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return Py_NotImplemented;    /* the general loop raises its error */
+            }
+        }
+        if (i == 0)
+            base_ts = max_ts = ts;
+        else if (ts > max_ts)
+            max_ts = ts;
+        Py_ssize_t body = 1 + varint_size(ts - base_ts) + varint_size(i) + 1 +
+            (key == Py_None ? 1 : varint_size(PyBytes_GET_SIZE(key)) + PyBytes_GET_SIZE(key)) +
+            (value == Py_None ? 1 :
+             varint_size(PyBytes_GET_SIZE(value)) + PyBytes_GET_SIZE(value));
+        total += varint_size(body) + body;
+    }
+    PyObject *batch = PyByteArray_FromStringAndSize(NULL, total);
+    if (batch == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(batch);
+    memset(p, 0, room);
+    p += room;
+    /* pass 2: write; the timestamps are read again (exact ints, checked above) */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *rec = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *key = PyTuple_GET_ITEM(rec, 0), *value = PyTuple_GET_ITEM(rec, 1),
+                 *ts_obj = PyTuple_GET_ITEM(rec, 3);
+        int64_t ts = ts_obj == Py_None ? now_ms : PyLong_AsLongLong(ts_obj);
+        Py_ssize_t klen = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
+        Py_ssize_t vlen = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
+        Py_ssize_t body = 1 + varint_size(ts - base_ts) + varint_size(i) + 1 +
+            (klen < 0 ? 1 : varint_size(klen) + klen) + (vlen < 0 ? 1 : varint_size(vlen) + vlen);
+        p += put_varint(p, body);
+        *p++ = 0;                                  /* attributes */
+        p += put_varint(p, ts - base_ts);
+        p += put_varint(p, i);
+        p += put_varint(p, klen);
+        if (klen > 0) {
+            memcpy(p, PyBytes_AS_STRING(key), klen);
+            p += klen;
+        }
+        p += put_varint(p, vlen);
+        if (vlen > 0) {
+            memcpy(p, PyBytes_AS_STRING(value), vlen);
+            p += vlen;
+        }
+        *p++ = 0;                                  /* no headers */
+    }
+    assert(p == (unsigned char *)PyByteArray_AS_STRING(batch) + total);
+    return Py_BuildValue("(NLL)", batch, (long long)base_ts, (long long)max_ts);
+}
+
 PyDoc_STRVAR(encode_records_doc,
-"encode_records(records, now_ms) -> (payload, base_timestamp, max_timestamp)\n\n"
+"encode_records(records, now_ms, room=-1) -> (payload, base_timestamp, max_timestamp)\n\n"
 "The uncompressed records section for (key, value, headers, timestamp_ms) tuples;\n"
-"a timestamp of None means now_ms. Keys and values are bytes-like or None.");
+"a timestamp of None means now_ms. Keys and values are bytes-like or None.\n"
+"With room >= 0 the payload is a bytearray whose first `room` bytes are zero (left\n"
+"for the batch header) followed by the section; else bytes.");
 
 static PyObject *
 encode_records(PyObject *self, PyObject *args)
@@ -560,8 +639,9 @@ encode_records(PyObject *self, PyObject *args)
     Out body = {NULL, 0, 0}, out = {NULL, 0, 0};
     Py_ssize_t i, count;
     int64_t base_ts = 0, max_ts = 0;
+    Py_ssize_t room = -1;
 
-    if (!PyArg_ParseTuple(args, "OL:encode_records", &records, &now_ms))
+    if (!PyArg_ParseTuple(args, "OL|n:encode_records", &records, &now_ms, &room))
         return NULL;
     seq = PySequence_Fast(records, "records must be a sequence");
     if (seq == NULL)
@@ -570,6 +650,12 @@ encode_records(PyObject *self, PyObject *args)
     if (count == 0) {
         PyErr_SetString(PyExc_ValueError, "a batch holds at least one record");
         goto error;
+    }
+    if (room >= 0) {
+        result = encode_plain(seq, count, now_ms, room);
+        if (result != Py_NotImplemented)
+            goto error;                  /* done (or failed): clean up and return */
+        result = NULL;
     }
     for (i = 0; i < count; i++) {
         PyObject *rec = PySequence_Fast_GET_ITEM(seq, i), *key, *value, *headers, *ts_obj;
@@ -666,7 +752,17 @@ encode_records(PyObject *self, PyObject *args)
         out.len += body.len;
     }
     {
-        PyObject *payload = PyBytes_FromStringAndSize((const char *)out.data, out.len);
+        PyObject *payload;
+        if (room >= 0) {
+            payload = PyByteArray_FromStringAndSize(NULL, room + out.len);
+            if (payload != NULL) {
+                memset(PyByteArray_AS_STRING(payload), 0, room);
+                if (out.len)
+                    memcpy(PyByteArray_AS_STRING(payload) + room, out.data, out.len);
+            }
+        } else {
+            payload = PyBytes_FromStringAndSize((const char *)out.data, out.len);
+        }
         if (payload == NULL)
             goto error;
         result = Py_BuildValue("(NLL)", payload, (long long)base_ts, (long long)max_ts);

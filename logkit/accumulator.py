@@ -193,10 +193,14 @@ class Batch(_BatchFields):
             if isinstance(offset, BaseException):
                 return offset
         else:
-            index = self._index
-            if index is None:
-                index = self._index = {id(r): i for i, r in enumerate(self.rows)}
-            offset = self.base_offset + index[id(row)]
+            rows = self.rows
+            if rows and rows[-1] is row:    # a synchronous send's row: the last one
+                offset = self.base_offset + len(rows) - 1
+            else:
+                index = self._index
+                if index is None:
+                    index = self._index = {id(r): i for i, r in enumerate(rows)}
+                offset = self.base_offset + index[id(row)]
         ts = row[3]
         return RecordMetadata(self.state.name, self.partition, offset,
                               self.timestamp_ms if ts is None else ts)
@@ -410,12 +414,14 @@ class RecordAccumulator:
             state.busy[p] = True
             return state.sealed[p].popleft()
 
-    def release(self, state: TopicBatches, p: int, batch: Batch, done: bool) -> None:
+    def release(self, state: TopicBatches, p: int, batch: Batch, done: bool, *,
+                claim_next: bool = False) -> Batch | None:
         """End a claim: `done` (stored or failed for good) frees its buffer space; not
         done (the caller's lock wait ran out, nothing stored) puts it first in line
-        again, for the sender thread."""
+        again, for the sender thread. With `claim_next` (and done), p's next sealed
+        batch is claimed for the caller in the same step and returned (None: none
+        waits, and the claim is over)."""
         with self.lock:
-            state.busy[p] = False
             if done:
                 self.reserved -= batch.reserved
                 self.in_flight -= 1
@@ -425,6 +431,10 @@ class RecordAccumulator:
                 self.wake.notify()
             if self.waiting:                     # notify_all costs a microsecond
                 self.changed.notify_all()
+            if done and claim_next and state.sealed[p]:
+                return state.sealed[p].popleft()     # still busy: the caller's claim
+            state.busy[p] = False
+            return None
 
     def wait_appended(self, deadline: float | None, timeout: float | None) -> None:
         """Block until no sealed batch waits to be appended (flush)."""

@@ -532,7 +532,7 @@ class Consumer:
                 continue                       # at its log end, and nobody appended since
             want = max_records - len(out)
             try:
-                records = self._read(tp, position, want, min(per_partition, budget))
+                records, end = self._read(tp, position, want, min(per_partition, budget))
             except OffsetOutOfRangeError:
                 positions[tp] = self._reset(tp)           # retention passed us (Kafka)
                 continue
@@ -559,9 +559,9 @@ class Consumer:
                     return out
             position = positions[tp] = records[-1].offset + 1
             out.extend(records)
-            if len(records) < want and self._handles[tp].high_watermark <= position:
-                # read to its end: skip it until the doorbell moves, as if the next
-                # read had found nothing (a tail read, not a whole read, per partition)
+            if len(records) < want and end <= position:
+                # read to its end (the high watermark that read stopped at): skip it
+                # until the doorbell moves, as if the next read had found nothing
                 drained[tp] = position
                 if pending is not None:
                     pending.discard(tp)
@@ -647,20 +647,19 @@ class Consumer:
         return partition
 
     def _read(self, tp: TopicPartition, position: int, max_records: int,
-              max_bytes: int) -> list[Record]:
-        """`Partition.read` through the cached handle; a handle that went stale (its
-        topic deleted, perhaps re-created, or closed) is looked up again once."""
+              max_bytes: int) -> tuple[list[Record], int]:
+        """`Partition.fetch` (the records and the high watermark they were read below)
+        through the cached handle; a handle that went stale (its topic deleted, perhaps
+        re-created, or closed) is looked up again once."""
         partition = self._handle(tp)
         try:
             try:
-                return partition.read(position, max_records=max_records,
-                                      max_bytes=max_bytes)
+                return partition.fetch(position, max_records, max_bytes=max_bytes)
             except (UnknownTopicError, ClosedError):
                 self._handles.pop(tp, None)
                 self._topic_handles.pop(tp.topic, None)
                 partition = self._handle(tp)        # raises if it is really gone
-                return partition.read(position, max_records=max_records,
-                                      max_bytes=max_bytes)
+                return partition.fetch(position, max_records, max_bytes=max_bytes)
         except OSError as exc:                        # the log names its own; a stray
             if isinstance(exc, LogkitError):          # (LogkitTimeoutError is an OSError)
                 raise

@@ -1215,6 +1215,19 @@ class PartitionLog:
             raise ValueError("max_records must be positive")
         return self._with_tail(self._read, offset, max_records, max_bytes, stop_offset)
 
+    def fetch(self, offset: int, *, max_records: int = 500,
+              max_bytes: int = MAX_FETCH_BYTES) -> tuple[list[Record], int]:
+        """`read(offset)` and the high watermark it read below, from one tail snapshot
+        (a Kafka fetch response carries the partition's high watermark the same way):
+        a reader whose position reached it has read everything there was."""
+        if max_records <= 0:
+            raise ValueError("max_records must be positive")
+        return self._with_tail(self._fetch, offset, max_records, max_bytes)
+
+    def _fetch(self, tail: Tail, offset: int, max_records: int,
+               max_bytes: int) -> tuple[list[Record], int]:
+        return self._read(tail, offset, max_records, max_bytes, None), tail.high_watermark
+
     def _check_in_range(self, offset: int, tail: Tail, last: int) -> None:
         """OffsetOutOfRangeError unless log_start_offset <= offset <= last."""
         if offset < tail.log_start_offset or offset > last:

@@ -479,13 +479,25 @@ class Producer:
         """Queue a record; returns a future of its RecordMetadata.
 
         The hot path of producing, flat on purpose (benchmarks/ and logkit.bench):
-        bytes key and value, no headers, no explicit partition or timestamp."""
+        bytes key and value, no headers or explicit timestamp; an explicit partition
+        when it is one this producer knows of."""
         state = self._states.get(topic)
         if state is None or self._slow or type(value) is not bytes or \
-                not (partition is headers is timestamp_ms is timestamp is None):
+                not (headers is timestamp_ms is timestamp is None):
             return self._send_general(topic, value, key, partition, headers,
                                       timestamp if timestamp_ms is None else timestamp_ms)
-        if key is None:
+        if partition is not None:
+            # an explicit partition this producer knows of (a synchronous send per
+            # record names one, as Kafka's latency tool does); anything else is checked
+            # and named by the general path
+            if type(partition) is not int or not 0 <= partition < state.count or \
+                    not (key is None or type(key) is bytes):
+                return self._send_general(topic, value, key, partition, None, None)
+            size = len(value) + RECORD_OVERHEAD_BYTES
+            if key is not None:
+                size += len(key)
+            p = partition
+        elif key is None:
             size = len(value) + RECORD_OVERHEAD_BYTES
             p = state.sticky
         elif type(key) is bytes:
@@ -686,17 +698,17 @@ class Producer:
         out first, the batch goes back to the head of the queue for the sender thread
         and the drain stops."""
         accumulator = self._accumulator
-        while True:
-            batch = accumulator.claim(state, p)
-            if batch is None:
-                return
-            done = True                 # unless _append says so: never append twice
+        batch = accumulator.claim(state, p)
+        while batch is not None:
             try:
                 done = self._append(batch, deadline)
-            finally:
-                accumulator.release(state, p, batch, done)
+            except BaseException:
+                accumulator.release(state, p, batch, True)    # never append twice
+                raise
             if not done:
+                accumulator.release(state, p, batch, False)
                 return
+            batch = accumulator.release(state, p, batch, True, claim_next=True)
 
     def _append(self, batch: Batch, deadline: float | None = None) -> bool:
         """Append one sealed batch and resolve its futures (lock not held; the caller

@@ -240,9 +240,12 @@ def _encode_headers(headers: Iterable[tuple[str, bytes | None]]) -> bytes:
     return _varint(count) + b"".join(parts)
 
 
-def _encode_records_py(records: Sequence[RecordInput], now_ms: int) -> tuple[bytes, int, int]:
+def _encode_records_py(records: Sequence[RecordInput], now_ms: int, room: int = -1
+                       ) -> tuple[Any, int, int]:
     """The uncompressed records section; returns (payload, base timestamp, max timestamp).
-    Pure Python; `_speedups.encode_records` is the compiled twin."""
+    With `room` >= 0 the payload is a bytearray of `room` zero bytes (the batch header's
+    place) and then the section, else bytes. Pure Python; `_speedups.encode_records` is
+    the compiled twin (which copies each key and value once)."""
     timestamps = [now_ms if r[3] is None else r[3] for r in records]
     base_ts = timestamps[0]
     max_ts = max(timestamps)
@@ -270,6 +273,8 @@ def _encode_records_py(records: Sequence[RecordInput], now_ms: int) -> tuple[byt
         encoded = b"".join(body)
         append(varint(len(encoded)))
         append(encoded)
+    if room >= 0:
+        return bytearray(room) + b"".join(parts), base_ts, max_ts
     return b"".join(parts), base_ts, max_ts
 
 
@@ -287,9 +292,13 @@ def encode_batch(records: Sequence[RecordInput], *, base_offset: int = 0, codec:
         raise ValueError("a batch holds at least one record")
     if now_ms is None:
         now_ms = int(time.time() * 1000)
-    payload, base_ts, max_ts = _encode_records(records, now_ms)
-    if codec != CODEC_NONE:
+    if codec == CODEC_NONE:        # the section written after the header's place
+        batch, base_ts, max_ts = _encode_records(records, now_ms, RECORDS_OFFSET)
+    else:
+        payload, base_ts, max_ts = _encode_records(records, now_ms)
         payload = compress(codec, payload)
+        batch = bytearray(RECORDS_OFFSET + len(payload))
+        batch[RECORDS_OFFSET:] = payload
     attributes = codec
     if log_append_time:
         attributes |= ATTR_TIMESTAMP_TYPE
@@ -298,11 +307,9 @@ def encode_batch(records: Sequence[RecordInput], *, base_offset: int = 0, codec:
         attributes |= ATTR_TRANSACTIONAL
     if control:
         attributes |= ATTR_CONTROL
-    batch = bytearray(RECORDS_OFFSET + len(payload))
     _HEADER.pack_into(batch, 0, base_offset, len(batch) - LOG_OVERHEAD, leader_epoch, MAGIC, 0,
                       attributes, len(records) - 1, base_ts, max_ts, producer_id,
                       producer_epoch, base_sequence, len(records))
-    batch[RECORDS_OFFSET:] = payload
     _restamp_crc(batch, 0)
     return batch
 

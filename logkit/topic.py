@@ -141,6 +141,15 @@ class Partition:
         return self._log.read(offset, max_records=max_records, max_bytes=max_bytes,
                               stop_offset=stop_offset)
 
+    def fetch(self, offset: int, max_records: int = 500, *,
+              max_bytes: int = MAX_FETCH_BYTES) -> tuple[list[Record], int]:
+        """`read(offset, max_records, max_bytes=max_bytes)` and the high watermark that
+        read stopped at, from one look at the partition's end (as a Kafka fetch
+        response carries the partition's high watermark): `(records, high_watermark)`.
+        A reader whose next offset equals it has read everything there was; raises
+        like read()."""
+        return self._log.fetch(offset, max_records=max_records, max_bytes=max_bytes)
+
     def read_columns(self, offset: int, max_records: int = 500, *,
                      stop_offset: int | None = None) -> tuple[Columns, int]:
         """Records from `offset` (below the high watermark and `stop_offset`) decoded

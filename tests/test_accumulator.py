@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import logkit
 from logkit import ForkedProcessError
 from logkit import accumulator as accumulator_module
 from logkit.accumulator import RecordAccumulator, TopicBatches
@@ -217,6 +218,50 @@ def test_fast_and_general_sends_mixed_on_one_partition_keep_send_order(broker, p
     assert [r.value for r in topic.partition(0).read(0, max_records=1000)] == \
         [b"%04d" % i for i in range(600)]
     producer.close()
+
+
+@pytest.mark.parametrize("path", SEND_PATHS)
+def test_sends_to_an_explicit_partition_stay_on_the_fast_path(broker, path):
+    """send(partition=p) with bytes goes where it is told, keyed or not, without the
+    general path (only the topic's first send takes it); a partition the producer does
+    not know of, a bool or a str still gets the general path's named errors."""
+    broker.create_topic("t", 3)
+    producer = use_path(broker.producer(linger_ms=60_000), path)
+    general = []
+    real = producer._send_general
+
+    def counted(*args):
+        general.append(args[3])
+        return real(*args)
+    producer._send_general = counted
+    futures = [producer.send("t", b"v%d" % i, key=None if i % 2 else b"k%d" % i,
+                             partition=i % 3) for i in range(60)]
+    producer.flush()
+    assert [(f.result(timeout=5).partition, f.result().offset) for f in futures] == \
+        [(i % 3, i // 3) for i in range(60)]
+    assert len(general) <= 1                      # the topic's first send only
+    for bad, error in ((3, logkit.UnknownTopicError), (-1, logkit.UnknownTopicError),
+                       (True, logkit.ArgumentTypeError), ("0", logkit.ArgumentTypeError)):
+        with pytest.raises(error):
+            producer.send("t", b"v", partition=bad)
+    assert general[-4:] == [3, -1, True, "0"]
+    producer.close()
+
+
+def test_release_can_claim_the_next_sealed_batch_in_the_same_step(broker):
+    """release(claim_next=True) hands the caller p's next sealed batch with the claim
+    kept (no other thread can take it meanwhile), and ends the claim when none waits."""
+    accumulator = linger0()
+    state = TopicBatches(broker.create_topic("t", 1))
+    first = add(accumulator, state)
+    accumulator.seal(state, 0)
+    second = add(accumulator, state)
+    accumulator.seal(state, 0)
+    assert accumulator.claim(state, 0) is first
+    assert accumulator.release(state, 0, first, True, claim_next=True) is second
+    assert state.busy[0] and accumulator.claim(state, 0) is None
+    assert accumulator.release(state, 0, second, True, claim_next=True) is None
+    assert not state.busy[0] and accumulator.in_flight == 0 and accumulator.reserved == 0
 
 
 def test_a_saturated_linger0_producer_writes_full_batches(broker):

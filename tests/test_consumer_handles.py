@@ -74,12 +74,12 @@ def test_a_partition_read_to_its_end_is_not_read_again_until_the_doorbell_moves(
         consumer = broker.consumer(auto_offset_reset="earliest")
         consumer.assign([TopicPartition("t", n) for n in range(5)])
         reads = []
-        real = Partition.read
+        real = Partition.fetch
 
         def counting(self, offset, *args, **kwargs):
             reads.append((self.topic_partition.partition, offset))
             return real(self, offset, *args, **kwargs)
-        monkeypatch.setattr(Partition, "read", counting)
+        monkeypatch.setattr(Partition, "fetch", counting)
         assert len(consumer.poll(timeout_ms=0, max_records=100)) == 50
         assert sorted(p for p, _ in reads) == [0, 1, 2, 3, 4]     # one read each
         reads.clear()
@@ -91,3 +91,30 @@ def test_a_partition_read_to_its_end_is_not_read_again_until_the_doorbell_moves(
         assert [(r.partition, r.offset, r.value) for r in got] == [(3, 10, b"late")]
         consumer.close()
         producer.close()
+
+
+def test_a_poll_takes_the_high_watermark_from_its_read(tmp_path, monkeypatch):
+    """Whether a partition was read to its end comes from the read itself
+    (`Partition.fetch`), not from a second look at the partition's end per poll."""
+    from logkit.topic import Partition
+    with logkit.Broker(tmp_path) as broker:
+        topic = broker.create_topic("t", 2)
+        for n in range(6):
+            topic.partition(n % 2).append([(None, b"v%d" % n, None, None)])
+        consumer = broker.consumer("t", group_id=None, auto_offset_reset="earliest")
+        looks = []
+        real = Partition.high_watermark
+
+        def counted(self):
+            looks.append(self.topic_partition)
+            return real.fget(self)
+        monkeypatch.setattr(Partition, "high_watermark", property(counted))
+        got = []
+        for _ in range(20):
+            got += consumer.poll(timeout_ms=50)
+            if len(got) == 6:
+                break
+        assert sorted(r.value for r in got) == [b"v%d" % n for n in range(6)]
+        assert looks == []
+        assert consumer.poll(timeout_ms=0) == []     # both drained: not read again
+        consumer.close()

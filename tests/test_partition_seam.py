@@ -101,6 +101,24 @@ def test_read_stops_below_stop_offset(broker):
         partition.read(11)
 
 
+def test_fetch_gives_the_records_of_read_and_the_high_watermark_they_stop_at(broker):
+    """fetch() = read() plus the high watermark of the same look at the partition's end
+    (a Kafka fetch response's high watermark), also when the read stops short of it."""
+    partition = broker.create_topic("t", 1).partition(0)
+    partition.append_batch(batch_of(*[b"v%d" % n for n in range(10)]))
+    records, hw = partition.fetch(3, 4)
+    assert ([r.offset for r in records], hw) == ([3, 4, 5, 6], 10)
+    assert [r.offset for r in partition.fetch(8)[0]] == [8, 9]
+    assert partition.fetch(10) == ([], 10)
+    partition.append_batch(batch_of(b"late"))
+    assert [(r.offset, r.value) for r in partition.fetch(10)[0]] == [(10, b"late")]
+    assert partition.fetch(11, max_bytes=1) == ([], 11)
+    with pytest.raises(OffsetOutOfRangeError):
+        partition.fetch(12)
+    with pytest.raises(ValueError):
+        partition.fetch(0, 0)
+
+
 def test_read_columns_gives_the_records_of_read(broker):
     """read_columns returns Columns holding exactly what read() returns, and the offset
     to go on from."""

@@ -155,6 +155,9 @@ def test_high_watermark_holds_at_what_the_isr_has_and_bounds_every_reader(tmp_pa
             assert (p.log_end_offset, p.high_watermark) == (12, 5)
             assert [r.offset for r in p.read(0, 100)] == [0, 1, 2, 3, 4]
             assert p.read(5) == []
+            records, hw = p.fetch(0, 100)          # the consumer's read: the same stop
+            assert ([r.offset for r in records], hw) == ([0, 1, 2, 3, 4], 5)
+            assert p.fetch(5) == ([], 5)
             columns, next_offset = p.read_columns(0, 100)
             assert (columns.count, next_offset) == (5, 5)
             assert len(p.batches_since(0, upto=p.log_end_offset)) > len(p.batches_since(0))

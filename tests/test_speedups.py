@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 
 import pytest
 
@@ -70,6 +71,40 @@ def test_encode_handles_many_records_and_list_rows():
     """Offset deltas past the small-varint table, and rows given as lists."""
     rows = [[b"k", b"v" * 3, None, NOW + i] for i in range(9000)]
     assert speedups.encode_records(rows, NOW) == rec._encode_records_py(rows, NOW)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("headers", [False, True])
+def test_encode_records_with_room_matches_python(seed, headers):
+    """With room for the header (encode_batch's call): a bytearray of that many zero
+    bytes, then the same section as without it, from the one-copy loop (rows of bytes
+    or None, no headers) and from the general loop (a row with headers, a bytearray
+    value or a list row anywhere sends the whole batch there)."""
+    rng = random.Random(300 + seed)
+    rows = [(key, value, None, ts) for key, value, _, ts in
+            random_records(rng, rng.choice([1, 2, 70, 400]))]
+    if headers:
+        odd = rng.randrange(len(rows))
+        rows[odd] = rng.choice([(b"k", b"v", [("h", b"x")], None), (b"k", bytearray(b"v"),
+                                None, NOW), [b"k", b"v", None, NOW - 5]])
+    for room in (0, 1, rec.RECORDS_OFFSET):
+        got, base, top = speedups.encode_records(rows, NOW, room)
+        want, want_base, want_top = rec._encode_records_py(rows, NOW, room)
+        assert type(got) is type(want) is bytearray
+        assert (got, base, top) == (want, want_base, want_top)
+        assert bytes(got[:room]) == bytes(room)
+        assert bytes(got[room:]) == speedups.encode_records(rows, NOW)[0]
+
+
+def test_encode_with_room_takes_timestamps_the_one_copy_loop_cannot():
+    """A timestamp past 64 bits or of another type goes to the general loop, which
+    raises what the Python encoder raises; a bool key is refused like any non-bytes."""
+    for bad in ([(b"k", b"v", None, 2**70)], [(b"k", b"v", None, 1.5)],
+                [(True, b"v", None, None)]):
+        with pytest.raises((TypeError, OverflowError)):
+            speedups.encode_records(bad, NOW, rec.RECORDS_OFFSET)
+        with pytest.raises((TypeError, OverflowError, struct.error)):
+            rec.encode_batch(bad, now_ms=NOW)
 
 
 def test_encode_rejects_what_python_rejects():

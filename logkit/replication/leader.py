@@ -561,6 +561,11 @@ class ReplicatedPartition(Partition):
         stop = hw if stop_offset is None else min(stop_offset, hw)
         return super().read(offset, max_records, stop_offset=stop, **options)
 
+    def fetch(self, offset: int, max_records: int = 500, **options: Any
+              ) -> tuple[list[Any], int]:
+        hw = self.high_watermark
+        return super().read(offset, max_records, stop_offset=hw, **options), hw
+
     def read_columns(self, offset: int, max_records: int = 500, *,
                      stop_offset: int | None = None) -> tuple[Any, int]:
         hw = self.high_watermark

@@ -43,7 +43,7 @@ import uuid
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from ..errors import LogkitTimeoutError, NotLeaderError, StorageError, start_thread
-from ..log import PartitionLog
+from ..log import LOCK_TIMEOUT_S, PartitionLog
 from ..meta import MetaStore
 from ..tail import open_file
 
@@ -398,9 +398,11 @@ class LeaderLog(PartitionLog):
         super().__init__(*args, **kwargs)
         self._lease = lease
 
-    def append_batch_nowait(self, batch: bytearray, **kwargs: Any) -> Any:
+    def append_batch_nowait(self, batch: bytearray, *, verify: bool = False,
+                            lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> Any:
         self._lease.check()             # append_batch comes here too
-        return super().append_batch_nowait(batch, **kwargs)
+        return super().append_batch_nowait(batch, verify=verify,
+                                           lock_timeout_s=lock_timeout_s)
 
 
 class LeaderMeta(MetaStore):
