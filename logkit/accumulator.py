@@ -380,11 +380,13 @@ class RecordAccumulator:
         state.batch_sealed(p)
         return batch
 
-    def seal_if_open(self, batch: Batch, *, caller: bool = False) -> None:
+    def seal_if_open(self, batch: Batch, *, caller: bool = False,
+                     claim: bool = False) -> Batch | None:
         """Seal `batch` if it still waits open in the accumulator. `caller`: the thread
         that sent into it waits for it (`future.result()`) and appends it itself; if the
         sender thread was woken for this batch, senders are taking their own batches
-        and new ones stop waking it (see `_note_callers`)."""
+        and new ones stop waking it (see `_note_callers`). `claim`: also `claim` the
+        partition's next sealed batch in the same step (returned; None as claim's)."""
         state, p = batch.state, batch.partition
         with self.lock:
             if state.open[p] is batch:
@@ -392,6 +394,10 @@ class RecordAccumulator:
             if caller and self.woken_for is batch:
                 self.callers_take = True
                 self.woken_for = None
+            if not claim or state.busy[p] or not state.sealed[p]:
+                return None
+            state.busy[p] = True
+            return state.sealed[p].popleft()
 
     def seal_all(self) -> list[TopicBatches]:
         """Seal every open batch (flush); every topic's batches, to drain."""

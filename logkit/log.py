@@ -1194,7 +1194,10 @@ class PartitionLog:
         for _ in range(READ_RETRIES):
             tail = self.tail()            # may take the lock: never under _thread_lock
             with self._thread_lock:       # segments and their maps are shared by threads
-                self._check_usable()
+                # closed meanwhile (under this lock) or forked: the full check raises;
+                # the deleted flag was read with the tail, a moment ago
+                if self._closed or self._pid != _fork._pid:
+                    self._check_usable()
                 try:
                     return reader(tail, *args)
                 except FileNotFoundError:

@@ -685,10 +685,12 @@ class Producer:
     def _append_if_open(self, batch: Batch, deadline: float | None = None) -> None:
         """Seal `batch` if it still waits in the accumulator, and append what is due,
         waiting for the append lock until `deadline` at most (see `_drain`)."""
-        self._accumulator.seal_if_open(batch, caller=True)
-        self._drain(batch.state, batch.partition, deadline)
+        claimed = self._accumulator.seal_if_open(batch, caller=True, claim=True)
+        if claimed is not None:
+            self._drain(batch.state, batch.partition, deadline, claimed)
 
-    def _drain(self, state: _TopicState, p: int, deadline: float | None = None) -> None:
+    def _drain(self, state: _TopicState, p: int, deadline: float | None = None,
+               claimed: Batch | None = None) -> None:
         """Append partition p's sealed batches in order, in this thread — unless another
         thread is appending p already; that thread appends them (it loops until the
         queue is empty), so no thread waits for another's append and none hands off.
@@ -696,9 +698,9 @@ class Producer:
         `deadline` (monotonic) is this caller's bound on waiting for the append lock;
         each batch is also bounded by its delivery timeout. When the caller's bound runs
         out first, the batch goes back to the head of the queue for the sender thread
-        and the drain stops."""
+        and the drain stops. `claimed`: p's first batch, claimed by the caller already."""
         accumulator = self._accumulator
-        batch = accumulator.claim(state, p)
+        batch = accumulator.claim(state, p) if claimed is None else claimed
         while batch is not None:
             try:
                 done = self._append(batch, deadline)

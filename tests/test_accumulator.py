@@ -264,6 +264,20 @@ def test_release_can_claim_the_next_sealed_batch_in_the_same_step(broker):
     assert not state.busy[0] and accumulator.in_flight == 0 and accumulator.reserved == 0
 
 
+def test_seal_if_open_can_claim_the_batch_for_its_caller(broker):
+    """A waiting caller's seal claims the partition's first sealed batch in the same
+    step; nothing is claimed while another thread appends the partition."""
+    accumulator = linger0()
+    state = TopicBatches(broker.create_topic("t", 1))
+    batch = add(accumulator, state)
+    assert accumulator.seal_if_open(batch, caller=True, claim=True) is batch
+    assert state.busy[0] and not state.sealed[0] and state.open[0] is None
+    later = add(accumulator, state)
+    assert accumulator.seal_if_open(later, caller=True, claim=True) is None  # p is busy
+    assert list(state.sealed[0]) == [later]
+    assert accumulator.release(state, 0, batch, True, claim_next=True) is later
+
+
 def test_a_saturated_linger0_producer_writes_full_batches(broker):
     """linger_ms=0 and one thread sending as fast as it can: batches leave full (sealed
     by the sending thread), not as the trickle a sender thread taking every open batch
