@@ -195,48 +195,26 @@ PyDoc_STRVAR(decode_records_doc,
 "min_offset. append_time is None or the LogAppendTime timestamp. Raises ValueError\n"
 "on malformed bytes.");
 
-static PyObject *
-decode_records(PyObject *self, PyObject *args)
+/* Append the records of the section [pos, end) (count of them) with offsets in
+ * [min_offset, stop_offset) to `out` as `type` tuples. Returns 0, or -1 with an error
+ * set (ValueError on malformed bytes). Shared by decode_records and walk_batches. */
+static int
+decode_section(PyObject *out, const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
+               long long count_ll, int64_t base_offset, int64_t base_ts,
+               PyObject *append_time, PyObject *topic, PyObject *partition,
+               int64_t min_offset, int64_t stop_offset, PyTypeObject *type)
 {
-    Py_buffer view;
-    Py_ssize_t pos, end;
-    long long count_ll, base_offset, base_ts, min_offset;
-    PyObject *append_time, *topic, *partition, *record_type;
-    PyObject *out = NULL, *key = NULL, *value = NULL, *headers = NULL;
-    PyTypeObject *type;
-    const unsigned char *buf;
+    PyObject *key = NULL, *value = NULL, *headers = NULL;
     int64_t length, ts_delta, offset_delta, offset;
     Py_ssize_t record_end;
     long long n;
 
-    if (!PyArg_ParseTuple(args, "y*nnLLLOOOLO:decode_records", &view, &pos, &end, &count_ll,
-                          &base_offset, &base_ts, &append_time, &topic, &partition,
-                          &min_offset, &record_type))
-        return NULL;
-    if (!PyType_Check(record_type) ||
-        !PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass");
-        return NULL;
-    }
-    type = (PyTypeObject *)record_type;
-    if (pos < 0 || end > view.len || pos > end) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "records section lies outside the buffer");
-        return NULL;
-    }
-    buf = (const unsigned char *)view.buf;
-    /* A record takes at least 7 bytes, which bounds the list we preallocate. */
+    /* A record takes at least 7 bytes, which bounds the count. */
     if (count_ll < 0 || count_ll > (end - pos) / 7 + 1) {
-        PyBuffer_Release(&view);
         PyErr_Format(PyExc_ValueError, "records count %lld does not fit in %zd bytes",
                      count_ll, end - pos);
-        return NULL;
+        return -1;
     }
-    out = PyList_New(0);
-    if (out == NULL)
-        goto error;
-
     for (n = 0; n < count_ll; n++) {
         RecordFields f;
         if (parse_record(buf, &pos, end, &f) < 0)
@@ -263,11 +241,11 @@ decode_records(PyObject *self, PyObject *args)
                          (long long)length, (long long)(length + pos - record_end));
             goto error;
         }
-        if (__builtin_add_overflow((int64_t)base_offset, offset_delta, &offset)) {
+        if (__builtin_add_overflow(base_offset, offset_delta, &offset)) {
             PyErr_SetString(PyExc_ValueError, "offset delta overflows 64 bits");
             goto error;
         }
-        if (offset >= min_offset) {
+        if (offset >= min_offset && offset < stop_offset) {
             PyObject *rec, *off_obj, *ts_obj;
             off_obj = PyLong_FromLongLong(offset);
             ts_obj = append_time == Py_None ? add_as_long(base_ts, ts_delta)
@@ -301,15 +279,202 @@ decode_records(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "%zd stray bytes after the last record", end - pos);
         goto error;
     }
-    PyBuffer_Release(&view);
-    return out;
+    return 0;
 error:
     Py_XDECREF(key);
     Py_XDECREF(value);
     Py_XDECREF(headers);
+    return -1;
+}
+
+static int
+check_record_type(PyObject *record_type)
+{
+    if (!PyType_Check(record_type) ||
+        !PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+decode_records(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, end;
+    long long count_ll, base_offset, base_ts, min_offset;
+    PyObject *append_time, *topic, *partition, *record_type, *out;
+
+    if (!PyArg_ParseTuple(args, "y*nnLLLOOOLO:decode_records", &view, &pos, &end, &count_ll,
+                          &base_offset, &base_ts, &append_time, &topic, &partition,
+                          &min_offset, &record_type))
+        return NULL;
+    if (check_record_type(record_type) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (pos < 0 || end > view.len || pos > end) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "records section lies outside the buffer");
+        return NULL;
+    }
+    out = PyList_New(0);
+    if (out != NULL && decode_section(out, (const unsigned char *)view.buf, pos, end,
+                                      count_ll, base_offset, base_ts, append_time, topic,
+                                      partition, min_offset, INT64_MAX,
+                                      (PyTypeObject *)record_type) < 0)
+        Py_CLEAR(out);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* ---- the read walk ---------------------------------------------------------------- */
+
+static inline int64_t
+be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+static inline int32_t
+be32(const unsigned char *p)
+{
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+                     ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
+}
+
+#define WALK_HEADER 61           /* records.RECORDS_OFFSET */
+#define WALK_OVERHEAD 12         /* records.LOG_OVERHEAD */
+#define WALK_ATTR_CODEC 0x07
+#define WALK_ATTR_APPEND_TIME 0x08
+#define WALK_ATTR_CONTROL 0x20
+
+PyDoc_STRVAR(walk_batches_doc,
+"walk_batches(buf, base, pos, offset, size, topic, partition, max_records, max_bytes,\n"
+"             stop_offset, exact, record_type, crc32c) -> tuple | NotImplemented\n\n"
+"segment.LogSegment._read's walk for the clean case: whole, valid, uncompressed\n"
+"magic-2 batches from file position `pos` (buf[0] is file position `base`), CRC-32C\n"
+"checked by the given function, offsets in sequence, the first batch checked as `exact`\n"
+"says (1: it starts at offset, 0: it holds it, -1: checked already). Returns\n"
+"(records, pos, last_pos, expected, last_offset, budget) -- where the walk stopped,\n"
+"the last batch's position, the offset after the last batch looked at and its last\n"
+"offset (-1: none), and\n"
+"max_bytes less the bytes walked -- or NotImplemented, having changed nothing, at\n"
+"anything else (a torn, impossible, compressed, out-of-sequence or mismatching\n"
+"batch, a malformed record): the Python walk then reports it precisely.");
+
+static PyObject *
+walk_batches(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "walk_batches takes 13 arguments");
+        return NULL;
+    }
+    Py_ssize_t base = PyLong_AsSsize_t(args[1]), pos = PyLong_AsSsize_t(args[2]);
+    long long offset = PyLong_AsLongLong(args[3]);
+    Py_ssize_t size = PyLong_AsSsize_t(args[4]);
+    PyObject *topic = args[5], *partition = args[6];
+    Py_ssize_t max_records = PyLong_AsSsize_t(args[7]);
+    long long budget = PyLong_AsLongLong(args[8]), stop_offset = PyLong_AsLongLong(args[9]);
+    long exact = PyLong_AsLong(args[10]);
+    PyObject *record_type = args[11], *crc_fn = args[12];
+    if (PyErr_Occurred() || check_record_type(record_type) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    PyObject *out = PyList_New(0), *result = NULL;
+    if (out == NULL)
+        goto done;
+    if (pos < base || size - base > view.len || pos > size) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    Py_ssize_t last_pos = pos;
+    int64_t expected = -1, last_offset = -1;
+    while (pos < size && PyList_GET_SIZE(out) < max_records) {
+        const unsigned char *h = buf + (pos - base);
+        if (size - pos < WALK_HEADER)
+            goto fall_back;
+        int64_t batch_base = be64(h);
+        int32_t length = be32(h + 8);
+        int magic = h[16];
+        uint32_t crc = (uint32_t)be32(h + 17);
+        int attributes = (h[21] << 8) | h[22];
+        int32_t delta = be32(h + 23);
+        int64_t base_ts = be64(h + 27), max_ts = be64(h + 35);
+        int32_t count = be32(h + 57);
+        if (magic != 2 || length < WALK_HEADER - WALK_OVERHEAD || count < 0 || delta < 0 ||
+                (long long)length > (long long)(size - pos - WALK_OVERHEAD) ||
+                (attributes & WALK_ATTR_CODEC))
+            goto fall_back;
+        int64_t batch_last = batch_base + delta;
+        if (exact >= 0) {
+            if (exact ? batch_base != offset : !(batch_base <= offset && offset <= batch_last))
+                goto fall_back;
+            exact = -1;
+        } else if (expected >= 0 && batch_base != expected) {
+            goto fall_back;
+        }
+        expected = batch_last + 1;
+        last_offset = batch_last;        /* the last header looked at, as the Python walk */
+        if (batch_base >= stop_offset)
+            break;
+        Py_ssize_t end = pos + WALK_OVERHEAD + length;
+        PyObject *memory = PyMemoryView_FromMemory((char *)h + 17 + 4,
+                                                   end - pos - 21, PyBUF_READ);
+        if (memory == NULL)
+            goto done;
+        PyObject *actual = PyObject_CallOneArg(crc_fn, memory);
+        Py_DECREF(memory);
+        if (actual == NULL)
+            goto done;
+        unsigned long got = PyLong_AsUnsignedLong(actual);
+        Py_DECREF(actual);
+        if (got == (unsigned long)-1 && PyErr_Occurred())
+            goto done;
+        if (got != crc)
+            goto fall_back;
+        if (!(attributes & WALK_ATTR_CONTROL)) {
+            PyObject *append_time = Py_None;
+            if (attributes & WALK_ATTR_APPEND_TIME) {
+                append_time = PyLong_FromLongLong(max_ts);
+                if (append_time == NULL)
+                    goto done;
+            }
+            int failed = decode_section(out, h, WALK_HEADER, end - pos, count,
+                                        batch_base, base_ts, append_time, topic, partition,
+                                        offset, stop_offset, (PyTypeObject *)record_type);
+            if (append_time != Py_None)
+                Py_DECREF(append_time);
+            if (failed) {
+                if (!PyErr_ExceptionMatches(PyExc_ValueError) &&
+                        !PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                    goto done;
+                PyErr_Clear();
+                goto fall_back;
+            }
+        }
+        last_pos = pos;
+        budget -= end - pos;
+        pos = end;
+        if (budget <= 0)
+            break;
+    }
+    result = Py_BuildValue("(OnnLLL)", out, pos, last_pos, (long long)expected,
+                           (long long)last_offset, budget);
+    goto done;
+fall_back:
+    result = Py_NewRef(Py_NotImplemented);
+done:
     Py_XDECREF(out);
     PyBuffer_Release(&view);
-    return NULL;
+    return result;
 }
 
 /* ---- decode into columns ------------------------------------------------------------ */
@@ -796,6 +961,8 @@ static PyMethodDef methods[] = {
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"encode_records", encode_records, METH_VARARGS, encode_records_doc},
     {"murmur2", murmur2, METH_O, murmur2_doc},
+    {"walk_batches", (PyCFunction)(void (*)(void))walk_batches, METH_FASTCALL,
+     walk_batches_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -602,10 +602,30 @@ def _decode_records_c(buf: Any, pos: int, end: int, header: BatchHeader, topic: 
                      topic, partition, min_offset, Record)
 
 
+def walk_clean(buf: Any, base: int, pos: int, offset: int, size: int, topic: str,
+               partition: int, max_records: int, max_bytes: int, stop_offset: int,
+               exact: bool | None) -> tuple | None:
+    """A read's walk over buf (file position `base` at buf[0]) from `pos`, in C, when
+    every batch it meets is whole, valid, uncompressed, in sequence and matches its CRC
+    (the first one starting at `offset` when `exact`, holding it when False, checked
+    already when None): (records with offsets in [offset, stop_offset), the position
+    the walk stopped at, the last batch's position, the offset after the last batch
+    looked at, that batch's last offset or -1, max_bytes less the bytes walked).
+    None, having changed nothing, for anything else and without the compiled
+    accelerator: the caller's Python walk then reports what is wrong, precisely."""
+    if _walk is None:
+        return None
+    got = _walk(buf, base, pos, offset, size, topic, partition, max_records, max_bytes,
+                stop_offset, -1 if exact is None else int(exact), Record, crc32c)
+    return None if got is NotImplemented else got
+
+
 if _speedups is not None:
+    _walk = _speedups.walk_batches
     _c_decode = _speedups.decode_records
     _decode_records = _decode_records_c
     _encode_records = _speedups.encode_records
 else:
+    _walk = None
     _decode_records = _decode_records_py
     _encode_records = _encode_records_py

@@ -35,7 +35,8 @@ from .index import OffsetIndex, TimeIndex
 from .records import (ATTR_CONTROL, FIELD_BASE_OFFSET, FIELD_BATCH_LENGTH,
                       FIELD_LAST_OFFSET_DELTA, FIELD_MAGIC, LOG_OVERHEAD, MAGIC,
                       MIN_BATCH_LENGTH, RECORDS_OFFSET, TORN_BATCH, BatchHeader, Record,
-                      _HEADER, decode_batch, iter_batches, out_of_sequence, read_header)
+                      _HEADER, decode_batch, iter_batches, out_of_sequence, read_header,
+                      walk_clean)
 
 __all__ = ["LogSegment", "SegmentRecovery", "segment_file_name", "parse_segment_name",
            "unlink_segment", "retire_segment", "DELETED_SUFFIX"]
@@ -568,7 +569,16 @@ class LogSegment:
               partition: int, max_records: int, max_bytes: int,
               stop_offset: int, exact: bool | None = None) -> tuple[list[Record], int]:
         """read() over `buf`, which holds the file's bytes from position `base`;
-        `exact` as `_find` returned it for the first batch."""
+        `exact` as `_find` returned it for the first batch. The walk runs in C when
+        every batch is clean (`records.walk_clean`), else here, which names the fault."""
+        clean = walk_clean(buf, base, pos, offset, size, topic, partition, max_records,
+                           max_bytes, stop_offset, exact)
+        if clean is not None:
+            out, pos, last_pos, expected, last_offset, budget = clean
+            self.scanned_to_end = pos >= size
+            self.scan_end_offset = expected
+            return self._finish_read(out, pos, last_pos, last_offset, max_records,
+                                     max_bytes - budget)
         out: list[Record] = []
         budget = max_bytes
         path = self.path
@@ -604,16 +614,23 @@ class LogSegment:
                 break
         self.scanned_to_end = pos >= size
         self.scan_end_offset = expected
+        return self._finish_read(out, pos, last_pos, header.last_offset if out else -1,
+                                 max_records, max_bytes - budget)
+
+    def _finish_read(self, out: list[Record], pos: int, last_pos: int, last_offset: int,
+                     max_records: int, used: int) -> tuple[list[Record], int]:
+        """The end of a read's walk: at most max_records, and the cursor for the next
+        read (`last_offset`: that of the last batch the walk looked at)."""
         if len(out) > max_records:
             del out[max_records:]
         if out:
             next_offset = out[-1].offset + 1
             # the last batch read holds next_offset when it was cut short; else the next
-            if next_offset > header.last_offset:
+            if next_offset > last_offset:
                 self._cursor = (next_offset, pos, True)     # the next batch starts there
             else:
                 self._cursor = (next_offset, last_pos, False)
-        return out, max_bytes - budget
+        return out, used
 
     def end_offset(self, size: int) -> int:
         """The offset after the last batch in [0, size) (base_offset when empty)."""
