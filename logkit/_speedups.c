@@ -2,7 +2,9 @@
  *
  * Owns: encoding the records section of a magic-2 batch (`encode_records`), decoding it
  * into `Record` tuples (`decode_records`) or into Arrow-ready column buffers
- * (`decode_columns`, the Spark reader's path), and Kafka's murmur2 (`murmur2`). Each mirrors
+ * (`decode_columns`, the Spark reader's path), a read's walk over clean batches
+ * (`walk_batches`: it hands back NotImplemented, having changed nothing, at any batch
+ * the Python walk must handle or report) and Kafka's murmur2 (`murmur2`). Each mirrors
  * a pure-Python function in records.py / murmur2.py exactly: same bytes out, same
  * records out, and an exception (ValueError or UnicodeDecodeError) wherever the Python
  * version raises on malformed input. records.py turns those into CorruptRecordError.

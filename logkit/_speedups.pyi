@@ -7,10 +7,12 @@ malformed bytes. Import it through `logkit._native`, which chooses once.
 
 from typing import Any, Sequence
 
-def encode_records(records: Sequence[Sequence[Any]],
-                   now_ms: int) -> tuple[bytes, int, int]:
+def encode_records(records: Sequence[Sequence[Any]], now_ms: int,
+                   room: int = -1) -> tuple[Any, int, int]:
     """The uncompressed records section of (key, value, headers, timestamp_ms) rows:
-    (payload, base timestamp, max timestamp). A timestamp of None means now_ms."""
+    (payload, base timestamp, max timestamp). A timestamp of None means now_ms. With
+    room >= 0 the payload is a bytearray of `room` zero bytes, then the section (each
+    key and value copied once); else bytes."""
 
 def decode_records(buf: Any, pos: int, end: int, count: int, base_offset: int,
                    base_timestamp: int, append_time: int | None, topic: str,
@@ -27,3 +29,10 @@ def decode_columns(buf: Any, pos: int, end: int, count: int, base_offset: int,
 
 def murmur2(data: bytes) -> int:
     """Kafka's murmur2 (seed 0x9747b28c) as a signed 32-bit int."""
+
+def walk_batches(buf: Any, base: int, pos: int, offset: int, size: int, topic: str,
+                 partition: int, max_records: int, max_bytes: int, stop_offset: int,
+                 exact: int, record_type: type, crc32c: Any) -> Any:
+    """segment.LogSegment._read's batch walk for clean batches (records.walk_clean):
+    (records, pos, last_pos, expected, last_offset, budget), or NotImplemented with
+    nothing changed at any batch the Python walk must handle or report."""
