@@ -239,7 +239,7 @@ def test_reads_walked_in_c_match_the_python_walk(tmp_path, monkeypatch, seed):
     plan += [(o, 1, 1 << 20, None) for o in range(end)]          # cursor-following
     walked = []
     handled = []
-    real_walk = rec._walk
+    real_walk = speedups.walk_batches       # the compiled walk, even under LOGKIT_PURE_PYTHON
 
     def counted(*args):
         got = real_walk(*args)
