@@ -23,7 +23,7 @@ class BuildPyWithJar(build_py):
 
 setup(cmdclass={"build_py": BuildPyWithJar}, ext_modules=[
     Extension("logkit._speedups", sources=["logkit/_speedups.c"],
-              depends=["logkit/_murmur2.h"], optional=True,
+              depends=["logkit/_murmur2.h", "logkit/_batch.h"], optional=True,
               extra_compile_args=["-O3", "-std=c99"]),
     # Producer.send()'s common case (logkit/producer.py falls back to Python without it).
     Extension("logkit._sendpath", sources=["logkit/_sendpath.c"],
@@ -32,7 +32,8 @@ setup(cmdclass={"build_py": BuildPyWithJar}, ext_modules=[
     # The append path's short system calls with the GIL kept, and its common case in
     # one call (logkit/log.py and logkit/segment.py fall back to fcntl.flock, os.pwrite
     # and the Python append without it).
-    Extension("logkit._shortio", sources=["logkit/_shortio.c"], optional=True,
+    Extension("logkit._shortio", sources=["logkit/_shortio.c"],
+              depends=["logkit/_batch.h"], optional=True,
               extra_compile_args=["-O2", "-std=gnu99"]),
     # The doorbell's futex wait/wake (logkit/notify.py falls back to ctypes without it).
     Extension("logkit._doorbell", sources=["logkit/_doorbell.c"], optional=True,

@@ -56,6 +56,8 @@
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
+
+#include "_batch.h"
 #endif
 
 #define HELD_WRITE_MAX (256 * 1024)
@@ -140,46 +142,9 @@ enum {
 };
 #define TAIL_END TAIL_FIELD(T_FIELDS)
 
-/* The record batch v2 header (records.py): big-endian. */
-#define B_BASE_OFFSET 0
-#define B_LENGTH 8
-#define B_LEADER_EPOCH 12
-#define B_LAST_OFFSET_DELTA 23
-#define B_MAX_TIMESTAMP 35
-#define B_HEADER 61
-#define LOG_OVERHEAD 12
-
 #define OFFSET_ENTRY 8          /* index.py: relative offset int32, position int32 */
 #define TIME_ENTRY 12           /* timestamp int64, relative offset int32 */
 #define FALLBACK (-1)
-
-static uint32_t
-be32(const unsigned char *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint64_t
-be64(const unsigned char *p)
-{
-    return (uint64_t)be32(p) << 32 | be32(p + 4);
-}
-
-static void
-put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static void
-put_be64(unsigned char *p, uint64_t v)
-{
-    put_be32(p, (uint32_t)(v >> 32));
-    put_be32(p + 4, (uint32_t)v);
-}
 
 static int64_t
 now_ms(void)
@@ -392,8 +357,6 @@ after_fork_in_child(void)
 }
 
 #define MAX_PIECES 8
-#define CODEC_MASK 0x07
-#define B_ATTRIBUTES 21
 
 typedef struct {
     PyObject_HEAD
@@ -641,7 +604,7 @@ appender_append(Appender *self, PyObject *batch)
     if (views[0].len < B_HEADER || total > self->max_bytes || total > HELD_WRITE_MAX
             || (int64_t)(int32_t)be32(head + B_LENGTH) + LOG_OVERHEAD != total
             || (int64_t)(int32_t)be32(head + B_LAST_OFFSET_DELTA) + 1 >= self->flush_messages
-            || (self->codec >= 0 && (head[B_ATTRIBUTES + 1] & CODEC_MASK) != self->codec))
+            || (self->codec >= 0 && (head[B_ATTRIBUTES + 1] & ATTR_CODEC_MASK) != self->codec))
         goto release_pieces;    /* refused, rewritten, corrupt, a long write or a sync
                                    due whatever the tail says: Python */
     if (PyObject_GetBuffer(self->tail, &tail, PyBUF_WRITABLE) < 0) {

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_batch.h"
 #include "_murmur2.h"
 
 /* ---- varints --------------------------------------------------------------------- */
@@ -333,28 +334,6 @@ decode_records(PyObject *self, PyObject *args)
 
 /* ---- the read walk ---------------------------------------------------------------- */
 
-static inline int64_t
-be64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = (v << 8) | p[i];
-    return (int64_t)v;
-}
-
-static inline int32_t
-be32(const unsigned char *p)
-{
-    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
-                     ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
-}
-
-#define WALK_HEADER 61           /* records.RECORDS_OFFSET */
-#define WALK_OVERHEAD 12         /* records.LOG_OVERHEAD */
-#define WALK_ATTR_CODEC 0x07
-#define WALK_ATTR_APPEND_TIME 0x08
-#define WALK_ATTR_CONTROL 0x20
-
 PyDoc_STRVAR(walk_batches_doc,
 "walk_batches(buf, base, pos, offset, size, topic, partition, max_records, max_bytes,\n"
 "             stop_offset, exact, record_type, crc32c) -> tuple | NotImplemented\n\n"
@@ -401,21 +380,22 @@ walk_batches(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t expected = -1, last_offset = -1;
     while (pos < size && PyList_GET_SIZE(out) < max_records) {
         const unsigned char *h = buf + (pos - base);
-        if (size - pos < WALK_HEADER)
+        if (size - pos < B_HEADER)
             goto fall_back;
-        int64_t batch_base = be64(h);
-        int32_t length = be32(h + 8);
-        int magic = h[16];
-        uint32_t crc = (uint32_t)be32(h + 17);
-        int attributes = (h[21] << 8) | h[22];
-        int32_t delta = be32(h + 23);
-        int64_t base_ts = be64(h + 27), max_ts = be64(h + 35);
-        int32_t count = be32(h + 57);
-        if (magic != 2 || length < WALK_HEADER - WALK_OVERHEAD || count < 0 || delta < 0 ||
-                (long long)length > (long long)(size - pos - WALK_OVERHEAD) ||
-                (attributes & WALK_ATTR_CODEC))
+        int64_t batch_base = (int64_t)be64(h + B_BASE_OFFSET), batch_last;
+        int32_t length = (int32_t)be32(h + B_LENGTH);
+        uint32_t crc = be32(h + B_CRC);
+        int attributes = (h[B_ATTRIBUTES] << 8) | h[B_ATTRIBUTES + 1];
+        int32_t delta = (int32_t)be32(h + B_LAST_OFFSET_DELTA);
+        int64_t base_ts = (int64_t)be64(h + B_BASE_TIMESTAMP);
+        int64_t max_ts = (int64_t)be64(h + B_MAX_TIMESTAMP);
+        int32_t count = (int32_t)be32(h + B_RECORDS_COUNT);
+        if (h[B_MAGIC] != B_MAGIC_V2 || length < B_HEADER - LOG_OVERHEAD || count < 0 ||
+                delta < 0 || (long long)length > (long long)(size - pos - LOG_OVERHEAD) ||
+                (attributes & ATTR_CODEC_MASK) ||
+                __builtin_add_overflow(batch_base, (int64_t)delta, &batch_last) ||
+                batch_last == INT64_MAX)     /* the offset after it must fit too */
             goto fall_back;
-        int64_t batch_last = batch_base + delta;
         if (exact >= 0) {
             if (exact ? batch_base != offset : !(batch_base <= offset && offset <= batch_last))
                 goto fall_back;
@@ -427,9 +407,9 @@ walk_batches(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         last_offset = batch_last;        /* the last header looked at, as the Python walk */
         if (batch_base >= stop_offset)
             break;
-        Py_ssize_t end = pos + WALK_OVERHEAD + length;
-        PyObject *memory = PyMemoryView_FromMemory((char *)h + 17 + 4,
-                                                   end - pos - 21, PyBUF_READ);
+        Py_ssize_t end = pos + LOG_OVERHEAD + length;
+        PyObject *memory = PyMemoryView_FromMemory((char *)h + B_ATTRIBUTES,
+                                                   end - pos - B_ATTRIBUTES, PyBUF_READ);
         if (memory == NULL)
             goto done;
         PyObject *actual = PyObject_CallOneArg(crc_fn, memory);
@@ -442,14 +422,14 @@ walk_batches(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         if (got != crc)
             goto fall_back;
-        if (!(attributes & WALK_ATTR_CONTROL)) {
+        if (!(attributes & ATTR_CONTROL)) {
             PyObject *append_time = Py_None;
-            if (attributes & WALK_ATTR_APPEND_TIME) {
+            if (attributes & ATTR_APPEND_TIME) {
                 append_time = PyLong_FromLongLong(max_ts);
                 if (append_time == NULL)
                     goto done;
             }
-            int failed = decode_section(out, h, WALK_HEADER, end - pos, count,
+            int failed = decode_section(out, h, B_HEADER, end - pos, count,
                                         batch_base, base_ts, append_time, topic, partition,
                                         offset, stop_offset, (PyTypeObject *)record_type);
             if (append_time != Py_None)
@@ -719,6 +699,15 @@ error:
  * or None key and value, no headers, an int or None timestamp. Returns the result
  * tuple, NULL with an error set, or Py_NotImplemented (borrowed, nothing set) for any
  * other row: the general loop below takes the whole batch then. */
+/* The encoded size of one header-less record's body (after its length varint);
+ * klen/vlen -1 for a null key/value. */
+static inline Py_ssize_t
+plain_body_size(int64_t ts_delta, Py_ssize_t i, Py_ssize_t klen, Py_ssize_t vlen)
+{
+    return 1 + varint_size(ts_delta) + varint_size(i) + 1 +
+        (klen < 0 ? 1 : varint_size(klen) + klen) + (vlen < 0 ? 1 : varint_size(vlen) + vlen);
+}
+
 static PyObject *
 encode_plain(PyObject *seq, Py_ssize_t count, int64_t now_ms, Py_ssize_t room)
 {
@@ -749,10 +738,9 @@ encode_plain(PyObject *seq, Py_ssize_t count, int64_t now_ms, Py_ssize_t room)
             base_ts = max_ts = ts;
         else if (ts > max_ts)
             max_ts = ts;
-        Py_ssize_t body = 1 + varint_size(ts - base_ts) + varint_size(i) + 1 +
-            (key == Py_None ? 1 : varint_size(PyBytes_GET_SIZE(key)) + PyBytes_GET_SIZE(key)) +
-            (value == Py_None ? 1 :
-             varint_size(PyBytes_GET_SIZE(value)) + PyBytes_GET_SIZE(value));
+        Py_ssize_t body = plain_body_size(
+            ts - base_ts, i, key == Py_None ? -1 : PyBytes_GET_SIZE(key),
+            value == Py_None ? -1 : PyBytes_GET_SIZE(value));
         total += varint_size(body) + body;
     }
     PyObject *batch = PyByteArray_FromStringAndSize(NULL, total);
@@ -769,9 +757,7 @@ encode_plain(PyObject *seq, Py_ssize_t count, int64_t now_ms, Py_ssize_t room)
         int64_t ts = ts_obj == Py_None ? now_ms : PyLong_AsLongLong(ts_obj);
         Py_ssize_t klen = key == Py_None ? -1 : PyBytes_GET_SIZE(key);
         Py_ssize_t vlen = value == Py_None ? -1 : PyBytes_GET_SIZE(value);
-        Py_ssize_t body = 1 + varint_size(ts - base_ts) + varint_size(i) + 1 +
-            (klen < 0 ? 1 : varint_size(klen) + klen) + (vlen < 0 ? 1 : varint_size(vlen) + vlen);
-        p += put_varint(p, body);
+        p += put_varint(p, plain_body_size(ts - base_ts, i, klen, vlen));
         *p++ = 0;                                  /* attributes */
         p += put_varint(p, ts - base_ts);
         p += put_varint(p, i);

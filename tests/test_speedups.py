@@ -275,3 +275,21 @@ def test_reads_walked_in_c_match_the_python_walk(tmp_path, monkeypatch, seed):
     with open(path, "r+b") as f:
         f.write(data)
     broker.close()
+
+
+def test_the_c_walk_hands_back_a_batch_whose_offsets_pass_64_bits():
+    """A header whose last offset (baseOffset + lastOffsetDelta) does not fit 64 bits
+    is not walked in C (where it would wrap): the Python walk, with Python's ints,
+    takes the read. A control batch, so no record decode would catch it either."""
+    from logkit.crc import crc32c
+    rows = [(b"k", b"v", None, None)] * 11
+    base = 2**63 - 6
+    batch = bytes(rec.encode_batch(rows, base_offset=base, control=True, now_ms=NOW))
+    assert rec.read_header(batch, 0, len(batch)).last_offset >= 2**63
+    got = speedups.walk_batches(batch, 0, 0, base, len(batch), "t", 0, 500, 1 << 20,
+                                2**63 - 1, -1, rec.Record, crc32c)
+    assert got is NotImplemented
+    fits = bytes(rec.encode_batch(rows, base_offset=base - 10, control=True, now_ms=NOW))
+    walked = speedups.walk_batches(fits, 0, 0, base - 10, len(fits), "t", 0, 500,
+                                   1 << 20, 2**63 - 1, -1, rec.Record, crc32c)
+    assert walked[0] == [] and walked[3] == base + 1      # control: no records; next
