@@ -231,9 +231,11 @@ _ROWS: tuple[Setting, ...] = (
     _broker("group.initial.rebalance.delay.ms", "int", 3000,
             "how long Kafka waits for more members before the first rebalance of a new "
             "group", minimum=0, unit="ms", status=IGNORED,
-            why="every join rebalances at once; members learn the result on their next "
-                "poll, so a group formed by several members may go through a few quick "
-                "generations"),
+            why="embedded groups (broker.consumer) rebalance at every join at once; members "
+                "learn the result on their next poll, so a group formed by several members "
+                "may go through a few quick generations. The Kafka listener's wire groups "
+                "take this delay as `broker.serve(initial_rebalance_delay_ms=...)`, default "
+                "0 (docs/kafka-protocol.md)"),
     _broker("default.replication.factor", "int", 1, "replicas of a topic created without "
             "replication_factor: the leader and the first replication_factor - 1 "
             "followers to report (docs/replication.md)", minimum=1, maximum=32767,
