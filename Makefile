@@ -33,8 +33,25 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check logkit spark tests tools benchmarks examples
 
-test: lint
+test: lint kafka
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q tests
+
+# Apache Kafka for the tests that take it as the oracle (tests/helpers/kafka.py):
+# tools/kafka/pom.xml resolved into flat classpath directories. The stamp makes a second
+# run instant; a resolved ~/.m2 lets it rerun offline. Without java or mvn it says so and
+# those tests skip with that reason.
+.PHONY: kafka
+KAFKA_STAMP := tools/kafka/lib/.resolved
+kafka: $(KAFKA_STAMP)
+$(KAFKA_STAMP): tools/kafka/pom.xml
+	@if ! command -v mvn >/dev/null || ! command -v java >/dev/null; then \
+	  echo "kafka: java or mvn is not installed: the Kafka tests will skip"; exit 0; fi; \
+	set -e; cd tools/kafka; rm -rf lib spark-lib; \
+	for p in "broker lib" "spark spark-lib"; do set -- $$p; \
+	  mvn -q -B -o -P$$1 dependency:copy-dependencies -DoutputDirectory=$$2 -DincludeScope=runtime \
+	    >/dev/null 2>&1 || mvn -q -B -P$$1 dependency:copy-dependencies -DoutputDirectory=$$2 \
+	    -DincludeScope=runtime; done; \
+	touch lib/.resolved
 
 bench: $(STAMP)
 	$(PY) -m benchmarks all
