@@ -56,9 +56,9 @@
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
-
-#include "_batch.h"
 #endif
+
+#include "_batch.h"     /* every platform: the append stamps and checks batch headers */
 
 #define HELD_WRITE_MAX (256 * 1024)
 
