@@ -43,8 +43,8 @@ def test_the_tour_runs_twice(tmp_path, monkeypatch, capsys):
     first = run_tour(capsys)
     second = run_tour(capsys)
     assert first[0] == "1 0" and second[0] == "1 1"        # customer-7's partition
-    assert first[1:] == ["0 b'customer-7' b'{\"total\": 42}'"]
-    assert second[1:] == ["1 b'customer-7' b'{\"total\": 42}'"]
+    assert first[1:] == ["0 b'customer-7' b'{\"total\": 42}'", "0 1 1"]
+    assert second[1:] == ["1 b'customer-7' b'{\"total\": 42}'", "0 2 2"]
 
 
 def test_the_cli_block_runs_after_the_tour(tmp_path, monkeypatch, capsys):
@@ -134,17 +134,21 @@ def test_the_kafka_client_snippet_runs_as_written(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[0] == "b'hello'", proc.stdout
     assert lines[1] == "1", proc.stdout
+    # Closing in the right order: librdkafka reports no broken connection on the way out.
+    assert "FAIL" not in proc.stderr and "Disconnected" not in proc.stderr, proc.stderr
 
 
-def test_the_replication_snippet_runs_as_written(tmp_path):
+def test_the_replication_snippet_runs_as_written_twice(tmp_path):
     """The README's replication block: acks="all" completes once the follower holds
-    the record, and after promote() the replica's directory takes the next offset."""
+    the record, and after promote() the replica's directory takes the next offset. A
+    newcomer runs it again in the same directory: it starts a fresh pair each time."""
     script = tmp_path / "replica.py"
     script.write_text(block("python", "logkit.Follower("))
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["0", "1"], proc.stdout
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == ["0", "1"], proc.stdout
     with logkit.Broker(tmp_path / "replica-data", read_only=True) as broker:
         values = [r.value for r in broker.topic("payments").partition(0).read(0)]
     assert values == [b"paid", b"refund"]
