@@ -189,6 +189,37 @@ _ROWS: tuple[Setting, ...] = (
             "(and of auto-created topics)", minimum=1, unit="partitions"),
     _broker("auto.create.topics.enable", "bool", True,
             "a producer or consumer naming a missing topic creates it"),
+    _broker("auto.create.topics.max.per.request", "int", 100, "logkit's own: at most "
+            "this many topics are auto-created by one Metadata request (the rest answer "
+            "UNKNOWN_TOPIC_OR_PARTITION, and the client's retry creates more)",
+            minimum=0, maximum=10000, unit="topics"),
+    _broker("create.topic.max.partitions", "int", 1000, "logkit's own stand-in for "
+            "Kafka's create.topic.policy.class.name: CreateTopics and CreatePartitions "
+            "over the wire may not make a topic of more partitions (POLICY_VIOLATION); "
+            "Broker.create_topic is not bound by it", minimum=1, maximum=10000,
+            unit="partitions"),
+    # ---- broker: the Kafka listener's socket limits (docs/security.md)
+    _broker("max.connections", "int", 1000, "connections the Kafka listener keeps open "
+            "(Kafka's default is unbounded); a new one past it takes the slot of the "
+            "oldest unauthenticated, else the longest idle, connection",
+            minimum=1, maximum=INT_MAX, unit="connections"),
+    _broker("max.connections.per.ip", "int", 500, "connections from one address (Kafka's "
+            "default is unbounded); half of max.connections, so one address cannot "
+            "take them all", minimum=1, maximum=INT_MAX, unit="connections"),
+    _broker("connections.max.idle.ms", "int", 600000, "close a Kafka connection idle "
+            "this long", minimum=1, unit="ms"),
+    _broker("connections.max.unauthenticated.ms", "int", 10000, "logkit's own: a Kafka "
+            "connection must finish SASL (without SASL: send its first request) within "
+            "this", minimum=1, unit="ms"),
+    _broker("connection.failed.authentication.delay.ms", "int", 100, "after a failed "
+            "SASL authentication, wait this long before answering and closing",
+            minimum=0, unit="ms"),
+    _broker("sasl.server.max.receive.size", "int", 524288, "largest frame read from a "
+            "Kafka connection before SASL succeeds (a larger one closes it unread)",
+            minimum=1, maximum=INT_MAX, unit="bytes"),
+    _broker("socket.request.max.bytes", "int", 104857600, "largest request frame the "
+            "Kafka listener reads (a larger one closes its connection unread)",
+            minimum=1, maximum=INT_MAX, unit="bytes"),
     _broker("log.retention.check.interval.ms", "int", 300000,
             "how often the background thread enforces retention", minimum=1, unit="ms"),
     _broker("log.flush.scheduler.interval.ms", "int", 1000,

@@ -1,16 +1,27 @@
 """The thread-per-connection TCP listener under logkit's servers (the Kafka protocol
 listener, the replication listener): a bound socket, one acceptor thread, one thread per
-connection, a cap on connections, and a close that stops them all.
+connection, caps on connections, and a close that stops them all.
 
 Owns: binding (a bind failure is a ConfigError naming the address), accepting (a
 descriptor or memory shortage on accept is logged and retried, never fatal), the
-connection cap (connections past `max_connections` are closed on accept), the registry
-of open connections and their threads, and `close()`.
+connection caps and who gives up a slot when they are reached, the registry of open
+connections (one `Slot` each) and their threads, and `close()`.
+
+Slots: at most `max_connections` connections (Kafka's max.connections) and
+`max_connections_per_ip` from one address (max.connections.per.ip). A connection that
+would pass a cap takes the slot of a connection that has not yet proven itself (not
+authenticated: the oldest first), else, when the subclass allows it
+(`evict_idle_authenticated`), of the connection idle the longest between requests
+(Kafka's KIP-402 closes the least recently used one the same way); with no such
+connection it is closed on accept. So connections that never authenticate, or sit idle,
+cannot lock a legitimate client out. An evicted connection's `Slot.evicted` is set and
+its socket shut down; its thread notices within POLL_SLICE_S.
 
 Subclasses own what is said on a connection: they implement `_converse_on(sock,
-address)`, which runs in the connection's thread; the socket is closed and forgotten
-when it returns or raises (OSError ends a connection quietly; any other exception is
-logged, and ends only that connection).
+address, slot)`, which runs in the connection's thread and keeps its slot current
+(`slot.sock` after a TLS wrap, `slot.authenticated`, `slot.busy` while a request is
+served); the socket is closed and forgotten when it returns or raises (OSError ends a
+connection quietly; any other exception is logged, and ends only that connection).
 
 Invariant: `close()` stops accepting, shuts every open connection down (waking the
 threads blocked on them), calls `_closing_hook()` for what the subclass must wake,
@@ -29,7 +40,7 @@ from typing import Any
 
 from .errors import ConfigError, ResourceError, start_thread
 
-__all__ = ["ThreadedListener", "POLL_SLICE_S"]
+__all__ = ["ThreadedListener", "Slot", "POLL_SLICE_S"]
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +48,40 @@ POLL_SLICE_S = 0.25                   # blocking socket calls re-check closing t
 _RETRY_ACCEPT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
+class Slot:
+    """One open connection as the acceptor sees it. The connection's thread writes the
+    fields; the acceptor reads them under the listener's lock (a stale read only picks
+    another victim)."""
+
+    __slots__ = ("sock", "ip", "opened", "last_active", "authenticated", "busy",
+                 "evicted")
+
+    def __init__(self, sock: socket.socket, ip: str) -> None:
+        self.sock = sock
+        self.ip = ip
+        self.opened = self.last_active = time.monotonic()
+        self.authenticated = False       # set by the subclass once the peer proved itself
+        self.busy = False                # a request is being served: never evicted
+        self.evicted = False             # set by the acceptor: end this connection now
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+
 class ThreadedListener(abc.ABC):
     """A bound, accepting listener; `.host`, `.port`, `.closed`, `.connections`; a
     context manager. `kind` names it in logs and thread names."""
 
     kind = "listener"
+    evict_idle_authenticated = False      # may a full listener evict an idle, proven one?
 
     def __init__(self, host: str, port: int, *, max_connections: int,
-                 backlog: int = 128) -> None:
+                 max_connections_per_ip: int | None = None, backlog: int = 128) -> None:
         self.max_connections = max_connections
+        self.max_connections_per_ip = max_connections_per_ip or max_connections
         self._closing = threading.Event()
         self._lock = threading.Lock()
-        self._connections: dict[int, socket.socket] = {}
+        self._connections: dict[int, Slot] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -115,17 +148,25 @@ class ThreadedListener(abc.ABC):
                     time.sleep(POLL_SLICE_S)
                     continue
                 raise
+            slot = Slot(sock, address[0])
             with self._lock:
                 self._threads = [t for t in self._threads if t.is_alive()]
-                full = len(self._connections) >= self.max_connections
-                if not full:
-                    self._connections[sock.fileno()] = sock
-            if full:
-                log.warning("%s: %d connections open (the limit); refusing %s",
-                            self.kind, self.max_connections, address)
+                refused, victim = self._admit(slot)
+            if victim is not None:
+                log.info("%s: full; closing %s connection from %s to admit %s", self.kind,
+                         "an idle" if victim.authenticated else "an unauthenticated",
+                         victim.ip, address[0])
+                victim.evicted = True
+                try:
+                    victim.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            if refused:
+                log.warning("%s: %s; refusing %s", self.kind, refused, address)
                 sock.close()
                 continue
-            thread = threading.Thread(target=self._serve_connection, args=(sock, address),
+            thread = threading.Thread(target=self._serve_connection,
+                                      args=(sock, address, slot),
                                       daemon=True,
                                       name=f"logkit-{self.kind_slug}-conn-{address[1]}")
             with self._lock:
@@ -135,14 +176,47 @@ class ThreadedListener(abc.ABC):
             except ResourceError as exc:   # the process is at its thread limit:
                 with self._lock:           # refuse this connection, keep accepting
                     self._threads.remove(thread)
-                    self._connections.pop(sock.fileno(), None)
+                    self._connections.pop(id(slot), None)
                 log.warning("%s: %s; refusing the connection", self.kind, exc)
                 sock.close()
 
-    def _serve_connection(self, sock: socket.socket, address: Any) -> None:
-        key = sock.fileno()
+    def _admit(self, slot: Slot) -> tuple[str | None, Slot | None]:
+        """Under the lock: register `slot`, giving it another's place if a cap is
+        reached. (why it was refused or None, the slot evicted for it or None)."""
+        same_ip = [s for s in self._connections.values() if s.ip == slot.ip]
+        if len(same_ip) >= self.max_connections_per_ip:
+            pool, why = same_ip, (f"{len(same_ip)} connections from {slot.ip} (the limit,"
+                                  " max.connections.per.ip)")
+        elif len(self._connections) >= self.max_connections:
+            pool, why = list(self._connections.values()), (
+                f"{len(self._connections)} connections open (the limit, max.connections)")
+        else:
+            pool, why = [], None
+        victim = None
+        if why is not None:
+            victim = self._victim(pool)
+            if victim is None:
+                return why, None
+            self._connections.pop(id(victim), None)
+        self._connections[id(slot)] = slot
+        return None, victim
+
+    def _victim(self, pool: list[Slot]) -> Slot | None:
+        """Who gives up a slot: the oldest unauthenticated connection, else (if allowed)
+        the one idle the longest between requests, else nobody."""
+        candidates = [s for s in pool if not s.authenticated and not s.evicted]
+        if candidates:
+            return min(candidates, key=lambda s: s.opened)
+        if self.evict_idle_authenticated:
+            candidates = [s for s in pool if not s.busy and not s.evicted]
+            if candidates:
+                return min(candidates, key=lambda s: s.last_active)
+        return None
+
+    def _serve_connection(self, sock: socket.socket, address: Any, slot: Slot) -> None:
+        key = id(slot)
         try:
-            self._converse_on(sock, address)
+            self._converse_on(sock, address, slot)
         except OSError as exc:                     # ssl.SSLError included
             log.debug("%s: connection %s:%s ended: %s", self.kind, address[0], address[1],
                       exc)
@@ -158,7 +232,7 @@ class ThreadedListener(abc.ABC):
                 pass
 
     @abc.abstractmethod
-    def _converse_on(self, sock: socket.socket, address: Any) -> None:
+    def _converse_on(self, sock: socket.socket, address: Any, slot: Slot) -> None:
         """Serve one connection (in its own thread) until it ends."""
 
     # ---- closing ---------------------------------------------------------------------
@@ -174,7 +248,7 @@ class ThreadedListener(abc.ABC):
             if self._closed:
                 return
             self._closed = True
-            connections = list(self._connections.values())
+            connections = [slot.sock for slot in self._connections.values()]
         self._closing.set()
         try:
             self._listener.close()

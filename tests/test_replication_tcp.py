@@ -257,8 +257,9 @@ def test_garbage_unknown_and_oversize_requests_are_refused_and_others_served(lea
 
 def test_stalled_idle_and_surplus_connections_are_closed(leader):
     """The server's time and connection bounds: a client that never authenticates, one
-    that stops in the middle of a frame, and an idle one are closed; connections past
-    max_connections are closed on accept, and a slot freed is usable again."""
+    that stops in the middle of a frame, and an idle one are closed; a connection past
+    max_connections takes the slot of one that never authenticated, and a slot freed is
+    usable again."""
     leader.create_topic("t", 1)
     with leader.serve_replication(secret=SECRET, request_timeout_ms=1000,
                                   idle_timeout_ms=1500, max_connections=3) as server:
@@ -268,11 +269,10 @@ def test_stalled_idle_and_surplus_connections_are_closed(leader):
         stalled.sendall(tcp.SIZE.pack(100, tcp.TOPICS)[:3])   # half a header
         idle = _authenticated(server)
         surplus = socket.create_connection((server.host, server.port), timeout=10)
-        assert _closed(surplus)                              # the fourth: no HELLO
-        for sock in (silent, stalled, idle):
+        assert _answer(surplus)[0] == tcp.HELLO        # the fourth takes silent's slot
+        for sock in (silent, stalled, idle, surplus):   # surplus: never authenticated
             assert _closed(sock)
             sock.close()
-        surplus.close()
         wait_until(lambda: server.connections == 0, 30, "the closed slots freed")
         with logkit.TcpSource(server.host, server.port, secret=SECRET) as source:
             assert "t" in source.topics()

@@ -219,8 +219,16 @@ class Handlers:
             auto = body["allow_auto_topic_creation"] \
                 and self.broker.config["auto.create.topics.enable"] and self.view.leads()
         topics = []
+        # auto.create.topics.max.per.request bounds what one request may create; past
+        # it a missing topic answers UNKNOWN_TOPIC_OR_PARTITION, and the retry goes on
+        budget = self.broker.config["auto.create.topics.max.per.request"] if auto else 0
+        existing = set(self.broker.topics()) if auto else set()
         for name in names:
-            topics.append(self._topic_metadata(name, auto))
+            create = budget > 0 and name not in existing
+            topics.append(self._topic_metadata(name, create))
+            if create and topics[-1]["error_code"] == E.NONE:
+                budget -= 1
+                existing.add(name)
         controller = self.view.controller()
         return {"brokers": [node.entry() for node in self.view.brokers()],
                 "cluster_id": self.view.cluster_id(),
@@ -583,6 +591,9 @@ class Handlers:
             if count < 1:
                 return _create_error(name, E.INVALID_PARTITIONS,
                                      f"number of partitions must be at least 1, got {count}")
+            refused = self._partition_policy(name, count)
+            if refused is not None:
+                return _create_error(name, *refused)
             if validate_only:
                 if name in self.broker.topics():
                     raise TopicExistsError(f"topic {name!r} already exists")
@@ -638,6 +649,15 @@ class Handlers:
             results.append({"name": name, "error_code": code, "error_message": message})
         return {"results": results}
 
+    def _partition_policy(self, name: str, count: int) -> tuple[int, str] | None:
+        """Kafka's create-topic policy, as one documented bound: a topic made or grown
+        over the wire has at most create.topic.max.partitions partitions."""
+        most = self.broker.config["create.topic.max.partitions"]
+        if count <= most:
+            return None
+        return E.POLICY_VIOLATION, (f"topic {name!r}: {count} partitions is more than "
+                                    f"create.topic.max.partitions ({most})")
+
     def _grow_topic(self, name: str, count: int, assignments: list[dict[str, Any]] | None,
                     validate_only: bool) -> tuple[int, str | None]:
         try:
@@ -661,6 +681,9 @@ class Handlers:
             return E.INVALID_REPLICA_ASSIGNMENT, (
                 f"an assignment must place each of the {count - have} new partition(s) "
                 f"on broker {self.node_id} and {factor - 1} other distinct broker(s)")
+        refused = self._partition_policy(name, count)
+        if refused is not None:
+            return refused
         if validate_only:
             return E.NONE, None
         try:

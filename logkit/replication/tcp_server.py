@@ -14,8 +14,11 @@ fetch is the one exception: its bytes go from the segment files straight to the 
 `os.sendfile` on a plain socket and read-and-send under TLS), never through Python
 buffers, and without that lock.
 
-Bounds: at most `max_connections` followers (more are closed on accept); the handshake
-must finish within `request_timeout_ms`; a request frame larger than MAX_REQUEST_BYTES
+Bounds: at most `max_connections` connections (`max_connections_per_ip` from one
+address); one past a cap takes the slot of the oldest connection that has not finished
+the handshake, else it is closed on accept (listener.py), so connections that never log
+in cannot starve a follower; the handshake must finish within
+`unauthenticated_timeout_ms` of the connection; a request frame larger than MAX_REQUEST_BYTES
 closes its connection before its body is read, and one begun must be complete within
 `request_timeout_ms`; an idle connection closes after `idle_timeout_ms`; a long poll
 lasts at most MAX_WAIT_MS; a fetch asks for at most MAX_FETCH_BYTES. A request that
@@ -41,7 +44,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError, LogkitError, OffsetOutOfRangeError, StorageError
-from ..listener import POLL_SLICE_S, ThreadedListener
+from ..listener import POLL_SLICE_S, Slot, ThreadedListener
 from ..notify import Doorbell
 from ..segment import DELETED_SUFFIX
 from ..topic import TopicPartition
@@ -62,6 +65,7 @@ log = logging.getLogger(__name__)
 IDLE_TIMEOUT_MS = 600000            # Kafka's connections.max.idle.ms
 REQUEST_TIMEOUT_MS = 30000
 MAX_CONNECTIONS = 64
+UNAUTHENTICATED_TIMEOUT_MS = 10000  # the handshake's deadline (Kafka listener's default too)
 _BATCH_PREFIX = struct.Struct(">qi")   # baseOffset, batchLength: the first 12 bytes
 
 
@@ -130,10 +134,15 @@ class ReplicationServer(ThreadedListener):
                  secret: str | bytes, ssl_context: ssl.SSLContext | None = None,
                  idle_timeout_ms: int = IDLE_TIMEOUT_MS,
                  request_timeout_ms: int = REQUEST_TIMEOUT_MS,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_connections_per_ip: int | None = None,
+                 unauthenticated_timeout_ms: int = UNAUTHENTICATED_TIMEOUT_MS) -> None:
+        max_connections_per_ip = max_connections_per_ip or max_connections
         for name, value in (("idle_timeout_ms", idle_timeout_ms),
                             ("request_timeout_ms", request_timeout_ms),
-                            ("max_connections", max_connections)):
+                            ("max_connections", max_connections),
+                            ("max_connections_per_ip", max_connections_per_ip),
+                            ("unauthenticated_timeout_ms", unauthenticated_timeout_ms)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         self._secret = secret_bytes(secret)
@@ -141,11 +150,13 @@ class ReplicationServer(ThreadedListener):
         self._ssl = ssl_context
         self.idle_timeout_s = idle_timeout_ms / 1000
         self.request_timeout_s = request_timeout_ms / 1000
+        self.unauthenticated_timeout_s = unauthenticated_timeout_ms / 1000
         self._source = DirectorySource(broker.path)
         self._source_lock = threading.Lock()
         self._doorbell = Doorbell(broker.path)
         try:
-            super().__init__(host, port, max_connections=max_connections, backlog=64)
+            super().__init__(host, port, max_connections=max_connections,
+                             max_connections_per_ip=max_connections_per_ip, backlog=64)
         except ConfigError:
             self._doorbell.close()
             raise
@@ -165,26 +176,28 @@ class ReplicationServer(ThreadedListener):
 
     # ---- one connection --------------------------------------------------------------
 
-    def _converse_on(self, sock: socket.socket, address: Any) -> None:
+    def _converse_on(self, sock: socket.socket, address: Any, slot: Slot) -> None:
         peer = f"{address[0]}:{address[1]}"
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.request_timeout_s)
+        sock.settimeout(min(self.request_timeout_s, self.unauthenticated_timeout_s))
         if self._ssl is not None:
             sock = self._ssl.wrap_socket(sock, server_side=True)
+            slot.sock = sock
         try:
-            if self._handshake(sock, peer):
-                self._converse(sock, peer)
+            if self._handshake(sock, peer, slot):
+                slot.authenticated = True
+                self._converse(sock, peer, slot)
         except _Close as exc:
             log.info("replication listener: closing %s: %s", peer, exc)
         finally:
             sock.close()                 # the TLS socket (the listener closes the plain one)
 
-    def _handshake(self, sock: socket.socket, peer: str) -> bool:
+    def _handshake(self, sock: socket.socket, peer: str, slot: Slot) -> bool:
         """The server half of the challenge-response (tcp.py); False after refusing."""
         server_nonce = os.urandom(NONCE_BYTES)
         sock.sendall(frame(HELLO, MAGIC + server_nonce))
-        deadline = time.monotonic() + self.request_timeout_s
-        kind, body = self._read_frame(sock, NONCE_BYTES + MAC_BYTES, deadline)
+        deadline = slot.opened + min(self.request_timeout_s, self.unauthenticated_timeout_s)
+        kind, body = self._read_frame(sock, slot, NONCE_BYTES + MAC_BYTES, deadline)
         if kind != AUTH or len(body) != NONCE_BYTES + MAC_BYTES:
             raise _Close("the first frame is not an authentication")
         client_nonce, proof = body[:NONCE_BYTES], body[NONCE_BYTES:]
@@ -200,29 +213,33 @@ class ReplicationServer(ThreadedListener):
         log.debug("replication listener: %s authenticated", peer)
         return True
 
-    def _read_frame(self, sock: socket.socket, limit: int, deadline: float | None
-                    ) -> tuple[int, bytes]:
+    def _read_frame(self, sock: socket.socket, slot: Slot, limit: int,
+                    deadline: float | None) -> tuple[int, bytes]:
         """One frame of at most `limit` body bytes. Its first byte may take the idle
         timeout (or until `deadline`); once begun, the frame must be complete within
         the request timeout. Raises _Close past a bound, ConnectionError on EOF."""
         start_by = deadline if deadline is not None else \
             time.monotonic() + self.idle_timeout_s
-        first = self._recv(sock, 1, start_by, "idle past idle_timeout_ms")
+        first = self._recv(sock, slot, 1, start_by, "idle past idle_timeout_ms" if deadline
+                           is None else "no handshake within unauthenticated_timeout_ms")
         complete_by = time.monotonic() + self.request_timeout_s
         if deadline is not None:
             complete_by = min(complete_by, deadline)
         incomplete = "a frame stayed incomplete past request_timeout_ms"
-        size, kind = SIZE.unpack(first + self._recv(sock, SIZE.size - 1, complete_by,
+        size, kind = SIZE.unpack(first + self._recv(sock, slot, SIZE.size - 1, complete_by,
                                                     incomplete))
         if not 1 <= size <= limit + 1:
             raise _Close(f"a frame declares {size} bytes (the limit is {limit + 1})")
-        return kind, self._recv(sock, size - 1, complete_by, incomplete)
+        return kind, self._recv(sock, slot, size - 1, complete_by, incomplete)
 
-    def _recv(self, sock: socket.socket, size: int, until: float, why: str) -> bytes:
+    def _recv(self, sock: socket.socket, slot: Slot, size: int, until: float,
+              why: str) -> bytes:
         buffer = bytearray()
         while len(buffer) < size:
             if self._closing.is_set():
                 raise _Close("the server is closing")
+            if slot.evicted:
+                raise _Close("its slot went to a new connection (the listener was full)")
             left = until - time.monotonic()
             if left <= 0:
                 raise _Close(why)
@@ -236,10 +253,10 @@ class ReplicationServer(ThreadedListener):
             buffer += chunk
         return bytes(buffer)
 
-    def _converse(self, sock: socket.socket, peer: str) -> None:
+    def _converse(self, sock: socket.socket, peer: str, slot: Slot) -> None:
         handlers = self._handlers()
         while not self._closing.is_set():
-            kind, body = self._read_frame(sock, MAX_REQUEST_BYTES, None)
+            kind, body = self._read_frame(sock, slot, MAX_REQUEST_BYTES, None)
             try:
                 handler = handlers.get(kind)
                 if handler is None:
