@@ -76,6 +76,8 @@ class Command(NamedTuple):
 def _broker(directory: str, *, write: bool = False, create: bool = False) -> Broker:
     """Open `directory`: read-only unless `write`; it must already be a logkit root
     unless `create` (commands that make topics may start a new one)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise LogkitError(f"{directory} is a file, not a logkit directory")
     if not create and not os.path.isfile(os.path.join(directory, FORMAT_FILE)):
         # inspection must never turn an arbitrary directory into a broker root
         if not os.path.isdir(directory):
@@ -85,6 +87,44 @@ def _broker(directory: str, *, write: bool = False, create: bool = False) -> Bro
         return Broker(directory, background=False)
     # Inspection writes nothing: no recovery, no format file, no clean marks.
     return Broker(directory, background=False, read_only=True)
+
+
+@contextlib.contextmanager
+def _creating_broker(directory: str) -> Iterator[Broker]:
+    """A writable Broker for a command that may start a new root. When the command fails
+    before it made any topic in a root it started, the root's files are removed again, so
+    a refused command (a bad topic name, say) leaves no empty logkit directory behind."""
+    fresh = not os.path.isfile(os.path.join(directory, FORMAT_FILE))
+    existed = os.path.isdir(directory)
+    broker = _broker(directory, create=True)
+    try:
+        with broker:
+            yield broker
+    except BaseException:
+        if fresh:
+            _remove_unused_root(directory, existed)
+        raise
+
+
+def _remove_unused_root(directory: str, existed: bool) -> None:
+    """Undo the start of a root this command made, if it still holds no topic."""
+    try:
+        with Broker(directory, background=False, read_only=True) as broker:
+            if broker.topics() or broker.groups():
+                return
+    except LogkitError:
+        return
+    import shutil
+    if not existed:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    for name in os.listdir(directory):        # it was empty before: take back what we made
+        path = os.path.join(directory, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 # ---- output ------------------------------------------------------------------------------
@@ -274,7 +314,7 @@ def _config_pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
     config = _config_pairs(args.config, "--config")
-    with _broker(args.directory, create=True) as broker:
+    with _creating_broker(args.directory) as broker:
         existed = args.topic in broker.topics()
         if existed and args.if_not_exists:
             note("topics create", f"topic {args.topic!r} already exists; left as it is")
@@ -405,7 +445,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
         raise UsageError("--json lines carry their own key and headers; drop "
                          "--key-separator / --headers")
     count = 0
-    with _broker(args.directory, create=True) as broker:
+    with _creating_broker(args.directory) as broker:
         producer = broker.producer(acks=args.acks, linger_ms=5)
         with progress(f"producing to {args.topic}", shown=not sys.stdin.isatty()) as advance:
             for number, raw in enumerate(sys.stdin, 1):
@@ -997,7 +1037,7 @@ def cmd_schemas_show(args: argparse.Namespace) -> int:
 
 def cmd_schemas_register(args: argparse.Namespace) -> int:
     text = _schema_text(args.file)
-    with _broker(args.directory, create=True) as broker:
+    with _creating_broker(args.directory) as broker:
         found = broker.schema_registry().register_version(args.subject, text, args.type)
     if args.json:
         print_json({"subject": found.subject, "version": found.version,

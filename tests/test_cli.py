@@ -598,3 +598,33 @@ def test_serve_with_a_schema_registry_port_serves_the_rest_api(tmp_path):
             process.kill()
     with logkit.Broker(directory) as broker:
         assert broker.schema_registry().latest("orders-value").schema_id == 1
+
+
+def test_a_file_given_as_the_directory_is_called_a_file(tmp_path, capsys):
+    """`logkit topics list FILE` says it is a file, not that it does not exist."""
+    path = tmp_path / "notes.txt"
+    path.write_text("x")
+    code, out, err = run(capsys, "topics", "list", path)
+    assert code == 1 and out == ""
+    assert "is a file, not a logkit directory" in err and "does not exist" not in err
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["missing", "empty"])
+def test_a_refused_create_leaves_no_logkit_directory_behind(tmp_path, capsys, existing):
+    """A refused `topics create` in a directory it would have started takes back what
+    it made: a missing directory stays missing, an empty one stays empty."""
+    path = tmp_path / "new"
+    if existing:
+        path.mkdir()
+    code, _, err = run(capsys, "topics", "create", path, "a/b")
+    assert code == 1 and "invalid topic name" in err
+    if existing:
+        assert os.listdir(path) == []
+    else:
+        assert not path.exists()
+    # A command that succeeds keeps its new root, and a failure in a root holding topics
+    # removes nothing.
+    assert run(capsys, "topics", "create", path, "ok")[0] == 0
+    assert run(capsys, "topics", "create", path, "a/b")[0] == 1
+    with logkit.Broker(path, read_only=True) as broker:
+        assert broker.topics() == ["ok"]
