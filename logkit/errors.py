@@ -14,7 +14,7 @@ __all__ = [
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
     "ReadOnlyError", "SerializationError", "storage_error", "ArgumentTypeError",
-    "ResourceError", "start_thread",
+    "ResourceError", "start_thread", "InvalidRecordError", "UnsupportedCompressionTypeError",
 ]
 
 import errno as _errno
@@ -66,6 +66,19 @@ class CorruptRecordError(LogkitError):
         self.position = position
         self.expected = expected
         self.actual = actual
+
+
+class InvalidRecordError(CorruptRecordError):
+    """A batch whose CRC is right but whose contents lie (Kafka's InvalidRecordException,
+    INVALID_RECORD on the wire): a records count or lastOffsetDelta that disagrees with
+    the records, a record's framing, offset deltas out of order, impossible timestamps,
+    a control batch from a client. Refused before anything is written. A
+    `CorruptRecordError`, so code that catches bad batches catches these too."""
+
+
+class UnsupportedCompressionTypeError(InvalidRecordError):
+    """A batch whose attributes name a codec Kafka does not define (5, 6 or 7):
+    UNSUPPORTED_COMPRESSION_TYPE on the wire."""
 
 
 class RecordTooLargeError(LogkitError):
