@@ -19,10 +19,15 @@ Invariant: checkers are pure functions of two parsed schemas; they return every 
 broken (an empty list means compatible), each naming the dotted field path and the rule,
 and they never raise for two valid schemas. Parsers raise `InvalidSchemaError` (422)
 for text that is not a schema of its type. Nothing here touches storage.
+
+Bounded: a schema's text is at most `MAX_SCHEMA_BYTES`, its JSON (Avro, JSON Schema)
+nests at most `MAX_SCHEMA_DEPTH` deep, so no parser or checker recurses past Python's
+limit; a deeper schema is an `InvalidSchemaError`, never a RecursionError.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import hashlib
 from dataclasses import dataclass, field
@@ -30,8 +35,9 @@ from typing import Any, Callable, Sequence
 
 from .errors import InvalidCompatibilityLevelError, InvalidSchemaError
 
-__all__ = ["LEVELS", "DEFAULT_LEVEL", "SCHEMA_TYPES", "MAX_SCHEMA_BYTES", "Incompatibility",
-           "ParsedSchema", "parse", "check_compatibility", "check_level", "normalize_level"]
+__all__ = ["LEVELS", "DEFAULT_LEVEL", "SCHEMA_TYPES", "MAX_SCHEMA_BYTES", "MAX_SCHEMA_DEPTH",
+           "Incompatibility", "ParsedSchema", "parse", "check_compatibility", "check_level",
+           "normalize_level", "load_json", "deeper_than"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,8 @@ DEFAULT_LEVEL = "BACKWARD"             # Confluent's default
 SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
 MAX_SCHEMA_BYTES = 1 << 20             # schema text, UTF-8; Confluent has no tighter bound
 MAX_NESTING = 64                       # schema depth a checker or validator walks
+MAX_SCHEMA_DEPTH = 128                 # JSON nesting of a schema's text: 64 JSON Schema
+                                       # levels of "properties", 42 nested Avro records
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,40 @@ class ParsedSchema:
         return hashlib.sha256(f"{self.schema_type}\0{self.canonical}".encode()).hexdigest()
 
 
+def deeper_than(document: Any, limit: int) -> bool:
+    """Whether the parsed JSON `document` nests more than `limit` arrays and objects
+    deep. Iterative, so it is safe on any depth `json.loads` returned."""
+    if not isinstance(document, (dict, list)):
+        return False
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, (dict, list)))
+    return False
+
+
+def load_json(text: str, what: str) -> Any:
+    """`text` as JSON nested at most MAX_SCHEMA_DEPTH deep; else InvalidSchemaError
+    naming `what` ("Avro schema", "JSON Schema")."""
+    try:
+        document = json.loads(text)
+    except RecursionError:               # json's decoder refused the depth itself
+        document = None
+        too_deep = True
+    except ValueError as exc:
+        raise InvalidSchemaError(f"{what} is not JSON: {exc}") from None
+    else:
+        too_deep = deeper_than(document, MAX_SCHEMA_DEPTH)
+    if too_deep:
+        raise InvalidSchemaError(f"{what} nests deeper than {MAX_SCHEMA_DEPTH} arrays "
+                                 "and objects")
+    return document
+
+
 def _formats() -> dict[str, tuple[Callable[..., ParsedSchema],
                                    Callable[[ParsedSchema, ParsedSchema],
                                             list[Incompatibility]]]]:
@@ -105,7 +147,10 @@ def parse(schema_type: str | None, text: str,
         raise InvalidSchemaError(f"schema is {size} bytes; the limit is "
                                  f"{MAX_SCHEMA_BYTES}")
     parser, _ = _formats()[name]
-    return parser(text, references)
+    try:
+        return parser(text, references)
+    except RecursionError:               # a backstop: every format bounds its depth
+        raise InvalidSchemaError(f"the {name} schema nests too deeply to parse") from None
 
 
 def check_compatibility(reader: ParsedSchema, writer: ParsedSchema

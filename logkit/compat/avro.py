@@ -23,7 +23,7 @@ import math
 import re
 from typing import Any, Sequence
 
-from . import MAX_NESTING, Incompatibility, ParsedSchema
+from . import MAX_NESTING, Incompatibility, ParsedSchema, load_json
 from .errors import InvalidSchemaError
 
 __all__ = ["parse", "check", "find_error", "AvroModel"]
@@ -56,10 +56,7 @@ class AvroModel:
 # ---- parsing -----------------------------------------------------------------------------
 
 def parse(text: str, references: Sequence[ParsedSchema] = ()) -> ParsedSchema:
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise InvalidSchemaError(f"Avro schema is not JSON: {exc}") from None
+    document = load_json(text, "Avro schema")
     names: dict[str, dict[str, Any]] = {}
     for ref in references:
         if ref.schema_type != "AVRO":

@@ -19,7 +19,7 @@ __all__ = [
     "SchemaNotFoundError", "SubjectSoftDeletedError", "SubjectNotSoftDeletedError",
     "VersionSoftDeletedError", "VersionNotSoftDeletedError", "SubjectConfigNotFoundError",
     "IncompatibleSchemaError", "InvalidSchemaError", "InvalidVersionError",
-    "InvalidCompatibilityLevelError", "InvalidSubjectError",
+    "InvalidCompatibilityLevelError", "InvalidSubjectError", "UnsupportedPatternError",
 ]
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,16 @@ class IncompatibleSchemaError(SchemaRegistryError):
 class InvalidSchemaError(SchemaRegistryError, ValueError):
     """Schema text that does not parse as its type, or is larger than the limit."""
     error_code, http_status = 42201, 422
+
+
+class UnsupportedPatternError(InvalidSchemaError):
+    """A JSON Schema `pattern` or `patternProperties` regex the registry's linear-time
+    engine (RE2) cannot run: a backreference, a lookaround, a repetition above 1000.
+    `pattern` is the regex as written."""
+
+    def __init__(self, message: str, *, pattern: str = "") -> None:
+        super().__init__(message)
+        self.pattern = pattern
 
 
 class InvalidVersionError(SchemaRegistryError, ValueError):

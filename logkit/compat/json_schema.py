@@ -13,18 +13,34 @@ Invariant: the check is conservative: when it cannot prove the reader accepts wh
 writer accepts (an unsupported keyword changed) it reports it; it never reports a change
 that only widens the reader. `$ref`s to local definitions are followed, once per pair.
 Validation of the schema itself uses the `jsonschema` package when it is installed.
+
+Regexes: a schema's `pattern` and `patternProperties` are untrusted input, so the
+registry runs them with RE2 (the `google-re2` package), whose matching is linear in the
+text and releases the GIL, never with Python's backtracking `re`, which can spend
+minutes on one match while holding the GIL (and so the whole process). A pattern RE2
+cannot run (a backreference, a lookaround) is refused at `parse` with
+`UnsupportedPatternError`. Without `google-re2` installed, patterns are not evaluated
+at all and the check stays conservative (a name a writer's pattern may cover counts as
+not covered).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import json
-from typing import Any, Sequence
+import re
+from typing import Any, Iterator, Sequence
 
-from . import MAX_NESTING, Incompatibility, ParsedSchema
-from .errors import InvalidSchemaError
+from . import MAX_NESTING, Incompatibility, ParsedSchema, load_json
+from .errors import InvalidSchemaError, UnsupportedPatternError
 
-__all__ = ["parse", "check"]
+try:
+    import re2 as _re2
+except ImportError:                     # patterns are then never evaluated (see above)
+    _re2 = None
+
+__all__ = ["parse", "check", "compile_pattern", "schema_patterns"]
 
 log = logging.getLogger(__name__)
 
@@ -36,21 +52,71 @@ UPPER_BOUNDS = {"maximum": "MAXIMUM", "exclusiveMaximum": "EXCLUSIVE_MAXIMUM",
                 "maxLength": "MAX_LENGTH", "maxItems": "MAX_ITEMS",
                 "maxProperties": "MAX_PROPERTIES"}
 JSON_TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
+# Keywords whose values are data, not schemas: a "pattern" key inside them is no regex.
+DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+PATTERN_CACHE_ENTRIES = 1024
+RE2_MAX_MEM_BYTES = 8 << 20             # per compiled pattern (RE2's default is 8 MiB)
+# ECMA-262's \uXXXX, which RE2 spells \x{XXXX}; other escapes pass through as pairs.
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)", re.DOTALL)
 
 
 def parse(text: str, references: Sequence[ParsedSchema] = ()) -> ParsedSchema:
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise InvalidSchemaError(f"JSON Schema is not JSON: {exc}") from None
+    document = load_json(text, "JSON Schema")
     if not isinstance(document, (dict, bool)):
         raise InvalidSchemaError("a JSON Schema must be an object or a boolean")
+    for pattern in schema_patterns(document):
+        compile_pattern(pattern)
     _check_schema(document)
     title = document.get("title") if isinstance(document, dict) else None
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"),
                            ensure_ascii=False)
     return ParsedSchema("JSON", text, canonical, title if isinstance(title, str) else None,
                         document)
+
+
+def schema_patterns(document: Any) -> Iterator[str]:
+    """Every `pattern` value and `patternProperties` key in the schema (not inside
+    `const`, `enum`, `default` or `examples`, which hold data)."""
+    stack = [document]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in DATA_KEYWORDS:
+                continue
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            elif key == "patternProperties" and isinstance(value, dict):
+                yield from value
+            stack.append(value)
+
+
+@functools.lru_cache(maxsize=PATTERN_CACHE_ENTRIES)
+def compile_pattern(pattern: str) -> Any:
+    """The RE2 program for a JSON Schema regex (ECMA-262 syntax), or None when
+    `google-re2` is not installed. Raises UnsupportedPatternError for a regex RE2
+    cannot run in linear time."""
+    if _re2 is None:
+        return None
+    options = _re2.Options()
+    options.log_errors = False          # the error is raised, not printed to stderr
+    options.max_mem = RE2_MAX_MEM_BYTES
+    translated = _ESCAPE.sub(lambda m: "\\x{" + m.group(1)[1:] + "}"
+                             if m.group(1)[0] == "u" and len(m.group(1)) == 5
+                             else m.group(0), pattern)
+    try:
+        return _re2.compile(translated, options)
+    except _re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and \
+            isinstance(exc.args[0], bytes) else str(exc)
+        raise UnsupportedPatternError(
+            f"pattern {pattern[:200]!r} cannot be run in linear time ({reason}); the "
+            "registry evaluates patterns with RE2, which has no backreferences or "
+            "lookarounds", pattern=pattern) from None
 
 
 def _check_schema(document: Any) -> None:
@@ -278,8 +344,13 @@ class _Walker:
                              depth + 1)
 
     def covered_by_patterns(self, name: str, w: dict[str, Any]) -> bool:
-        import re
-        return any(re.search(p, name) for p in (w.get("patternProperties") or {}))
+        """Whether a writer's patternProperties regex matches `name` (RE2, linear time;
+        False, the conservative answer, when RE2 is not installed)."""
+        for pattern in w.get("patternProperties") or {}:
+            program = compile_pattern(pattern)
+            if program is not None and program.search(name):
+                return True
+        return False
 
     def arrays(self, r: dict[str, Any], w: dict[str, Any], path: str, depth: int) -> None:
         r_items, w_items = r.get("items"), w.get("items")

@@ -10,7 +10,8 @@ Invariant: the descriptor built here equals what protoc emits for the same file 
 field the registry reads (names, numbers, types, labels, type names, oneofs, map entries,
 packages); source locations and options other than `map_entry`, `packed` and
 `deprecated` are not kept. Anything outside the grammar raises `InvalidSchemaError`
-with the line number. Bounded: at most `MAX_TOKENS` tokens.
+with the line number. Bounded: at most `MAX_TOKENS` tokens, messages nested at most
+`MAX_NESTING` deep.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import re
 from typing import Any, Iterator
 
+from . import MAX_NESTING
 from .errors import InvalidSchemaError
 
 __all__ = ["parse_proto", "MAX_TOKENS"]
@@ -213,7 +215,9 @@ class _Parser:
 
     # -- messages, fields, enums --
 
-    def message(self, msg: Any, scope: str) -> None:
+    def message(self, msg: Any, scope: str, depth: int = 0) -> None:
+        if depth > MAX_NESTING:
+            raise self.fail(f"messages nest deeper than {MAX_NESTING}")
         msg.name = self.ident()
         full = f"{scope}.{msg.name}"
         self.types[full] = TYPE_MESSAGE
@@ -223,7 +227,7 @@ class _Parser:
             word = self.peek()
             if word == "message":
                 self.next()
-                self.message(msg.nested_type.add(), full)
+                self.message(msg.nested_type.add(), full, depth + 1)
             elif word == "enum":
                 self.next()
                 self.enum(msg.enum_type.add(), full)
