@@ -19,35 +19,49 @@ versions`, `/schemas/types`; `GET /subjects`, `/subjects/{s}/versions`,
 Invariant: every answer is JSON; errors are `{"error_code", "message"}` with
 Confluent's codes (40401 subject, 40402 version, 40403 schema not found, 409
 incompatible, 42201 invalid schema, 42202 invalid version, 42203 invalid level, 400
-for a body that is not JSON, 413 for one larger than `MAX_BODY_BYTES`); no request,
-however malformed, gets a 500 unless logkit itself failed (then it is logged).
-Loopback by default; every connection has a read timeout of `SOCKET_TIMEOUT_S`.
+for a body that is not JSON or nests deeper than `MAX_BODY_DEPTH`, 413 for one larger
+than `MAX_BODY_BYTES`, 503 when every connection slot is busy); no request, however
+malformed, gets a 500 unless logkit itself failed (then it is logged).
+
+Bounded (docs/security.md): at most `max_connections` open connections, each one
+thread; a new connection at the cap closes the connection idle the longest, or, when
+none is idle, is answered 503 and closed. A connection waits at most `idle_timeout_ms`
+for a request's first byte; from that byte, the whole request (line, headers, body) and
+its answer get `request_timeout_ms` in total, however slowly the bytes trickle: the
+deadline is per request, not per read (`_Deadlines`). Loopback by default.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .compat import LEVELS, SCHEMA_TYPES
+from .compat import LEVELS, SCHEMA_TYPES, deeper_than
 from .compat.errors import (InvalidSchemaError, SchemaNotFoundError, SchemaRegistryError)
-from .errors import (ClosedError, CodecUnavailableError, LogkitError, ReadOnlyError,
-                     ResourceError, start_thread)
+from .errors import (ClosedError, CodecUnavailableError, ConfigError, LogkitError,
+                     ReadOnlyError, ResourceError, start_thread)
 from .schema_registry import RegisteredSchema, Schema, SchemaRegistry, check_version
 
-__all__ = ["RegistryServer", "serve", "handle", "ROUTES", "MAX_BODY_BYTES"]
+__all__ = ["RegistryServer", "serve", "handle", "ROUTES", "MAX_BODY_BYTES",
+           "MAX_BODY_DEPTH", "MAX_CONNECTIONS", "IDLE_TIMEOUT_MS", "REQUEST_TIMEOUT_MS"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20          # a schema is at most 1 MiB; JSON escaping may double it
+MAX_BODY_DEPTH = 64               # arrays and objects in a body; Confluent's bodies nest ~5
 DRAIN_LIMIT_BYTES = 4 * MAX_BODY_BYTES   # a larger body is not read: the connection closes
-SOCKET_TIMEOUT_S = 30.0           # an idle or stalled connection is closed after this
+MAX_CONNECTIONS = 128             # open connections (each one thread); Kafka's max.connections
+IDLE_TIMEOUT_MS = 30_000          # wait for a request's first byte (Confluent's idle.timeout.ms)
+REQUEST_TIMEOUT_MS = 30_000       # first byte of a request to its answer sent, in total
+WRITE_GRACE_MS = 1_000            # an answer computed past the deadline still gets this long
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 Answer = tuple[int, Any]
 
@@ -77,8 +91,14 @@ def _body(body: bytes) -> dict[str, Any]:
         raise BadRequest(422, 42201, "the request needs a JSON body")
     try:
         document = json.loads(body)
+        too_deep = deeper_than(document, MAX_BODY_DEPTH)
+    except RecursionError:              # json's decoder refused the depth itself
+        too_deep = True
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(400, 400, f"the request body is not JSON: {exc}") from None
+    if too_deep:
+        raise BadRequest(400, 400, f"the request body nests deeper than {MAX_BODY_DEPTH} "
+                                   "arrays and objects")
     if not isinstance(document, dict):
         raise BadRequest(422, 42201, "the request body must be a JSON object")
     return document
@@ -373,23 +393,70 @@ def handle(registry: SchemaRegistry, method: str, path: str, query: dict[str, st
 
 # ---- the socket loop ---------------------------------------------------------------------
 
+class _Deadlines(io.RawIOBase):
+    """A connection's reads, bounded in time. Idle (between requests), a read waits
+    until `idle_deadline`; the first byte of a request starts its deadline, and every
+    read after it waits only for what is left of `request_timeout_s`, so a client
+    trickling one byte at a time is cut off when the request's time is up. `busy` and
+    `idle_since` are read by the server, under its lock, to pick a connection to close
+    at the cap."""
+
+    def __init__(self, sock: socket.socket, idle_timeout_s: float,
+                 request_timeout_s: float) -> None:
+        super().__init__()
+        self.sock = sock
+        self.idle_timeout_s, self.request_timeout_s = idle_timeout_s, request_timeout_s
+        self.busy = False
+        self.idle_since = time.monotonic()
+        self.deadline = self.idle_since + idle_timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left_s = self.deadline - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError("the request deadline passed" if self.busy
+                               else "the connection was idle too long")
+        self.sock.settimeout(left_s)
+        count = self.sock.recv_into(buffer)
+        if count and not self.busy:         # a request's first byte: its deadline starts
+            self.busy = True
+            self.deadline = time.monotonic() + self.request_timeout_s
+        return count
+
+    def answered(self) -> None:
+        """The request was answered: the connection is idle again."""
+        self.busy = False
+        self.idle_since = time.monotonic()
+        self.deadline = self.idle_since + self.idle_timeout_s
+
+    def write_timeout_s(self) -> float:
+        return max(self.deadline - time.monotonic(), WRITE_GRACE_MS / 1000)
+
+
 class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     default_request_version = "HTTP/1.0"   # so a garbled request line gets a status line
-    timeout = SOCKET_TIMEOUT_S
     server: "_Server"
 
     def setup(self) -> None:
         super().setup()
-        with self.server.lock:
-            self.server.connections.add(self.connection)
+        self.rfile.close()                 # http.server's own reader: replaced by one
+        server = self.server               # with deadlines (a fresh one if the
+        self.deadlines = server.connections.get(self.connection) or _Deadlines(  # cap
+            self.connection, server.idle_timeout_s, server.request_timeout_s)  # closed it)
+        self.rfile = io.BufferedReader(self.deadlines)
 
     def finish(self) -> None:
         try:
             super().finish()
         finally:
-            with self.server.lock:
-                self.server.connections.discard(self.connection)
+            self.server.forget(self.connection)
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()
+        self.deadlines.answered()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("schema registry %s: " + format, self.address_string(), *args)
@@ -404,6 +471,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _answer(self, status: int, document: Any) -> None:
         payload = json.dumps(document).encode()
+        self.connection.settimeout(self.deadlines.write_timeout_s())
         self.send_response(status)
         self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(payload)))
@@ -453,16 +521,85 @@ class _RequestHandler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _run
 
 
+_BUSY_BODY = json.dumps({"error_code": 503, "message": "every connection slot is busy in "
+                                                    "a request; retry later"}).encode()
+_BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + CONTENT_TYPE.encode()
+                + b"\r\nConnection: close\r\nContent-Length: "
+                + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
+
+
 class _Server(ThreadingHTTPServer):
+    """Accepts on one thread, serves each connection on its own; `connections` maps
+    each open connection to its `_Deadlines` (the table the cap is kept by)."""
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], registry: SchemaRegistry) -> None:
+    def __init__(self, address: tuple[str, int], registry: SchemaRegistry, *,
+                 max_connections: int, idle_timeout_ms: int,
+                 request_timeout_ms: int) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.registry = registry
+        self.max_connections = max_connections
+        self.idle_timeout_s = idle_timeout_ms / 1000
+        self.request_timeout_s = request_timeout_ms / 1000
         self.lock = threading.Lock()
-        self.connections: set[socket.socket] = set()
+        self.connections: dict[socket.socket, _Deadlines] = {}
         super().__init__(address, _RequestHandler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """At the cap, close the connection idle the longest to make room; when every
+        connection is in a request, answer 503 and close the new one."""
+        with self.lock:
+            victim = None
+            if len(self.connections) >= self.max_connections:
+                idle = [(d.idle_since, c) for c, d in self.connections.items() if not d.busy]
+                if not idle:
+                    self._refuse(request)
+                    return
+                victim = min(idle, key=lambda pair: pair[0])[1]
+                del self.connections[victim]
+            self.connections[request] = _Deadlines(request, self.idle_timeout_s,
+                                                   self.request_timeout_s)
+        if victim is not None:
+            log.info("schema registry: %d connections open, the cap; closing the one "
+                     "idle the longest", self.max_connections)
+            _shut(victim)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.forget(request)
+            raise
+
+    def _refuse(self, request: socket.socket) -> None:
+        log.warning("schema registry: %d connections open, all in a request; refusing a "
+                    "new one (503)", self.max_connections)
+        try:
+            request.setblocking(False)       # never wait on a client from this thread
+            request.send(_BUSY_ANSWER)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def forget(self, connection: socket.socket) -> None:
+        with self.lock:
+            self.connections.pop(connection, None)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection reset or timed out is the client's doing: logged, not printed."""
+        import sys
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            log.debug("schema registry: connection from %s ended: %r", client_address,
+                      error)
+        else:
+            log.exception("schema registry: connection from %s failed", client_address)
+
+
+def _shut(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:                        # already closed by its client
+        pass
 
 
 class RegistryServer:
@@ -470,8 +607,17 @@ class RegistryServer:
     accepting, ends open connections and joins the thread. A context manager."""
 
     def __init__(self, registry: SchemaRegistry, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
-        self._server = _Server((host, port), registry)
+                 port: int = 0, *, max_connections: int = MAX_CONNECTIONS,
+                 idle_timeout_ms: int = IDLE_TIMEOUT_MS,
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS) -> None:
+        for name, value in (("max_connections", max_connections),
+                            ("idle_timeout_ms", idle_timeout_ms),
+                            ("request_timeout_ms", request_timeout_ms)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        self._server = _Server((host, port), registry, max_connections=max_connections,
+                               idle_timeout_ms=idle_timeout_ms,
+                               request_timeout_ms=request_timeout_ms)
         self.host = host
         self.port = self._server.server_address[1]
         bracketed = f"[{host}]" if ":" in host else host
@@ -501,10 +647,7 @@ class RegistryServer:
         with self._server.lock:
             open_connections = list(self._server.connections)
         for connection in open_connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:                # already closed by its client
-                pass
+            _shut(connection)
         self._thread.join(timeout=10)
 
     @property
@@ -518,7 +661,11 @@ class RegistryServer:
         self.close()
 
 
-def serve(registry: SchemaRegistry, *, host: str = "127.0.0.1",
-          port: int = 0) -> RegistryServer:
-    """Serve `registry` over REST on host:port (0: a free port); returns the handle."""
-    return RegistryServer(registry, host, port)
+def serve(registry: SchemaRegistry, *, host: str = "127.0.0.1", port: int = 0,
+          max_connections: int = MAX_CONNECTIONS, idle_timeout_ms: int = IDLE_TIMEOUT_MS,
+          request_timeout_ms: int = REQUEST_TIMEOUT_MS) -> RegistryServer:
+    """Serve `registry` over REST on host:port (0: a free port); returns the handle.
+    The limits are the module's constants by default (docs/security.md)."""
+    return RegistryServer(registry, host, port, max_connections=max_connections,
+                          idle_timeout_ms=idle_timeout_ms,
+                          request_timeout_ms=request_timeout_ms)
