@@ -646,7 +646,8 @@ class Producer:
         if size > self._max_record_bytes:
             raise RecordTooLargeError(
                 f"record of about {size} bytes exceeds max_request_size="
-                f"{self.config['max_request_size']}")
+                f"{self.config['max_request_size']}; a record this large needs both that "
+                f"producer setting and the topic's max.message.bytes raised")
         if size + RECORDS_OFFSET > self._buffer_memory:
             raise RecordTooLargeError(
                 f"record of about {size} bytes exceeds buffer_memory="

@@ -288,3 +288,20 @@ def test_an_undecodable_key_raises_while_iterating_after_the_records_before_it(b
     assert keys == ["k0", "k1"] and raised.value.offset == 2
     assert consumer.position(TopicPartition("t", 0)) == 2
     consumer.close()
+
+
+def test_a_consumer_of_a_missing_topic_warns_that_it_was_auto_created(broker, caplog):
+    """Kafka's default auto-creates a topic a consumer names; a misspelt name would poll
+    [] for ever, so the broker logs a WARNING naming the topic it created."""
+    broker.create_topic("orders", 1)
+    with caplog.at_level(logging.WARNING, logger="logkit.broker"):
+        consumer = broker.consumer("ordres", group_id="g")
+        assert consumer.poll(timeout_ms=10) == []
+        consumer.close()
+    created = [r for r in caplog.records if "auto-created topic 'ordres'" in r.getMessage()]
+    assert len(created) == 1
+    assert "ordres" in broker.topics()
+    with caplog.at_level(logging.WARNING, logger="logkit.broker"):
+        caplog.clear()
+        broker.consumer("orders", group_id="g2").close()     # an existing topic: quiet
+    assert not [r for r in caplog.records if "auto-created" in r.getMessage()]

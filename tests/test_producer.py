@@ -423,3 +423,15 @@ def test_a_send_to_a_deleted_topic_fails_its_future_with_unknown_topic(tmp_path)
             with pytest.raises(logkit.UnknownTopicError):
                 producer.send("t", b"b").result(timeout=10)
         assert "t" not in broker.topics()
+
+
+def test_a_too_large_record_s_errors_each_name_both_settings(broker):
+    """A 2 MB value fails first at the producer, then (once max_request_size is raised)
+    at the topic: each error names both settings, so one reading is enough."""
+    broker.create_topic("t", 1)
+    with pytest.raises(RecordTooLargeError) as producer_side:
+        broker.producer().send("t", b"x" * 2_000_000)
+    with pytest.raises(RecordTooLargeError) as topic_side:
+        broker.producer(max_request_size=4_000_000).send("t", b"x" * 2_000_000).result(10)
+    for error in (producer_side.value, topic_side.value):
+        assert "max_request_size" in str(error) and "max.message.bytes" in str(error)
