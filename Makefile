@@ -34,7 +34,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check logkit spark tests tools benchmarks examples
 
 test: lint kafka
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q tests
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -rs tests
 
 # Apache Kafka for the tests that take it as the oracle (tests/helpers/kafka.py):
 # tools/kafka/pom.xml resolved into flat classpath directories. The stamp makes a second

@@ -2,7 +2,8 @@
 
 Events are produced into logkit, a Spark Structured Streaming job (the `logkit` data
 source) counts them per page and writes the counts back into logkit exactly once, and
-a consumer group reads the results.
+a consumer group reads the results. `demo.py [DIR] [EVENTS]` runs it on another
+directory or with fewer events (tests/test_examples.py runs a small one).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     "demo")
 
 
-def main() -> int:
-    shutil.rmtree(ROOT, ignore_errors=True)
-    os.makedirs(ROOT)
-    print(f"logkit demo: stream processing on {ROOT} (Spark local[2])")
-    result = run(ROOT, events=50000)
+def main(argv: list[str]) -> int:
+    root = argv[0] if argv else ROOT
+    events = int(argv[1]) if len(argv) > 1 else 50000
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    print(f"logkit demo: stream processing on {root} (Spark local[2])")
+    result = run(root, events=events)
     report(result)
     return 0 if result["dashboard"] == result["truth"] else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

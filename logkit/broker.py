@@ -704,9 +704,14 @@ class Broker:
             if not self.config["auto.create.topics.enable"]:
                 raise
         try:
-            return self.create_topic(name)
+            topic = self.create_topic(name)
         except TopicExistsError:                       # another process won the race
             return self.topic(name)
+        # Kafka's default, but a misspelt name would otherwise poll [] for ever unnoticed.
+        log.warning("auto-created topic %r with %d partition(s) in %s, because a client "
+                    "named it and auto.create.topics.enable is true", name,
+                    topic.num_partitions, self.path)
+        return topic
 
     def topics(self) -> list[str]:
         self._check_open()

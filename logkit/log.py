@@ -637,7 +637,9 @@ class PartitionLog:
         if size > config["max.message.bytes"]:      # the whole batch, as Kafka counts it
             raise RecordTooLargeError(
                 f"record batch of {size} bytes exceeds max.message.bytes="
-                f"{config['max.message.bytes']} of topic {self.topic!r}")
+                f"{config['max.message.bytes']} of topic {self.topic!r}; a batch this "
+                f"large needs both that topic setting and the producer's "
+                f"max_request_size (max.request.size) raised")
         if recompress:
             batch = self._recompress(batch, header)
             header = _whole_batch_header(batch)
