@@ -9,13 +9,17 @@ share lives in files (see log.py and meta.py), never in this object.
 Invariant: a topic's partition directories exist, initialised and stamped with the
 topic's id (Kafka's `partition.metadata`), before its metadata record commits, and a
 failed create leaves neither. Deletion runs in an order that a crash at any step leaves
-finishable, never undone: (1) every partition is flagged deleted in its tail state,
-under its append lock, so no process appends to it or reads it from then on; (2) the
-directories are renamed to `.<topic id>-<n>.delete` tombstones (a name that always fits
-and never parses as a partition directory); (3) the metadata record goes; (4) the
-tombstones are removed. An interrupted deletion is finished when the topic or the root
-is next opened; a re-created topic never adopts an old directory, because a directory
-whose `partition.metadata` names another topic id is moved away first.
+finishable, never undone: (0) the topic's record is flagged `deleting` in one committed
+metadata transaction — from then on `topics()` leaves it out and every open of it
+raises UnknownTopicError, in every process; (1) every partition is flagged deleted in
+its tail state, under its append lock, so no process appends to it or reads it from
+then on; (2) the directories are renamed to `.<topic id>-<n>.delete` tombstones (a name
+that always fits and never parses as a partition directory); (3) the metadata record
+goes; (4) the tombstones are removed. An interrupted deletion (a crash, or an I/O error
+after step 0) is finished by the next `Broker()` open of the root, and by the next
+`topic()`, `create_topic()` or `delete_topic()` of that name in any process; a
+re-created topic never adopts an old directory, because a directory whose
+`partition.metadata` names another topic id is moved away first.
 """
 
 from __future__ import annotations
@@ -401,6 +405,7 @@ class Broker:
                               f"1..{MAX_REPLICATION_FACTOR}, got {replication_factor!r}")
         overrides = overrides_only(config)
         resolve_topic_config(overrides, self.config)            # validates the whole set
+        self._live_record(name)                 # finishes a deletion under way
         if exist_ok:
             existing = self._existing_topic(name, asked, overrides, asked_rf)
             if existing is not None:
@@ -455,7 +460,7 @@ class Broker:
                         replication_factor: int | None = None) -> Topic | None:
         """create_topic(exist_ok=True): the topic `name` if it exists with `partitions`
         (when given) and exactly these config overrides; None if it does not exist."""
-        record = self.meta.get_topic(name)
+        record = self._live_record(name)
         if record is None:
             return None
         differences = []
@@ -592,7 +597,7 @@ class Broker:
         (removed from the dict), else they stay there for the caller to close."""
         validate_topic_name(name)
         with self._lock:
-            record = self.meta.get_topic(name)
+            record = self._live_record(name)
             cached = self._topics.get(name)
             if record is None:
                 if cached is not None:
@@ -606,10 +611,11 @@ class Broker:
             config = resolve_topic_config(record["config"], self.config)
             handed = dict(opened) if opened else {}
             first = handed.get(0) or self._open_partition(record, 0, config)
-            if first.deleted and not self.read_only:  # an interrupted deletion: finish it
-                first.close()
+            if first.deleted and not self.read_only:  # a deletion that predates the
+                first.close()                         # record's flag: finish it
                 log.warning("finishing the interrupted deletion of topic %s (topic id %s) "
                             "in %s", name, record["topic_id"], self.path)
+                self.meta.mark_topic_deleting(name, record["topic_id"])
                 self._finish_delete(name, record)
                 raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
             replication_factor = record.get("replication_factor", 1)
@@ -757,46 +763,95 @@ class Broker:
         return list_groups(self.meta)
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic: flag its partitions deleted, rename them to tombstones,
-        remove its record, remove the tombstones (see the module docstring)."""
+        """Delete a topic: flag its record deleting, flag its partitions deleted,
+        rename them to tombstones, remove its record, remove the tombstones (see the
+        module docstring). A deletion under way (interrupted, or running in another
+        process) is finished, and the call returns."""
         self._check_writable("delete_topic")
         validate_topic_name(name)
         with self._lock:
             record = self.meta.get_topic(name)
             if record is None:
                 raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
-            try:
-                topic = self.topic(name)
-            except UnknownTopicError:
-                return                                 # finished an interrupted delete
-            except StorageError:
-                topic = None                           # unreadable: delete it anyway
-            if topic is not None:
-                topic.mark_deleted()
+            if not record.get("deleting") and \
+                    not self.meta.mark_topic_deleting(name, record["topic_id"]):
+                raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
             self._finish_delete(name, record)
         if self.doorbell is not None:          # producers re-read their topics
             self.doorbell.metadata_changed()
         log.debug("deleted topic %s (topic id %s)", name, record["topic_id"])
 
+    def _live_record(self, name: str) -> dict[str, Any] | None:
+        """Topic `name`'s record, or None when there is none or its deletion has begun
+        (a writable broker finishes that deletion first)."""
+        record = self.meta.get_topic(name)
+        if record is None or not record.get("deleting"):
+            return record
+        if not self.read_only:
+            with self._lock:
+                log.warning("finishing the interrupted deletion of topic %s (topic id "
+                            "%s) in %s", name, record["topic_id"], self.path)
+                self._finish_delete(name, record)
+        return None
+
     def _finish_delete(self, name: str, record: dict[str, Any]) -> None:
-        """Steps (2)-(4) of a deletion; safe to run again after a crash at any step."""
+        """Steps (1)-(4) of a deletion whose record is flagged `deleting` (or whose
+        partitions are, by a deletion that predates the flag); safe to run again after
+        a crash or an error at any step, and beside another process running it."""
         cached = self._topics.pop(name, None)
-        if cached is not None:
+        if cached is not None and cached.topic_id != record["topic_id"]:
             cached.close()
+            cached = None
         topic_id = record["topic_id"]
         try:
+            try:
+                self._flag_partitions_deleted(name, record, cached)
+            finally:
+                if cached is not None:
+                    cached.close()
             for number in range(record["partitions"]):
                 directory = partition_dir(self.path, name, number)
                 if os.path.isdir(directory) and read_topic_id(directory) in (topic_id, None):
-                    os.rename(directory, os.path.join(
-                        self.path, f".{topic_id}-{number}{TOMBSTONE_SUFFIX}"))
+                    try:
+                        os.rename(directory, os.path.join(
+                            self.path, f".{topic_id}-{number}{TOMBSTONE_SUFFIX}"))
+                    except FileNotFoundError:
+                        pass                   # another process renamed it meanwhile
         except OSError as exc:
             raise storage_error(exc, "delete topic", self.path) from exc
-        current = self.meta.get_topic(name)
-        if current is not None and current["topic_id"] == topic_id:
-            self.meta.delete_topic(name)
+        try:
+            self.meta.delete_topic(name, topic_id)
+        except UnknownTopicError:
+            pass                               # another process got there first
         for tombstone in self._tombstones(topic_id):
             remove_tree(tombstone)
+
+    def _flag_partitions_deleted(self, name: str, record: dict[str, Any],
+                                 cached: Topic | None) -> None:
+        """Step (1): flag every partition of the incarnation `record` deleted, through
+        the open topic when this broker has one; a partition that cannot be opened
+        (missing, unreadable) is deleted without its flag."""
+        opened = {p.partition: p for p in (cached.partitions if cached else ())
+                  if p.opened}
+        topic_id = record["topic_id"]
+        config = resolve_topic_config(record["config"], self.config)
+        for number in range(record["partitions"]):
+            if number in opened:
+                opened[number]._log.mark_deleted()
+                continue
+            directory = partition_dir(self.path, name, number)
+            try:
+                if not os.path.isdir(directory) or \
+                        read_topic_id(directory) not in (topic_id, None):
+                    continue
+                partition_log = self._new_partition_log(directory, name, number, config)
+            except (StorageError, UnknownTopicError, OSError) as exc:
+                log.warning("deleting %s without flagging it: %s", directory, exc)
+                continue
+            try:
+                partition_log.mark_deleted()
+            finally:
+                partition_log.close()
 
     def _tombstones(self, topic_id: str | None = None) -> list[str]:
         prefix = f".{topic_id}-" if topic_id else "."
@@ -808,15 +863,12 @@ class Broker:
                 if entry.startswith(prefix) and entry.endswith(TOMBSTONE_SUFFIX)]
 
     def _finish_interrupted_deletes(self) -> None:
-        """At open: a tombstone whose topic record still exists is a deletion that died
-        between its renames and its metadata commit; finish it, then sweep."""
+        """At open: a record flagged `deleting`, or a tombstone whose topic record still
+        exists, is a deletion that died on its way; finish it, then sweep."""
         tombstones = self._tombstones()
-        if not tombstones:
-            return
         ids = {os.path.basename(t)[1:].split("-")[0] for t in tombstones}
-        for name in self.meta.topic_names():
-            record = self.meta.get_topic(name)
-            if record is not None and record["topic_id"] in ids:
+        for name, record in self.meta.topic_records():
+            if record.get("deleting") or record["topic_id"] in ids:
                 log.warning("finishing the interrupted deletion of topic %s (topic id %s) "
                             "in %s", name, record["topic_id"], self.path)
                 self._finish_delete(name, record)
@@ -826,8 +878,14 @@ class Broker:
     # ---- chores ----------------------------------------------------------------------
 
     def _open_topics(self) -> list[Topic]:
+        names = self.topics()
+        with self._lock:                  # let go of topics deleted by another process
+            for gone in set(self._topics) - set(names):
+                record = self.meta.get_topic(gone)
+                if record is None or record.get("deleting"):
+                    self._topics.pop(gone).close()
         topics = []
-        for name in self.topics():
+        for name in names:
             try:
                 topics.append(self.topic(name))
             except UnknownTopicError:

@@ -615,7 +615,7 @@ class MetaStore:
         def grow(txn: Any) -> int:
             raw = txn.get(key, db=self.db("topics"))
             record = None if raw is None else decode(raw)
-            if record is None or record["topic_id"] != topic_id:
+            if record is None or record["topic_id"] != topic_id or record.get("deleting"):
                 raise UnknownTopicError(f"topic {name!r} does not exist (deleted while "
                                         "its partitions were being added)")
             old = record["partitions"]
@@ -633,19 +633,44 @@ class MetaStore:
 
         return self.write(grow, operation=f"add partitions to topic {name!r}")
 
+    def mark_topic_deleting(self, name: str, topic_id: str) -> bool:
+        """Deletion's first step: flag topic `name`'s record (if it is still the
+        incarnation `topic_id`) `deleting`, in one committed transaction. From then on
+        `topic_names()` leaves it out and the broker treats it as gone, finishing the
+        deletion wherever it next meets it. Returns False when no such record exists."""
+        key = check_key(name.encode())
+
+        def mark(txn: Any) -> bool:
+            raw = txn.get(key, db=self.db("topics"))
+            record = None if raw is None else decode(raw)
+            if record is None or record["topic_id"] != topic_id:
+                return False
+            if not record.get("deleting"):
+                record["deleting"] = True
+                self.put(txn, "topics", key, record)
+            return True
+
+        return self.write(mark, operation=f"mark topic {name!r} deleting")
+
     def get_topic(self, name: str) -> dict[str, Any] | None:
+        """Topic `name`'s record, or None; a record whose deletion has begun has
+        `"deleting": true` (callers treat it as gone, see `mark_topic_deleting`)."""
         key = check_key(name.encode())
         raw = self.read(lambda txn: txn.get(key, db=self.db("topics")),
                         operation=f"read topic {name!r}")
         return None if raw is None else decode(raw)
 
-    def delete_topic(self, name: str) -> dict[str, Any]:
+    def delete_topic(self, name: str, topic_id: str | None = None) -> dict[str, Any]:
+        """Remove topic `name`'s record (only the incarnation `topic_id`, when given)
+        and its committed offsets; UnknownTopicError when there is none."""
         key = check_key(name.encode())
 
         def delete(txn: Any) -> bytes:
-            raw = txn.pop(key, db=self.db("topics"))
-            if raw is None:
+            raw = txn.get(key, db=self.db("topics"))
+            if raw is None or (topic_id is not None
+                               and decode(raw)["topic_id"] != topic_id):
                 raise UnknownTopicError(f"topic {name!r} does not exist")
+            txn.delete(key, db=self.db("topics"))
             # Committed offsets of the deleted topic go with it, in the same transaction,
             # as Kafka's group coordinator drops them: a re-created topic starts clean.
             part = b"\0" + key + b"\0"
@@ -657,9 +682,14 @@ class MetaStore:
         return decode(self.write(delete, operation=f"delete topic {name!r}", frees=True))
 
     def topic_names(self) -> list[str]:
-        return self.read(lambda txn: [key.decode() for key, _ in
-                                      txn.cursor(db=self.db("topics"))],
-                         operation="list topics")
+        """The live topics: every record but those whose deletion has begun."""
+        return [name for name, record in self.topic_records()
+                if not record.get("deleting")]
+
+    def topic_records(self) -> list[tuple[str, dict[str, Any]]]:
+        """(name, record) of every topic record, deletions under way included, read in
+        one transaction."""
+        return [(key.decode(), record) for key, record in self.items("topics")]
 
     def items(self, db: str, prefix: bytes = b"") -> list[tuple[bytes, Any]]:
         """(key, decoded value) pairs of a sub-database whose keys start with prefix,

@@ -101,17 +101,15 @@ class Checker:
         except BaseException as exc:         # noqa: BLE001
             self.fail(classify_open_error(exc), "topics(): " + describe(exc))
             return
-        deleting_topics = {e["topic"] for e in self.entries if e["kind"] == "deleting"}
         for name in sorted(names):
             try:
                 broker.topic(name)
             except logkit.UnknownTopicError as exc:
-                # listed, but its deletion had begun (partitions flagged deleted): the
-                # open finishes the deletion. Fine only if a deletion was started.
+                # listed, yet gone: a half-deleted topic (issue 36), whether or not
+                # a deletion was started — the first open must finish it
                 names.discard(name)
-                if name not in deleting_topics:
-                    self.fail("integrity", f"topic {name!r} is listed but opening it "
-                              f"says: {exc}")
+                self.fail("integrity", f"topic {name!r} is listed but opening it "
+                          f"says: {exc}")
             except BaseException:            # noqa: BLE001 — reported below
                 pass
         records: dict[tuple[str, int], list[dict]] = {}
