@@ -31,3 +31,19 @@ def spark():
                            "spark.driver.memory": "1g"})
     yield session
     session.stop()
+
+
+# ---- Apache Kafka: one real broker for the whole suite (tests/helpers/kafka.py) --------
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory):
+    """A real single-node KRaft Kafka on 127.0.0.1, shared by every Kafka test; skips
+    with the reason when java, mvn or the resolved classpath (`make kafka`) is absent."""
+    from tests.helpers.kafka import KafkaBroker, skip_reason
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    yield broker
+    broker.stop()
