@@ -623,7 +623,7 @@ class Consumer:
         for tp in fetchable:
             topic = tp.topic
             if topic not in replicated:
-                replicated[topic] = hasattr(self._handle(tp), "in_sync_replicas")
+                replicated[topic] = self._handle(tp).replicated
             slot = 0 if replicated[topic] else change_slot(topic, tp.partition)
             by_slot.setdefault(slot, []).append(tp)
         return by_slot

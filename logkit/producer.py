@@ -790,7 +790,7 @@ class Producer:
             self._resolve(batch)
             raise
         if ticket is not None:                # flush.messages: complete after the sync
-            if not (self._acks_all and hasattr(partition, "in_sync_replicas")):
+            if not (self._acks_all and partition.replicated):
                 try:
                     waiter = self._sync_waiter()
                 except LogkitError as exc:    # no thread for it: wait for the sync here
@@ -803,7 +803,7 @@ class Producer:
             except LogkitError as exc:
                 batch.error = exc
         if self._acks_all and batch.error is None and batch.rows \
-                and hasattr(partition, "in_sync_replicas"):
+                and partition.replicated:
             self._wait_for_replicas(batch, partition)      # resolved by the waiter
             return True
         self._resolve(batch)
@@ -856,7 +856,7 @@ class Producer:
         """acks='all': refuse the batch before appending when the topic asks for more
         in-sync replicas than exist (Kafka's NOT_ENOUGH_REPLICAS; nothing is written)."""
         wanted = partition.config["min.insync.replicas"]
-        if hasattr(partition, "in_sync_replicas"):          # a replicated topic
+        if partition.replicated:
             isr = partition.in_sync_replicas(max_age_ms=ISR_CHECK_MAX_AGE_MS)
             if wanted > len(isr):                  # look again, fresh, before refusing
                 isr = partition.in_sync_replicas(relist=True)

@@ -59,6 +59,12 @@ class Partition:
     Its log is opened on first use (a topic of thousands of partitions costs no
     descriptor for the ones a process never touches); `_opener` makes it."""
 
+    #: True for a partition of a topic with followers (replication factor above 1):
+    #: such a handle also has `in_sync_replicas()` and `replication_factor`, reads stop
+    #: at the high watermark the ISR allows, and acks="all" waits for the ISR. The
+    #: clients ask this, never `hasattr` (docs/design.md §5).
+    replicated: bool = False
+
     def __init__(self, topic: str, partition: int,
                  opener: Callable[[int], PartitionLog],
                  log: PartitionLog | None = None) -> None:

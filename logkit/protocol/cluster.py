@@ -234,7 +234,7 @@ class LeaderView:
     coordinator = controller
 
     def partitions(self, topic: Any) -> list[PartitionView]:
-        factor = getattr(topic, "replication_factor", 1)
+        factor = topic.replication_factor
         if not self.leads():
             holder = self._holder()
             leader, code = (holder.node_id, 0) if holder is not None else (-1, 5)

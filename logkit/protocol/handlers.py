@@ -320,7 +320,7 @@ class Handlers:
         if problem:
             return _produce_result(index, problem[0], problem[1])
         min_isr = partition.config.get("min.insync.replicas", 1)   # altered: the log's
-        replicated = acks == -1 and getattr(topic, "replication_factor", 1) > 1
+        replicated = acks == -1 and topic.replication_factor > 1
         if acks == -1 and not replicated and min_isr > 1:
             return _produce_result(index, E.NOT_ENOUGH_REPLICAS,
                                    "min.insync.replicas is above the one replica here")
@@ -672,7 +672,7 @@ class Handlers:
                 "removed)")
         # An assignment must place each new partition on this node (the leader) and
         # as many distinct brokers as the topic's replication factor.
-        factor = getattr(topic, "replication_factor", 1)
+        factor = topic.replication_factor
         if assignments is not None and (
                 len(assignments) != count - have
                 or any(self.node_id not in a["broker_ids"]

@@ -535,6 +535,8 @@ class ReplicatedPartition(Partition):
     high watermark that the ISR allows, not at the log end. Everything else is
     `Partition`'s (a replica fetch passes `upto=p.log_end_offset` and reads past it)."""
 
+    replicated = True
+
     def __init__(self, topic: str, partition: int, opener: Callable[[int], Any],
                  log: Any, *, replicas: ReplicaState, topic_id: str,
                  replication_factor: int) -> None:
@@ -716,7 +718,7 @@ def describe_replicas(broker: Any) -> list[dict[str, Any]]:
     try:
         for name in broker.topics():
             topic = broker.topic(name)
-            factor = getattr(topic, "replication_factor", 1)
+            factor = topic.replication_factor
             for p in topic.partitions:
                 info = state.describe(p, topic.topic_id, factor)
                 entries = read_checkpoint(p.directory)
