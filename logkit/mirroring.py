@@ -109,9 +109,6 @@ def mirror(broker: Any, to: str, *, topics: Iterable[str] | None = None,
                                      f"within {timeout_s} s")
         offsets = {}
         if groups:
-            if groups is True and not hasattr(broker, "groups"):
-                raise ConfigError("mirror: this broker cannot list its groups; pass "
-                                  "their ids (groups=[...])")
             wanted = broker.groups() if groups is True else sorted(groups)
             for group in wanted:
                 offsets[group] = _mirror_offsets(ck, conf, broker, group, names, state,

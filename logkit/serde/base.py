@@ -39,10 +39,12 @@ def as_registry(registry: Any) -> SchemaRegistry:
     """A SchemaRegistry from a registry or a Broker."""
     if isinstance(registry, SchemaRegistry):
         return registry
-    if hasattr(registry, "meta") and hasattr(registry, "create_topic"):
-        return SchemaRegistry.for_broker(registry)
-    raise ConfigError(f"expected a logkit SchemaRegistry or Broker, got "
-                      f"{type(registry).__name__}")
+    try:
+        opener = registry.schema_registry       # a Broker hands out its own registry
+    except AttributeError:
+        raise ConfigError(f"expected a logkit SchemaRegistry or Broker, got "
+                          f"{type(registry).__name__}") from None
+    return opener()
 
 
 class SchemaSerde(ABC):
