@@ -37,15 +37,15 @@ from . import _fork
 from .config import (LONG_MAX, TOPIC, lookup, overrides_only, resolve_broker_config,
                      resolve_topic_config)
 from .consumer import Consumer
+from ._threads import start_thread
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
-                     ReadOnlyError, StorageError, TopicExistsError, UnknownTopicError,
-                     start_thread, storage_error)
+                     ReadOnlyError, StorageError, TopicExistsError, UnknownTopicError, storage_error)
 from .group import ConsumerGroup, list_groups
 from .log import PartitionLog, check_directory
 from .meta import MetaStore, decode
 from .notify import Doorbell
 from .producer import Producer
-from .tail import raise_descriptor_limit
+from ._files import raise_descriptor_limit
 from .topic import MAX_PARTITIONS, Topic, validate_topic_name
 
 MAX_REPLICATION_FACTOR = 32767                # Kafka's: a replica count is an int16

@@ -35,7 +35,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from .errors import ClosedError, CommitFailedError, LogkitError, start_thread
+from ._threads import start_thread
+from .errors import ClosedError, CommitFailedError, LogkitError
 from .group import GroupCoordinator, OffsetAndMetadata, committed_offset
 from .subscription import SubscriptionState
 from .topic import TopicPartition

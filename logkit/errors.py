@@ -14,11 +14,10 @@ __all__ = [
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
     "ReadOnlyError", "SerializationError", "storage_error", "ArgumentTypeError",
-    "ResourceError", "start_thread", "InvalidRecordError", "UnsupportedCompressionTypeError",
+    "ResourceError", "InvalidRecordError", "UnsupportedCompressionTypeError",
 ]
 
 import errno as _errno
-from typing import Any
 
 
 class LogkitError(Exception):
@@ -150,16 +149,6 @@ class ResourceError(LogkitError, RuntimeError):
     thread could not be started (the process is at its thread limit, RLIMIT_NPROC, or
     out of memory). Nothing was stored by the call that raised it. Also a RuntimeError,
     what Python itself raises there."""
-
-
-def start_thread(thread: Any, what: str) -> None:
-    """`thread.start()`, with Python's RuntimeError for a thread that cannot be had
-    raised as ResourceError naming `what` (the cause kept)."""
-    try:
-        thread.start()
-    except RuntimeError as exc:
-        raise ResourceError(f"could not start {what}: {exc} (the process is at its "
-                            "thread limit or out of memory)") from exc
 
 
 class ReadOnlyError(LogkitError):

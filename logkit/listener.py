@@ -38,7 +38,8 @@ import threading
 import time
 from typing import Any
 
-from .errors import ConfigError, ResourceError, start_thread
+from ._threads import start_thread
+from .errors import ConfigError, ResourceError
 
 __all__ = ["ThreadedListener", "Slot", "POLL_SLICE_S"]
 

@@ -127,9 +127,10 @@ from .accumulator import (CALLER_DUE_MAX, CALLER_LOOK_EVERY, DIRECT_ROWS, Batch,
                           RecordAccumulator, TopicBatches)
 from .compression import codec_id, require
 from .config import PRODUCER, resolve
+from ._threads import start_thread
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
                      LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
-                     RecordTooLargeError, UnknownTopicError, start_thread,
+                     RecordTooLargeError, UnknownTopicError,
                      storage_error)
 from .log import SyncWaiter
 from .murmur2 import partition_for_key

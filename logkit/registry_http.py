@@ -46,8 +46,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .compat import LEVELS, SCHEMA_TYPES, deeper_than
 from .compat.errors import (InvalidSchemaError, SchemaNotFoundError, SchemaRegistryError)
+from ._threads import start_thread
 from .errors import (ClosedError, CodecUnavailableError, ConfigError, LogkitError,
-                     ReadOnlyError, ResourceError, start_thread)
+                     ReadOnlyError, ResourceError)
 from .schema_registry import RegisteredSchema, Schema, SchemaRegistry, check_version
 
 __all__ = ["RegistryServer", "serve", "handle", "ROUTES", "MAX_BODY_BYTES",

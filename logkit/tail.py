@@ -1,5 +1,5 @@
 """The shared tail state of one partition directory: the `logkit.tail` file, its seqlock,
-and the file-opening rules every partition file follows.
+which it opens by the rules of `_files.py`.
 
 Owns: the `Tail` record (log start/end offsets, the active segment's committed size and
 index entry counts, the high watermark, the recovery point, a segment-list version, the
@@ -24,16 +24,15 @@ Layout (little-endian; 4096 bytes, preallocated):
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import mmap
 import os
-import stat
 import struct
 import time
 from typing import NamedTuple
 
+from ._files import FILE_MODE, check_directory, open_file, raise_descriptor_limit  # noqa: F401
 from .errors import StorageError
 
 __all__ = ["Tail", "TailFile", "BOOT_ID", "TAIL_FILE", "open_file", "check_directory"]
@@ -44,7 +43,6 @@ TAIL_FILE = "logkit.tail"
 TAIL_MAGIC = b"LKT1"
 TAIL_VERSION = 1
 TAIL_FILE_BYTES = 4096
-FILE_MODE = 0o600                     # data files are the owner's alone (docs/storage.md)
 SEQLOCK_SPINS = 10000                 # reader retries before suspecting a dead writer
 SEQLOCK_SPINS_BEFORE_SLEEP = 100
 
@@ -94,62 +92,6 @@ def _boot_id() -> bytes:
 
 
 BOOT_ID = _boot_id()
-
-
-def open_file(path: str, flags: int) -> int:
-    """os.open that never follows a symbolic link at `path` (a link planted in the data
-    directory must not redirect our writes); raises StorageError naming the path."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StorageError(f"refusing to open {path}: it is a symbolic link",
-                               operation="open", path=path, errno=exc.errno) from exc
-        raise
-
-
-# What one partition holds open in a process that appends to it: the tail file and
-# its map (Python's mmap keeps a descriptor of its own) and the active segment's .log;
-# index maps hold none (index.py). A reader adds the .log's map and at most one sealed
-# segment (log.py's MAX_OPEN_SEGMENTS).
-DESCRIPTORS_PER_PARTITION = 3
-
-
-def raise_descriptor_limit() -> int:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit, as the JVM does for
-    Kafka's broker (thousands of partitions need thousands of descriptors; the common
-    soft limit of 1024 is a default, not a decision). Returns the soft limit now; one
-    that cannot be raised is left as it is, and running out later is an EMFILE that
-    `storage_error` names."""
-    try:
-        import resource
-    except ImportError:                     # not a POSIX system: nothing to raise
-        return -1
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            log.debug("raised the soft descriptor limit from %d to %d", soft, target)
-            soft = target
-        except (ValueError, OSError) as exc:
-            log.debug("could not raise the soft descriptor limit %d: %s", soft, exc)
-    return soft
-
-
-def check_directory(path: str, *, create: bool = False) -> None:
-    """A partition directory must be a real directory, not a link to one elsewhere;
-    with `create`, a missing one is made (mode 0700). One lstat when it exists."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        if not create:
-            return                    # the open that follows names what is missing
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        mode = os.lstat(path).st_mode
-    if stat.S_ISLNK(mode):
-        raise StorageError(f"refusing to use {path}: it is a symbolic link",
-                           operation="open", path=path, errno=errno.ELOOP)
 
 
 class TailFile:

@@ -191,7 +191,7 @@ def open_fds() -> int:
 def test_a_producing_process_holds_at_most_three_descriptors_per_partition(tmp_path):
     """Tail file, its map and the active .log: index maps hold no descriptor, and a
     roll closes the segment it seals."""
-    from logkit.tail import DESCRIPTORS_PER_PARTITION
+    from logkit._files import DESCRIPTORS_PER_PARTITION
     partitions = 40
     before = open_fds()
     with logkit.Broker(str(tmp_path), background=False) as broker:

@@ -35,7 +35,7 @@ import uuid
 import zlib
 from typing import Any, Mapping, NamedTuple
 
-from ..tail import open_file
+from .._files import open_file
 
 __all__ = ["Node", "LeaderView", "FollowerView", "node_id_for", "auto_node_id",
            "write_listener", "remove_listener", "read_listener", "read_listener_body",

@@ -35,7 +35,7 @@ from ..broker import Broker
 from ..config import resolve_config
 from ..errors import ConfigError, NotLeaderError, StorageError, UnknownTopicError
 from ..notify import DOORBELL_FILE, Doorbell
-from ..tail import open_file
+from .._files import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
 from .lease import Lease, read_lease, replica_id, take_next, wire_topic_ids

@@ -51,11 +51,12 @@ from typing import Any, Mapping
 
 from ..broker import Broker
 from ..config import resolve_broker_config, resolve_config
+from .._threads import start_thread
 from ..errors import (ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       LogkitTimeoutError, NotLeaderError, OffsetOutOfRangeError,
-                      ResourceError, UnknownTopicError, start_thread)
+                      ResourceError, UnknownTopicError)
 from ..records import iter_batches
-from ..tail import open_file
+from .._files import open_file
 from ..topic import Partition, Topic, TopicPartition
 from .epochs import (EpochEntry, assign, divergence_offset, epochs_from_headers,
                      read_checkpoint, truncate_from_end, write_checkpoint)

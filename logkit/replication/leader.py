@@ -51,8 +51,9 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
-from ..errors import LogkitTimeoutError, NotEnoughReplicasError, StorageError, start_thread
-from ..tail import open_file
+from .._threads import start_thread
+from ..errors import LogkitTimeoutError, NotEnoughReplicasError, StorageError
+from .._files import open_file
 from ..topic import Partition, TopicPartition
 
 __all__ = ["ReplicaState", "ReplicatedPartition", "AckWaiter", "Progress",

@@ -42,10 +42,11 @@ import time
 import uuid
 from typing import Any, Iterator, Mapping, NamedTuple
 
-from ..errors import LogkitTimeoutError, NotLeaderError, StorageError, start_thread
+from .._threads import start_thread
+from ..errors import LogkitTimeoutError, NotLeaderError, StorageError
 from ..log import LOCK_TIMEOUT_S, PartitionLog
 from ..meta import MetaStore
-from ..tail import open_file
+from .._files import open_file
 
 __all__ = ["Lease", "LeaseKeeper", "LeaderLog", "LeaderMeta", "LEASE_FILE",
            "LEASE_LOCK_FILE", "REPLICA_ID_FILE", "read_lease", "take_next", "renew",

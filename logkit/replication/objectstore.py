@@ -52,9 +52,10 @@ from typing import Any, Callable, Mapping, NamedTuple, TypeVar
 
 from ..broker import Broker
 from ..config import resolve_config
+from .._threads import start_thread
 from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       NotLeaderError, OffsetOutOfRangeError, ResourceError, StorageError,
-                      UnknownTopicError, start_thread)
+                      UnknownTopicError)
 from ..group import committed_offsets, list_groups
 from ..records import BatchHeader, iter_batches, read_header
 from ..topic import Partition, TopicPartition
