@@ -63,10 +63,11 @@ from typing import Any, Callable, Container, Iterator, Mapping, NamedTuple, Type
 from . import _fork, loader
 from ._native import shortio
 from .compression import CODEC_NAMES, TOPIC_COMPRESSION_TYPE
+from ._threads import start_thread
 from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitError,
                      LogkitTimeoutError,
                      OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
-                     UnknownTopicError, start_thread, storage_error)
+                     UnknownTopicError, storage_error)
 from .loader import RecoveryReport, leftovers, live_bases
 from .notify import change_offset, change_slot
 from .records import (ATTR_CONTROL, RECORDS_OFFSET, BatchHeader, Record, check_batch,
@@ -74,7 +75,8 @@ from .records import (ATTR_CONTROL, RECORDS_OFFSET, BatchHeader, Record, check_b
                       stamp_base_offset, stamp_log_append_time)
 from .segment import (DELETED_SUFFIX, LogSegment, parse_segment_name, retire_segment,
                       segment_file_name, unlink_segment)
-from .tail import (BOOT_ID, TAIL_FILE, Tail, TailFile, check_directory, open_file)
+from ._files import check_directory, open_file
+from .tail import BOOT_ID, TAIL_FILE, Tail, TailFile
 
 # Names other modules import from here (broker.py, topic.py, tests): they moved to
 # tail.py and loader.py and stay importable from this module.
