@@ -31,6 +31,8 @@ KAFKA_DIR = ROOT_DIR / "tools" / "kafka"
 LIB_DIR = KAFKA_DIR / "lib"
 SPARK_LIB_DIR = KAFKA_DIR / "spark-lib"
 RESOLVED_STAMP = LIB_DIR / ".resolved"
+JAVA_SRC_DIR = KAFKA_DIR / "src"
+CLASSES_DIR = KAFKA_DIR / "classes"
 
 # Kafka's tools by their short script names (bin/kafka-*.sh in a Kafka distribution).
 TOOLS = {
@@ -110,11 +112,42 @@ def _tools_log4j() -> Path:
 
 
 def java_command(main_class: str, *args: str, heap: str = TOOL_HEAP,
-                 log4j: Path | None = None) -> list[str]:
+                 log4j: Path | None = None, extra_classpath: Path | None = None) -> list[str]:
     config = log4j or _tools_log4j()
+    path = classpath() if extra_classpath is None else f"{extra_classpath}:{classpath()}"
     return ["java", heap, "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={config}",
-            "-cp", classpath(), main_class, *map(str, args)]
+            "-cp", path, main_class, *map(str, args)]
+
+
+def compile_java(name: str) -> Path:
+    """Compile tools/kafka/src/<name>.java against Kafka's classpath into
+    tools/kafka/classes (again only when the source is newer than its class); returns
+    the classes directory, for `run_java(name, ...)`."""
+    source = JAVA_SRC_DIR / f"{name}.java"
+    compiled = CLASSES_DIR / f"{name}.class"
+    if compiled.exists() and compiled.stat().st_mtime >= source.stat().st_mtime:
+        return CLASSES_DIR
+    CLASSES_DIR.mkdir(exist_ok=True)
+    proc = subprocess.run(["javac", "-d", str(CLASSES_DIR), "-cp", classpath(), str(source)],
+                          capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise AssertionError(f"javac {source} failed:\n{proc.stdout}{proc.stderr}")
+    return CLASSES_DIR
+
+
+def run_java(name: str, *args: str, timeout_s: float = TOOL_TIMEOUT_S
+             ) -> subprocess.CompletedProcess[str]:
+    """Run the main method of tools/kafka/src/<name>.java (compiled when needed) with
+    Kafka's classpath; AssertionError with its output when it exits non-zero."""
+    classes = compile_java(name)
+    proc = subprocess.run(java_command(name, *args, extra_classpath=classes),
+                          capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise AssertionError(f"{name} exited {proc.returncode}\nstdout:\n"
+                             f"{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc
 
 
 def run_tool(tool: str, *args: str, timeout_s: float = TOOL_TIMEOUT_S, check: bool = True,
