@@ -57,14 +57,14 @@ that stops gets its last batches appended within about 2 x QUIET_CHECK_S (plus t
 hand-off). Batches opened while the sender thread was idle (no open batch) are quiet
 on its first look: a lone record leaves at once, as before. The sender thread is woken
 only from idle; while busy it looks on its own clock, so it does not take the GIL from
-a saturated sending thread at every new batch (that hand-off halved the linger_ms=0
-rate). `flush()`, `future.result()` and a full buffer never wait.
+a saturated sending thread at every new batch (that hand-off costs more than the
+append it hands over; docs/performance-round-two.md has the figures). `flush()`, `future.result()` and a full buffer never wait.
 
 A look only lists the due batches; the sender thread seals each when it comes to it
 (`seal_if_open`), as Kafka's sender takes a partition's batch when it drains it. A look
 at a wide topic finds thousands due, and the sender works down the list for a while:
 records sent meanwhile join their partition's due batch rather than open a second, small
-one (3,000 partitions: 37 → 52 records per batch; 1,000: 50 → 89).
+one, so batches at wide topics stay full (docs/performance-round-two.md).
 
 Callers that take their own batches (`future.result()` right after `send()`) stop the
 wake-ups of the idle sender thread (`callers_take`, see `_note_callers`): it looks every
@@ -83,7 +83,7 @@ exhausted or the producer closes. A record that finds no room in the buffer firs
 its thread append the oldest open batches (`take_due(everything=True)`), and waits only
 when none is open. Appends are the same CPU work under one GIL whichever thread does
 them; the sender thread doing them beside a thread that keeps sending cost thousands of
-GIL and lock hand-offs a second (the produce rate halved at 1,000 partitions).
+GIL and lock hand-offs a second, which wide topics pay most.
 """
 
 from __future__ import annotations
@@ -546,7 +546,7 @@ class RecordAccumulator:
         Why: appends are CPU work under one GIL. A sending thread that appends the
         due batches between its sends does the same work as the sender thread would,
         without the two threads taking the GIL and the accumulator's lock from each
-        other (at 1,000 partitions that hand-off halved the produce rate)."""
+        other (the hand-off costs more than the appends at wide topics)."""
         looked, previous, self.sender_looked = self.callers_looked, self.sender_looked, now
         return ((looked > previous or now - looked < CALLERS_LOOKING_S)
                 and not (self.exhausted or self.closed))
@@ -558,7 +558,7 @@ class RecordAccumulator:
         A sender that waits on its record (`future.result()`) seals and appends the
         batch itself; waking the idle sender thread for that batch only puts a second
         thread on the CPU beside it (across processes, beside a producer and its
-        consumer, that wake cost the round trip ~40 µs here). So once a caller takes a
+        consumer, that wake is a large share of the round trip). So once a caller takes a
         batch the sender thread was woken for (`seal_if_open(caller=True)`), new
         batches stop waking it: it looks every CALLER_GRACE_S instead and appends a
         batch nobody claimed for that long (`_due`), which turns the wake-ups back on,

@@ -9,7 +9,7 @@ Page cache and disk: an active index file is sparse past its entries, as Kafka's
 real blocks are reserved (`posix_fallocate`) `RESERVE_STEP_BYTES` at a time just ahead
 of the next entry, so a full disk raises OSError at the reservation, never a SIGBUS at
 a store through the map. Every map is advised MADV_RANDOM: a fault reads one page, not
-the device's read-ahead window of zeros (8 MiB per file here before), so index writes
+the device's read-ahead window of zeros, so index writes
 grow the page cache by the pages they write.
 
 Invariant: entries are strictly increasing in offset (and, for the time index, in

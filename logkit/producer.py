@@ -675,8 +675,8 @@ class Producer:
         (logkit/_sendpath.c counts its own): at most every QUIET_CHECK_S, it appends
         the oldest due batches itself (`RecordAccumulator.take_due`), and the sender
         thread stands back while it does. The appends are the same CPU work under the
-        same GIL either way; done here they cost no hand-off between threads (at 1,000
-        partitions the sender thread taking them halved the produce rate)."""
+        same GIL either way; done here they cost no hand-off between threads, which
+        wide topics pay most (docs/performance-round-two.md)."""
         self._look_countdown = CALLER_LOOK_EVERY
         accumulator = self._accumulator
         now = time.monotonic()
