@@ -26,6 +26,7 @@ from logkit import (ClosedError, ConfigError, ForkedProcessError, LogkitError,
 from logkit.errors import ArgumentTypeError
 from logkit.notify import Doorbell
 from tests.helpers.procs import wait_until
+from tests.helpers.waits import until, wait_for_doorbell_wait
 
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers",
                       "stalled_lock_holder.py")
@@ -77,7 +78,7 @@ def test_closing_a_consumer_from_another_thread_wakes_its_poll_and_leaves_no_gho
     consumer.poll(0)
     assert len(broker.group("g").members()) == 1
     polling, outcome = in_thread(lambda: consumer.poll(10_000))
-    time.sleep(0.3)                                    # let it block in the wait
+    wait_for_doorbell_wait([polling])                  # it is blocked in the wait
     consumer.close()
     finished(polling, "poll(10000) after close()")
     assert isinstance(outcome.get("error"), ClosedError), outcome
@@ -90,7 +91,7 @@ def test_closing_a_consumer_ends_iteration_in_another_thread(broker):
     broker.create_topic("t", 1)
     consumer = broker.consumer("t", auto_offset_reset="earliest")
     iterating, outcome = in_thread(lambda: list(consumer))
-    time.sleep(0.3)
+    wait_for_doorbell_wait([iterating])
     consumer.close()
     finished(iterating, "iteration after close()")
     assert outcome == {"result": []}
@@ -102,7 +103,7 @@ def test_closing_the_broker_during_a_poll_raises_closed_error_in_the_poller(tmp_
     consumers = [broker.consumer("t", auto_offset_reset="earliest"),
                  broker.consumer("t", group_id="g", auto_offset_reset="earliest")]
     polls = [in_thread(lambda c=c: c.poll(10_000)) for c in consumers]
-    time.sleep(0.3)
+    wait_for_doorbell_wait([thread for thread, _ in polls])
     broker.close()
     for thread, outcome in polls:
         finished(thread, "poll(10000) after broker.close()")
@@ -116,22 +117,28 @@ def test_a_doorbell_closed_while_threads_wait_and_ring_raises_nothing(tmp_path):
         doorbell = Doorbell(str(tmp_path))
         stop = threading.Event()
         errors: list[BaseException] = []
+        steps = [0, 0, 0]                  # calls made by each thread
 
-        def loop(step):
+        def loop(i, step):
             try:
                 while not stop.is_set():
                     step()
+                    steps[i] += 1
             except BaseException as exc:
                 errors.append(exc)
 
-        threads = [threading.Thread(target=loop, args=(step,)) for step in
-                   (doorbell.ring, lambda: doorbell.wait(doorbell.value(), 0.001),
-                    lambda: doorbell.wait(doorbell.value(), 0.001))]
+        threads = [threading.Thread(target=loop, args=(i, step)) for i, step in
+                   enumerate((doorbell.ring, lambda: doorbell.wait(doorbell.value(), 0.001),
+                              lambda: doorbell.wait(doorbell.value(), 0.001)))]
         for thread in threads:
             thread.start()
-        time.sleep(0.01)
+        # close while every thread is in its loop, then let each call again on the closed
+        # doorbell: states waited on, not delays guessed
+        until(lambda: all(steps) or errors, "every thread calling")
         doorbell.close()
-        time.sleep(0.01)
+        after_close = list(steps)
+        until(lambda: all(n > m for n, m in zip(steps, after_close)) or errors,
+              "every thread calling the closed doorbell")
         stop.set()
         for thread in threads:
             thread.join(timeout=HANG_S)
@@ -480,7 +487,8 @@ def test_clients_used_in_a_forked_child_raise_and_leave_the_parent_intact(broker
             with os.fdopen(read_fd, "rb") as report:
                 message = report.read().decode(errors="replace")
             assert code == 0, message
-            time.sleep(0.02)
+            before = len(sent)                     # the next fork lands mid-stream
+            until(lambda: len(sent) > before, "the producer thread sending")
     finally:
         stop.set()
         producing.join(timeout=HANG_S)
@@ -512,7 +520,7 @@ def test_a_doorbell_closed_in_a_forked_child_keeps_working_in_the_parent(broker)
     assert wait_for_exit(pid, "the forked child") == 0
     before = broker.doorbell.value()
     polling, outcome = in_thread(lambda: consumer.poll(HANG_S * 1000))
-    time.sleep(0.2)
+    wait_for_doorbell_wait([polling])                  # asleep on the parent's page
     broker.producer().send("t", b"wake").result(timeout=HANG_S)
     finished(polling, "a poll after the child closed its doorbell")
     assert [r.value for r in outcome["result"]] == [b"wake"]

@@ -7,12 +7,14 @@ CreateTopics/DeleteTopics/CreatePartitions, DescribeConfigs, and the handle's li
 import multiprocessing
 import socket
 import struct
+import threading
 
 import pytest
 
 import logkit
 from logkit.protocol import errors as E
 from logkit.protocol.frame import encode_request, parse_response
+from tests.helpers.waits import wait_for_doorbell_wait
 
 
 class Raw:
@@ -229,27 +231,37 @@ def test_acks_zero_gets_no_answer_but_the_batch_is_stored(raw, broker):
     assert broker.topic("t").partition(0).log_end_offset == 1
 
 
-def _append_later(path, topic):
-    import time
-    time.sleep(0.3)
+def _append_when_told(path, topic, go):
+    go.wait(30)
     with logkit.Broker(path, background=False) as b:
         b.topic(topic).partition(0).append([(b"k", b"late", None, None)])
 
 
 def test_a_long_poll_fetch_is_woken_by_an_append_in_another_process(raw, broker):
+    """The child appends only once the listener's Fetch handler is asleep on the
+    doorbell (seen on its thread's stack), so the append is what ends the wait."""
     broker.create_topic("t", 1)
-    child = multiprocessing.get_context("spawn").Process(
-        target=_append_later, args=(broker.path, "t"))
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    child = ctx.Process(target=_append_when_told, args=(broker.path, "t", go))
     child.start()
+    answers = []
     # max_wait 30 s: the socket's 20 s timeout fails the test if only the wait ends it
-    answer = raw.call(1, 11, {"max_wait_ms": 30000, "min_bytes": 1, "max_bytes": 1 << 20,
-                              "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-                              "topics": [{"topic": "t", "partitions": [
-                                  {"partition": 0, "fetch_offset": 0,
-                                   "partition_max_bytes": 1 << 20}]}],
-                              "forgotten_topics_data": [], "rack_id": ""})
+    fetching = threading.Thread(target=lambda: answers.append(raw.call(1, 11, {
+        "max_wait_ms": 30000, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1,
+        "topics": [{"topic": "t", "partitions": [
+            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}],
+        "forgotten_topics_data": [], "rack_id": ""})))
+    fetching.start()
+    try:
+        wait_for_doorbell_wait(under="fetch")
+    finally:
+        go.set()
+    fetching.join(30)
     child.join(30)
-    part = answer["responses"][0]["partitions"][0]
+    assert not fetching.is_alive() and child.exitcode == 0
+    part = answers[0]["responses"][0]["partitions"][0]
     assert part["high_watermark"] == 1 and part["records"]
 
 

@@ -353,7 +353,14 @@ def test_confluent_kafka_clients_follow_a_sigkilled_leader(tmp_path):
                    "the consumer reading the first records")
         consumer.commit(asynchronous=False)
         committed_before_kill = consumed[-1][0] + 1
-        time.sleep(1.2)                   # the follower copies the commit (every second)
+        # the follower copies the commit (every second): wait until its root holds it
+
+        def follower_holds_the_commit():
+            with logkit.Broker(tmp_path / "F", read_only=True) as copy:
+                return copy.group("billing").committed().get(
+                    logkit.TopicPartition(TOPIC, 0), -1) >= committed_before_kill
+
+        wait_until(follower_holds_the_commit, 20, "the follower copying the commit")
         # mid-stream: keep producing, kill the leader
         for _ in range(10):
             send(10)
