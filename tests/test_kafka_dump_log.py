@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reaso
 SMALL = {"segment.bytes": 4096, "index.interval.bytes": 256}
 CODECS = ("gzip", "snappy", "lz4", "zstd")
 SHAPES = ("plain", *CODECS, "headers", "roll", "retention", "truncation", "replica",
-          "growth")
+          "growth", "wire")
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Shape:
     bases: list[int]                   # segment base offsets, oldest first
     records: list[logkit.Record]       # everything logkit reads, log start to end
     codec: str = "none"
+    idempotent: bool = False           # batches carry a producer id and sequences
 
     def files(self, suffixes: tuple[str, ...]) -> list[Path]:
         return [self.directory / f"{base:020d}{suffix}"
@@ -73,12 +74,26 @@ def produce(broker: logkit.Broker, topic: str, count: int, *, tag: str = "v",
     producer.close()
 
 
-def snapshot(partition: logkit.Partition, name: str, codec: str = "none",
-             directory: Path | None = None) -> Shape:
+def produce_over_the_wire(bootstrap_servers: str, topic: str, count: int) -> None:
+    """An idempotent confluent-kafka producer through logkit's listener: the batches
+    logkit stores then carry its producer id, epoch and sequence numbers."""
+    from confluent_kafka import Producer
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
+                         "linger.ms": 5})
+    for i in range(count):
+        producer.produce(topic, value_of(i, "wire"), key=key_of(i), partition=0,
+                         headers=[("trace", b"t%d" % i)] if i % 2 else None)
+        if i % 25 == 24:
+            assert producer.flush(30) == 0
+    assert producer.flush(30) == 0
+
+
+def snapshot(partition: logkit.Partition, name: str, codec: str = "none", *,
+             idempotent: bool = False) -> Shape:
     records = partition.read(partition.log_start_offset, max_records=100_000)
     assert records and records[-1].offset == partition.log_end_offset - 1
-    return Shape(name, Path(directory or partition.directory),
-                 partition.segment_base_offsets(), records, codec)
+    return Shape(name, Path(partition.directory), partition.segment_base_offsets(),
+                 records, codec, idempotent)
 
 
 def write_shapes(root: Path) -> dict[str, Shape]:
@@ -116,6 +131,11 @@ def write_shapes(root: Path) -> dict[str, Shape]:
                 snapshot(q, "growth")
 
         one("replica", count=300)
+
+        broker.create_topic("wire", 1, config=SMALL)
+        with broker.serve() as server:
+            produce_over_the_wire(server.bootstrap_servers, "wire", 200)
+        shapes["wire"] = snapshot(broker.topic("wire").partition(0), "wire", idempotent=True)
     follower_path = root / "follower"
     logkit.Follower(follower_path, logkit.DirectorySource(leader_path)).catch_up(timeout=60)
     with logkit.Broker(follower_path, read_only=True) as copy:
@@ -127,11 +147,7 @@ def write_shapes(root: Path) -> dict[str, Shape]:
 
 # ---- DumpLogSegments' output ----------------------------------------------------------
 
-BATCH = re.compile(
-    r"^baseOffset: (?P<base>\d+) lastOffset: (?P<last>\d+) count: (?P<count>\d+) .*"
-    r"position: (?P<position>\d+) (?:CreateTime|LogAppendTime): (?P<ts>-?\d+) "
-    r"size: (?P<size>\d+) magic: (?P<magic>\d+) compresscodec: (?P<codec>\S+) "
-    r"crc: (?P<crc>-?\d+) isvalid: (?P<valid>\w+)$")
+FIELD = re.compile(r"(\w+): (\S+)")       # a batch line: "name: value" pairs, no spaces
 RECORD = re.compile(
     r"^\| offset: (?P<offset>\d+) (?:CreateTime|LogAppendTime): (?P<ts>-?\d+) "
     r"keySize: (?P<key_size>-?\d+) valueSize: (?P<value_size>-?\d+) "
@@ -161,8 +177,8 @@ def dump(files: list[Path], *flags: str) -> tuple[dict[Path, Dump], str]:
             continue
         assert current is not None, out[:2000]
         current.lines.append(line)
-        if (m := BATCH.match(line)) is not None:
-            current.batches.append(m.groupdict())
+        if line.startswith("baseOffset: "):
+            current.batches.append(dict(FIELD.findall(line)))
         elif (m := RECORD.match(line)) is not None:
             current.records.append(m.groupdict())
         elif line.startswith(("Mismatches in", "The following indexed offsets",
@@ -212,6 +228,7 @@ def test_kafka_prints_exactly_the_records_logkit_reads(shapes, deep, name):
     for shape in shapes_named(shapes, name):
         printed = [r for f in shape.files((".log",)) for r in deep[f].records]
         assert len(printed) == len(shape.records)
+        first = shape.records[0].offset
         for mine, theirs in zip(shape.records, printed, strict=True):
             assert int(theirs["offset"]) == mine.offset
             assert int(theirs["ts"]) == mine.timestamp
@@ -223,12 +240,16 @@ def test_kafka_prints_exactly_the_records_logkit_reads(shapes, deep, name):
             header_keys = theirs["header_keys"]
             assert (header_keys.split(",") if header_keys else []) == \
                 [k for k, _ in mine.headers]
+            # one idempotent producer session from an empty partition: sequence = offset
+            assert int(theirs["sequence"]) == (mine.offset - first if shape.idempotent
+                                               else -1)
 
 
 @pytest.mark.parametrize("name", SHAPES)
 def test_every_batch_is_valid_to_kafka_and_laid_end_to_end(shapes, deep, name):
     for shape in shapes_named(shapes, name):
         next_offset = shape.records[0].offset if name == "retention" else None
+        producers = set()
         for f in shape.files((".log",)):
             report = deep[f]
             assert report.lines[0] == f"Log starting offset: {int(f.stem)}"
@@ -237,16 +258,24 @@ def test_every_batch_is_valid_to_kafka_and_laid_end_to_end(shapes, deep, name):
                         if "exception" in line.lower() or "error" in line.lower()], f
             position = 0
             for b in report.batches:
-                assert b["valid"] == "true" and b["magic"] == "2"
-                assert b["codec"] == shape.codec
+                assert b["isvalid"] == "true" and b["magic"] == "2"
+                assert b["compresscodec"] == shape.codec
+                assert b["isTransactional"] == b["isControl"] == "false"
                 assert int(b["position"]) == position
-                assert int(b["count"]) == int(b["last"]) - int(b["base"]) + 1
+                base, last = int(b["baseOffset"]), int(b["lastOffset"])
+                assert int(b["count"]) == last - base + 1
                 if next_offset is not None:
-                    assert int(b["base"]) == next_offset
-                next_offset = int(b["last"]) + 1
+                    assert base == next_offset
+                next_offset = last + 1
                 position += int(b["size"])
+                producers.add(int(b["producerId"]))
+                if shape.idempotent:
+                    assert int(b["lastSequence"]) - int(b["baseSequence"]) == last - base
+                else:
+                    assert (b["producerEpoch"], b["baseSequence"]) == ("-1", "-1")
             assert position == f.stat().st_size     # no bytes Kafka did not walk
         assert next_offset == shape.records[-1].offset + 1
+        assert (producers == {-1}) != shape.idempotent and len(producers) == 1
 
 
 @pytest.mark.parametrize("name", SHAPES)
