@@ -1,9 +1,13 @@
 """Build the logkit JVM reader (spark/jvm/src) into pyspark_logkit/jars/logkit-spark.jar.
 
-Owns: finding javac and the Spark jars to compile against (the ones PySpark ships, or
-SPARK_HOME's), compiling, and writing the jar. Invariant: it never fails a build: with
-no javac or no Spark jars it says why and returns False, and logkit's Python source is
-used instead. Run by `make jar` (and `make install`) and by setup.py's build_py.
+Owns: finding javac and the Spark jars to compile against, compiling, and writing the
+jar. Spark's jars come from the Spark here (PySpark's, SPARK_HOME's, $LOGKIT_SPARK_JARS)
+or, where there is none (pip's isolated build of a wheel has no PySpark), from Maven
+Central: spark/jvm/pom.xml's build-classpath goal resolves them into ~/.m2 (offline
+first, so a filled ~/.m2 needs no network). Invariant: it never fails a build: with no
+javac, or no Spark jars from either place, it says why and returns False, and logkit's
+Python source is used instead. Run by `make jar` (and `make install`) and by setup.py's
+build_py, so every wheel built where a JDK and Maven (or a Spark) are carries the jar.
 
     python spark/jvm/build_jar.py [output.jar]
 """
@@ -41,18 +45,41 @@ def spark_jars() -> str | None:
     return None
 
 
+def maven_classpath() -> str | None:
+    """Spark's jars resolved by Maven from spark/jvm/pom.xml (at its spark.version, or
+    $LOGKIT_SPARK_VERSION), as a classpath; None without mvn or when they cannot be
+    resolved (the reason goes to stderr)."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        return None
+    version = os.environ.get("LOGKIT_SPARK_VERSION")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "classpath.txt")
+        command = [mvn, "-q", "-B", "-f", os.path.join(HERE, "pom.xml"),
+                   "dependency:build-classpath", f"-Dmdep.outputFile={out}",
+                   *([f"-Dspark.version={version}"] if version else [])]
+        for offline in (["-o"], []):
+            result = subprocess.run(command + offline, capture_output=True, text=True)
+            if result.returncode == 0 and os.path.isfile(out):
+                with open(out) as f:
+                    return f.read().strip() or None
+        print(f"logkit: Maven could not resolve Spark's jars:\n{result.stdout[-2000:]}",
+              file=sys.stderr)
+    return None
+
+
 def build(out: str = JAR) -> bool:
     javac = shutil.which("javac")
+    if javac is None:
+        return _not_built("no javac")
     jars = spark_jars()
-    if javac is None or jars is None:
-        print(f"logkit: not building the JVM reader ({'no javac' if javac is None else ''}"
-              f"{'' if jars else ' no Spark jars (set LOGKIT_SPARK_JARS)'}); the Python "
-              "data source is used", file=sys.stderr)
-        return False
+    classpath = os.path.join(jars, "*") if jars else maven_classpath()
+    if classpath is None:
+        return _not_built("no Spark jars here (set LOGKIT_SPARK_JARS) and none from Maven")
     sources = sorted(glob.glob(os.path.join(HERE, "src", "**", "*.java"), recursive=True))
     with tempfile.TemporaryDirectory() as classes:
-        result = subprocess.run([javac, "--release", "17", "-nowarn", "-cp",
-                                 os.path.join(jars, "*"), "-d", classes, *sources],
+        result = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", classpath,
+                                 "-d", classes, *sources],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             print(f"logkit: the JVM reader did not compile; the Python data source is "
@@ -69,6 +96,12 @@ def build(out: str = JAR) -> bool:
                         jar.write(path, os.path.relpath(path, base))
         os.replace(tmp, out)
     return True
+
+
+def _not_built(why: str) -> bool:
+    print(f"logkit: not building the JVM reader ({why}); the Python data source is used",
+          file=sys.stderr)
+    return False
 
 
 if __name__ == "__main__":
