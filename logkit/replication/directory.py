@@ -225,6 +225,12 @@ class DirectorySource(ReplicaSource):
         from ..protocol.cluster import read_listener_body
         return read_listener_body(self.path)
 
+    @property
+    def keeps_lease(self) -> bool:
+        """A leader takes its lease once a follower reports (lease.py): only a source
+        that reports can count on seeing one."""
+        return self.reports
+
     def lease(self) -> Lease | None:
         """The lease in the leader's root when it names that root's own replica (a lease
         naming another replica means leadership moved there: nothing to take over)."""

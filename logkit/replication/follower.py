@@ -918,8 +918,12 @@ class Follower:
         """Return once every partition's log end is at least the leader's as of this
         call, and the topics, configs and committed offsets the leader had then are
         copied. Runs the copy itself when the follower is not started (opening and
-        releasing the directory). Raises LogkitTimeoutError after `timeout` seconds
-        (saying what lags and the last retried error), or the error that stopped the
+        releasing the directory). A running follower that promotes itself
+        (`auto_promote`) through a source that keeps a lease also waits until it can
+        see the leader's lease, so a leader that stops the moment this returns is
+        replaced once that lease expires (a leader takes it once a follower has
+        reported, lease.py). Raises LogkitTimeoutError after `timeout` seconds (saying
+        what lags and the last retried error), or the error that stopped the
         follower."""
         deadline = time.monotonic() + timeout
         opened = False
@@ -934,6 +938,8 @@ class Follower:
                 asked = self._metadata_asked
             if self.running:
                 self._wait_for(targets, asked, deadline)
+                if self.auto_promote and self.source.keeps_lease:
+                    self._wait_for_lease(deadline)
             else:
                 self._drive_to(targets, asked, deadline)
         finally:
@@ -1000,6 +1006,32 @@ class Follower:
                 raise self._timeout(targets)
             if not copied:
                 self.source.wait(min(left, STOP_CHECK_S))
+
+    def _wait_for_lease(self, deadline: float) -> None:
+        """Return once the source shows a lease naming the leader (valid or expired:
+        either way this follower sees it lapse); LogkitTimeoutError at `deadline`."""
+        me = self._state.get("follower_id")
+        while True:
+            if self._error is not None:
+                raise self._error
+            try:
+                with self._driver:
+                    lease = self.source.lease()
+                if lease is not None and lease.holder != me:
+                    return
+            except (LogkitError, OSError) as exc:
+                self._retrying(exc)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LogkitTimeoutError(
+                    f"{self!r} caught up, but {self.source.describe()} shows no leader's "
+                    "lease yet: a leader takes it once a follower has reported, from its "
+                    "background chores (a Broker opened with background=False takes "
+                    "none), and until then an automatic promotion could not tell a "
+                    "stopped leader (Follower(..., auto_promote=False) does not wait)")
+            if not self.running:
+                raise IllegalStateError(f"{self!r} stopped while catching up")
+            self._stopping.wait(min(left, self._lease_check_s))
 
     def _timeout(self, targets: Mapping[TopicPartition, int]) -> LogkitTimeoutError:
         behind = {_tp_name(tp): (self._ends.get(tp), end) for tp, end in targets.items()

@@ -9,7 +9,9 @@ metadata store ask before every write (`LeaderLog`, `LeaderMeta`).
 The lease at a root says who leads the replica set that root belongs to:
 - a Broker opened on the root whose lease names this root's replica id leads, and once
   the root is replicated (a follower has reported progress under `replicas/`, or the
-  lease already names it) renews the lease every TTL/3;
+  lease already names it) renews the lease every TTL/3; it looks for a first report
+  every TAKE_CHECK_S, and a running auto-promoting follower's `catch_up()` returns only
+  once it sees the lease, so a follower in the ISR always has a lease to see expire;
 - a lease naming another replica means a promotion happened elsewhere in a newer
   epoch: a Broker on this root refuses every write with NotLeaderError (it may still be
   read, and a `Follower` may use it to rejoin the new leader);
@@ -61,6 +63,7 @@ FOLLOWER_STATE_FILE = "follower.json"    # follower.py's STATE_FILE (not importe
 REPLICAS_DIR = "replicas"                # directory.py's progress files
 LOCK_WAIT_S = 1.0                        # the longest wait for the lease's lock
 RENEWALS_PER_TTL = 3
+TAKE_CHECK_S = 0.1                       # while unleased: the longest wait between looks
 
 
 def _now_ms() -> int:
@@ -359,7 +362,10 @@ class LeaseKeeper:
             self.tick()
             if self._fence is not None:
                 return
-            self._stop.wait(interval_s)
+            # Unleased, look often: a follower's catch_up() waits for the first lease
+            # (follower.py), which must exist before this leader can stop unnoticed.
+            self._stop.wait(interval_s if self.epoch is not None
+                            else min(interval_s, TAKE_CHECK_S))
 
     def tick(self) -> None:
         """One renewal (the thread's step): take the lease once the root is

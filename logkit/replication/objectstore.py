@@ -980,6 +980,13 @@ class ObjectStoreSource(ReplicaSource):
             return loaded.batches(offset, max_bytes)
         raise AssertionError("unreachable")
 
+    @property
+    def keeps_lease(self) -> bool:
+        """Whether the store takes conditional writes (`_StoreLease.supported`): then a
+        shipper holds the lease before its first upload."""
+        fs, root = self._filesystem()
+        return _StoreLease(fs, root, self.url).supported
+
     def lease(self) -> Lease | None:
         """The lease in the store (None when there is none, or the store offers no
         conditional write: see `_StoreLease`)."""

@@ -12,7 +12,7 @@ methods return (`TopicInfo`, `PartitionInfo`). A source answers for one leader:
 | `committed_offsets()` | every consumer group's committed offsets |
 | `report_progress(follower_id, ends)` | the follower's log end offsets, for the ISR |
 | `wait(timeout_s)` | returns when the leader may have new data, or after the timeout |
-| `lease()`, `take_lease(...)` | the leader's lease, and a promotion's conditional write of it (optional: the default keeps no lease) |
+| `lease()`, `take_lease(...)`, `keeps_lease` | the leader's lease, a promotion's conditional write of it, and whether there is one to see (optional: the default keeps no lease) |
 
 Invariant for implementers: `fetch` returns bytes exactly as the leader stores them
 (batches whole, never a partial one), so a follower's files can be byte-identical to
@@ -87,6 +87,13 @@ class ReplicaSource(abc.ABC):
                         log_end_offsets: Mapping[TopicPartition, int]) -> None:
         """Tell the leader how far this follower has copied (its ISR is built from
         these). A source that cannot tell the leader anything does nothing."""
+
+    @property
+    def keeps_lease(self) -> bool:
+        """Whether the leader this source reads holds a lease that `lease()` shows once
+        a follower has reported through it (then a running, auto-promoting follower's
+        `catch_up()` returns only once it can see that lease). The default: False."""
+        return False
 
     def lease(self) -> Lease | None:
         """The lease of the leader this source reads (logkit/replication/lease.py), for

@@ -344,6 +344,12 @@ class TcpSource(ReplicaSource):
         found = self._json(LISTENER, {}).get("listener")
         return found if isinstance(found, dict) else None
 
+    @property
+    def keeps_lease(self) -> bool:
+        """The server reports progress into the leader's root, so its leader takes
+        its lease as for a DirectorySource."""
+        return True
+
     def lease(self) -> Lease | None:
         """The leader's lease, as its DirectorySource reads it (None: no lease, or one
         naming another replica)."""
