@@ -351,8 +351,14 @@ class TimeIndex(_Index):
 
     def lookup(self, timestamp: int) -> int:
         """Offset from which to scan for the first record with ts >= timestamp."""
-        found = self._search(timestamp - 1, 0)
+        found = self.lookup_entry(timestamp)
         return self.base_offset if found < 0 else self.base_offset + self.entry(found)[1]
+
+    def lookup_entry(self, timestamp: int) -> int:
+        """Number of the last entry whose timestamp is below `timestamp` (the one a scan
+        for the first record with ts >= timestamp starts from), or -1. Its offset is
+        trusted only once checked against the log (`LogSegment.offset_for_timestamp`)."""
+        return self._search(timestamp - 1, 0)
 
     def truncate_to_offset(self, offset: int) -> None:
         while self.entries and self.base_offset + self.entry(self.entries - 1)[1] >= offset:

@@ -1430,7 +1430,7 @@ class PartitionLog:
         for base in list(self._bases):
             segment, size = self._sized(base, tail)
             max_ts = tail.max_timestamp if segment.active else \
-                segment.time_index.last_timestamp()
+                segment.largest_timestamp(size)
             if max_ts < timestamp_ms and not segment.active:
                 continue
             found = segment.offset_for_timestamp(timestamp_ms, size)

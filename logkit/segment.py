@@ -653,12 +653,58 @@ class LogSegment:
         finally:
             index.close()
 
+    def _time_entry_matches(self, n: int, size: int) -> bool:
+        """Whether time index entry `n` agrees with the log in [0, size), as the appender
+        and recovery write them: the batch holding its offset ends at that offset and
+        its max timestamp is the entry's (the segment's largest so far)."""
+        timestamp, relative = self.time_index.entry(n)
+        offset = self.base_offset + relative
+        if relative < 0:
+            return False
+        pos = self.find(offset, size)
+        if pos >= size:
+            return False                     # past the log's end
+        header = _make_header(_unpack_header(self.view(size), pos))
+        return header.last_offset == offset and header.max_timestamp == timestamp
+
+    def _time_entry_or_start(self, timestamp: int, size: int) -> int:
+        """The offset a scan for the first record with ts >= `timestamp` starts from:
+        the time index's entry, checked against the log (`_time_entry_matches`). The
+        index is derived data, so a false entry is logged and the scan starts at the
+        segment's start instead — slower, never wrong."""
+        try:
+            found = self.time_index.lookup_entry(timestamp)
+        except FileNotFoundError:          # a reader meeting a lost index scans from 0
+            return self.base_offset
+        if found < 0:
+            return self.base_offset
+        if not self._time_entry_matches(found, size):
+            log.warning("%s: time index entry %d %s does not match the log; scanning "
+                        "from the segment's start", self.timeindex_path, found,
+                        self.time_index.entry(found))
+            return self.base_offset
+        return self.base_offset + self.time_index.entry(found)[1]
+
+    def largest_timestamp(self, size: int) -> int:
+        """The largest record timestamp in [0, size) of a sealed segment: its time
+        index's last entry (the seal writes the segment's largest there) when that
+        entry matches the log, else read from the batch headers (-1 when empty)."""
+        try:
+            index = self.time_index
+            if index.entries and self._time_entry_matches(index.entries - 1, size):
+                return index.entry(index.entries - 1)[0]
+        except FileNotFoundError:
+            pass
+        if size:
+            log.warning("%s: the last time index entry does not match the log; reading "
+                        "the largest timestamp from the batch headers",
+                        self.timeindex_path)
+        return max((header.max_timestamp for _, header in self.headers(0, size)),
+                   default=-1)
+
     def offset_for_timestamp(self, timestamp: int, size: int) -> int | None:
         """First offset whose record timestamp >= timestamp, None if none here."""
-        try:
-            start_offset = self.time_index.lookup(timestamp)
-        except FileNotFoundError:
-            start_offset = self.base_offset
+        start_offset = self._time_entry_or_start(timestamp, size)
         pos = self.find(start_offset, size)
         buf = self.view(size)
         for pos, header in self.headers(pos, size):
