@@ -1,0 +1,279 @@
+"""Apache Kafka as the oracle: the same client script runs against the real Kafka (the
+session's `kafka` fixture) and against logkit's listener (`Broker.serve()`), and what a
+client can observe must be the same — the partition each client's default partitioner
+picks for a key, offsets, high watermarks, ListOffsets by time, the DescribeConfigs
+values of every topic config logkit reports, and the error each bad request gets.
+
+A difference found is a `pytest.param(..., marks=KNOWN)` case whose reason names its row
+in docs/kafka-protocol.md ("Differences from Apache Kafka"); it is strict, so the case
+fails the day the difference goes away and the row must go too."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+
+import pytest
+
+import logkit
+from tests.helpers.kafka import skip_reason
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
+
+TIMEOUT_S = 30
+BASE_TIMESTAMP_MS = 1_700_000_000_000
+_names = itertools.count()
+
+
+def known(row: str):
+    return pytest.mark.xfail(strict=True, reason=f"a known difference: docs/kafka-protocol.md,"
+                             f" Differences from Apache Kafka, row '{row}'")
+
+
+@pytest.fixture(scope="module")
+def logkit_server(tmp_path_factory):
+    with logkit.Broker(tmp_path_factory.mktemp("logkit-diff") / "data") as broker, \
+            broker.serve() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def targets(kafka, logkit_server) -> dict[str, str]:
+    """Bootstrap servers by name: the real Kafka and logkit's listener."""
+    return {"kafka": kafka.bootstrap_servers, "logkit": logkit_server.bootstrap_servers}
+
+
+def on_both(targets: dict[str, str], scenario: Callable[[str, str], object]) -> dict:
+    """Run `scenario(bootstrap_servers, topic)` on each target, each with a fresh topic
+    name (the session's Kafka is shared), and return what each observed."""
+    topic = f"diff-{scenario.__name__.strip('_')}-{next(_names)}"
+    return {name: scenario(servers, topic) for name, servers in targets.items()}
+
+
+@functools.cache
+def admin(servers: str):
+    """One AdminClient per target, kept: a dropped one fails its pending futures."""
+    from confluent_kafka.admin import AdminClient
+    return AdminClient({"bootstrap.servers": servers})
+
+
+def create_topic(servers: str, topic: str, partitions: int, config=None) -> None:
+    from confluent_kafka.admin import NewTopic
+    future = admin(servers).create_topics([NewTopic(topic, partitions, 1,
+                                                    config=config or {})])[topic]
+    future.result(timeout=TIMEOUT_S)
+
+
+def error_name(call: Callable[[], object]) -> str:
+    """'ok', or the name of the Kafka error the call failed with."""
+    from confluent_kafka import KafkaException
+    try:
+        call()
+    except KafkaException as exc:
+        return exc.args[0].name()
+    return "ok"
+
+
+# ---- partitions, offsets and high watermarks ----------------------------------------
+
+KEYS = [b"key-%d" % (i % 37) for i in range(120)]
+
+
+def _keyed_confluent(servers: str, topic: str) -> dict:
+    """confluent-kafka's default partitioner (consistent_random) and its offsets."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    create_topic(servers, topic, 6)
+    producer = Producer({"bootstrap.servers": servers, "linger.ms": 0})
+    placed: list[tuple] = []
+    for i, key in enumerate(KEYS):
+        producer.produce(topic, b"v%d" % i, key=key, timestamp=BASE_TIMESTAMP_MS + i,
+                         on_delivery=lambda err, m: placed.append(
+                             (err, m.key(), m.partition(), m.offset(), m.timestamp())))
+        producer.flush(TIMEOUT_S)               # one at a time: offsets are in send order
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"{topic}-g"})
+    marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
+             for p in range(6)]
+    consumer.close()
+    return {"placed": placed, "watermarks": marks}
+
+
+def _keyed_kafka_python(servers: str, topic: str) -> dict:
+    """kafka-python's default partitioner (murmur2, as the Java client) and its offsets."""
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import TopicPartition as KpTopicPartition
+    create_topic(servers, topic, 6)
+    producer = KafkaProducer(bootstrap_servers=servers, linger_ms=0)
+    placed = []
+    for i, key in enumerate(KEYS):
+        md = producer.send(topic, b"v%d" % i, key=key,
+                           timestamp_ms=BASE_TIMESTAMP_MS + i).get(timeout=TIMEOUT_S)
+        placed.append((key, md.partition, md.offset, md.timestamp))
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=servers)
+    parts = [KpTopicPartition(topic, p) for p in range(6)]
+    ends = consumer.end_offsets(parts)
+    starts = consumer.beginning_offsets(parts)
+    consumer.close()
+    return {"placed": placed, "watermarks": [(starts[tp], ends[tp]) for tp in parts]}
+
+
+@pytest.mark.parametrize("scenario", [_keyed_confluent, _keyed_kafka_python],
+                         ids=["confluent-kafka", "kafka-python"])
+def test_keys_land_on_the_same_partitions_at_the_same_offsets(targets, scenario):
+    seen = on_both(targets, scenario)
+    assert seen["kafka"]["placed"] and all(p[0] is None for p in seen["kafka"]["placed"]
+                                           if scenario is _keyed_confluent)
+    assert seen["logkit"] == seen["kafka"]
+
+
+def _offsets_for_times(servers: str, topic: str) -> list:
+    """ListOffsets by timestamp: before the first record, on one, between two, past the
+    last; and the earliest and latest offsets."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    create_topic(servers, topic, 1)
+    producer = Producer({"bootstrap.servers": servers, "linger.ms": 0})
+    for i in range(50):
+        producer.produce(topic, b"v%d" % i, partition=0,
+                         timestamp=BASE_TIMESTAMP_MS + 10 * i + (i % 3))
+        if i % 7 == 6:
+            producer.flush(TIMEOUT_S)           # several batches
+    producer.flush(TIMEOUT_S)
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"{topic}-g"})
+    probes = [0, BASE_TIMESTAMP_MS - 1, BASE_TIMESTAMP_MS, BASE_TIMESTAMP_MS + 101,
+              BASE_TIMESTAMP_MS + 105, BASE_TIMESTAMP_MS + 490, BASE_TIMESTAMP_MS + 491,
+              BASE_TIMESTAMP_MS + 10_000, -2, -1]          # -2 earliest, -1 latest
+    found = consumer.offsets_for_times([TopicPartition(topic, 0, t) for t in probes],
+                                       timeout=TIMEOUT_S)
+    consumer.close()
+    return [(tp.offset, tp.error) for tp in found]
+
+
+def test_list_offsets_by_time_answers_the_same_offsets(targets):
+    seen = on_both(targets, _offsets_for_times)
+    assert seen["logkit"] == seen["kafka"]
+
+
+# ---- DescribeConfigs ----------------------------------------------------------------
+
+def _topic_configs(servers: str, topic: str) -> dict:
+    from confluent_kafka.admin import ConfigResource
+    create_topic(servers, topic, 1)
+    resource = ConfigResource("topic", topic)
+    entries = admin(servers).describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+    return {name: (entry.value, entry.source) for name, entry in entries.items()}
+
+
+@pytest.fixture(scope="module")
+def topic_configs(targets) -> dict[str, dict]:
+    return on_both(targets, _topic_configs)
+
+
+def test_logkit_reports_only_configs_kafka_has(topic_configs):
+    assert set(topic_configs["logkit"]) <= set(topic_configs["kafka"])
+
+
+# the topic configs whose default DescribeConfigs shows with a source other than
+# Kafka's (value equal): their rows in docs/kafka-protocol.md
+SOURCE_DIFFERENCES = {"min.insync.replicas": "min.insync.replicas' source"}
+
+
+def test_every_reported_default_equals_kafkas(topic_configs):
+    mine, theirs = topic_configs["logkit"], topic_configs["kafka"]
+    assert {k: v[0] for k, v in mine.items()} == {k: theirs[k][0] for k in mine}
+    assert {k: v[1] for k, v in mine.items() if k not in SOURCE_DIFFERENCES} == \
+        {k: theirs[k][1] for k in mine if k not in SOURCE_DIFFERENCES}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=known(row))
+                                  for n, row in SOURCE_DIFFERENCES.items()])
+def test_the_default_config_source_equals_kafkas(topic_configs, name):
+    assert topic_configs["logkit"][name][1] == topic_configs["kafka"][name][1]
+
+
+# ---- the error each bad request gets -------------------------------------------------
+
+def _create(config=None, partitions=1, name_suffix=""):
+    def case(servers: str, topic: str) -> str:
+        from confluent_kafka.admin import NewTopic
+        new = NewTopic(topic + name_suffix, partitions, 1, config=config or {})
+        return error_name(lambda: admin(servers).create_topics(
+            [new])[new.topic].result(timeout=TIMEOUT_S))
+    return case
+
+
+def _shrink(servers: str, topic: str) -> str:
+    from confluent_kafka.admin import NewPartitions
+    create_topic(servers, topic, 2)
+    return error_name(lambda: admin(servers).create_partitions(
+        [NewPartitions(topic, 1)])[topic].result(timeout=TIMEOUT_S))
+
+
+def _grow_unknown(servers: str, topic: str) -> str:
+    from confluent_kafka.admin import NewPartitions
+    return error_name(lambda: admin(servers).create_partitions(
+        [NewPartitions(topic, 4)])[topic].result(timeout=TIMEOUT_S))
+
+
+def _describe_unknown(servers: str, topic: str) -> str:
+    from confluent_kafka import TopicCollection
+    return error_name(lambda: admin(servers).describe_topics(
+        TopicCollection([topic]))[topic].result(timeout=TIMEOUT_S))
+
+
+def _configs_of_unknown(servers: str, topic: str) -> str:
+    from confluent_kafka.admin import ConfigResource
+    resource = ConfigResource("topic", topic)
+    return error_name(lambda: admin(servers).describe_configs(
+        [resource])[resource].result(timeout=TIMEOUT_S))
+
+
+def _alter_bad_value(servers: str, topic: str) -> str:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+    create_topic(servers, topic, 1)
+    resource = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("retention.ms", "soon", incremental_operation=AlterConfigOpType.SET)])
+    return error_name(lambda: admin(servers).incremental_alter_configs(
+        [resource])[resource].result(timeout=TIMEOUT_S))
+
+
+def _too_large(servers: str, topic: str) -> str:
+    """A record above the topic's max.message.bytes (1048588), sent by a client whose
+    own limit is higher, so the broker is the one that refuses it."""
+    from confluent_kafka import Producer
+    create_topic(servers, topic, 1)
+    producer = Producer({"bootstrap.servers": servers, "message.max.bytes": 5_000_000,
+                         "linger.ms": 0})
+    errors: list = []
+    producer.produce(topic, b"x" * 2_000_000, partition=0,
+                     on_delivery=lambda err, _m: errors.append(err))
+    producer.flush(TIMEOUT_S)
+    return errors[0].name() if errors[0] is not None else "ok"
+
+
+ERROR_CASES = {
+    "unknown topic (DescribeTopics)": _describe_unknown,
+    "unknown topic (DescribeConfigs)": _configs_of_unknown,
+    "unknown topic (CreatePartitions)": _grow_unknown,
+    "too-large record": _too_large,
+    "zero partitions": _create(partitions=0),
+    "fewer partitions": _shrink,
+    "bad config value (CreateTopics)": _create({"retention.ms": "soon"}),
+    "config value below its minimum": _create({"retention.ms": "-5"}),
+    "unknown config name": _create({"no.such.config": "1"}),
+    "bad config value (IncrementalAlterConfigs)": _alter_bad_value,
+    "invalid topic name": _create(name_suffix="/x"),
+    "segment.bytes below Kafka's 1 MiB": _create({"segment.bytes": "4096"}),
+}
+ERROR_DIFFERENCES = {"segment.bytes below Kafka's 1 MiB": "segment.bytes' minimum",
+                     "bad config value (IncrementalAlterConfigs)": "altering configs"}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(name, marks=known(ERROR_DIFFERENCES[name]))
+    if name in ERROR_DIFFERENCES else name for name in ERROR_CASES])
+def test_a_bad_request_gets_kafkas_error(targets, case):
+    scenario = ERROR_CASES[case]
+    seen = on_both(targets, scenario)
+    assert seen["kafka"] != "ok"
+    assert seen["logkit"] == seen["kafka"]
