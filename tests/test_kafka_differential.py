@@ -41,7 +41,8 @@ def logkit_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def targets(kafka, logkit_server) -> dict[str, str]:
     """Bootstrap servers by name: the real Kafka and logkit's listener."""
-    return {"kafka": kafka.bootstrap_servers, "logkit": logkit_server.bootstrap_servers}
+    yield {"kafka": kafka.bootstrap_servers, "logkit": logkit_server.bootstrap_servers}
+    admin.cache_clear()                 # before the listener closes under its clients
 
 
 def on_both(targets: dict[str, str], scenario: Callable[[str, str], object]) -> dict:
