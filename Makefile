@@ -76,8 +76,7 @@ PURE_PYTHON_TESTS := \
 	tests/test_consumer_fetch.py tests/test_consumer_handles.py tests/test_delivery.py \
 	tests/test_group.py \
 	tests/test_protocol_codec.py tests/test_protocol_listener.py \
-	tests/test_protocol_clients.py \
-	tests/test_build.py
+	tests/test_protocol_clients.py
 test-pure: $(STAMP)
 	LOGKIT_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_PYTHON_TESTS)
 

@@ -5,6 +5,8 @@ JVM reader's jar."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import shutil
@@ -90,3 +92,103 @@ def test_each_c_extension_compiles_on_a_posix_system_other_than_linux(source):
                            os.path.join(ROOT, "logkit", source + ".c")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---- the wheel: what `pip install logkit` gives, tested installed -----------------------
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The checkout's tracked files built into a wheel the way pip builds one for a user
+    (an isolated build: no PySpark, no .venv to borrow Spark's jars from) and installed
+    into a directory of its own; returns that directory."""
+    for tool in ("git", "javac", "mvn"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"no {tool}: the wheel is built without the JVM reader")
+    base = tmp_path_factory.mktemp("wheel")
+    source, wheels, target = base / "source", base / "wheels", base / "target"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if os.path.isfile(os.path.join(ROOT, name)):
+            os.makedirs(source / os.path.dirname(name), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, name), source / name)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOGKIT_SPARK_JARS", "SPARK_HOME", "PYTHONPATH")}
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w",
+                            str(wheels), str(source)], capture_output=True, text=True,
+                           env=env, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    [wheel] = wheels.glob("logkit-*.whl")
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps",
+                              "--target", str(target), str(wheel)],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert install.returncode == 0, install.stderr[-3000:]
+    return target
+
+
+READ_FROM_THE_INSTALL = """
+import json, logging, sys
+logging.basicConfig(format="%(levelname)s|%(name)s|%(message)s")
+import logkit, pyspark_logkit
+from pyspark_logkit import jar_path, local_session, register
+root = sys.argv[1]
+with logkit.Broker(root) as broker:
+    broker.create_topic("events", 2)
+    with broker.producer() as producer:
+        for i in range(50):
+            producer.send("events", b"v%d" % i, key=b"k%d" % i)
+spark = local_session("logkit-wheel-test", **{"spark.driver.memory": "512m"})
+register(spark)
+df = spark.read.format("logkit").option("path", root).option("subscribe", "events").load()
+plan = df._jdf.queryExecution().executedPlan().toString()
+print(json.dumps({"logkit": logkit.__file__, "source": pyspark_logkit.__file__,
+                  "jar": jar_path(), "jars": spark.conf.get("spark.jars", ""),
+                  "jvm": "JVM reader" in plan, "values": sorted(r.value.decode()
+                  for r in df.collect())}))
+spark.stop()
+"""
+
+
+def _read_from(target, tmp_path):
+    """A Spark read of a topic through the package installed in `target` (never the
+    checkout's); returns what the child saw and its log lines."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    env.update(PYTHONPATH=str(target), PYSPARK_PYTHON=sys.executable,
+               PYSPARK_DRIVER_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, "-c", READ_FROM_THE_INSTALL,
+                           str(tmp_path / "data")], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["logkit"].startswith(str(target)), seen
+    assert seen["source"].startswith(str(target)), seen
+    assert seen["values"] == sorted(f"v{i}" for i in range(50))
+    return seen, [line.split("|", 2) for line in proc.stderr.splitlines()
+                  if line.count("|") >= 2 and line.startswith(("WARNING", "ERROR"))]
+
+
+def test_the_wheel_carries_the_jvm_reader_and_spark_reads_through_it(installed, tmp_path):
+    """A wheel pip builds without PySpark still compiles the JVM reader (Spark's jars
+    from Maven), ships it, and a Spark read from the installed package goes through it,
+    with no fallback WARNING."""
+    pytest.importorskip("pyspark")
+    jar = installed / "pyspark_logkit" / "jars" / "logkit-spark.jar"
+    assert jar.is_file()
+    seen, warnings = _read_from(installed, tmp_path)
+    assert seen["jar"] == str(jar) and str(jar) in seen["jars"]
+    assert seen["jvm"] is True
+    assert [w for w in warnings if w[1].startswith("pyspark_logkit")] == []
+
+
+def test_a_session_without_the_jar_says_once_that_python_reads(spark, tmp_path,
+                                                              monkeypatch, caplog):
+    """An install whose build had no JDK (no jar in pyspark_logkit/jars): the session
+    set-up says once that the Python source reads, and why."""
+    import pyspark_logkit
+    monkeypatch.setattr(pyspark_logkit, "JAR", str(tmp_path / "logkit-spark.jar"))
+    monkeypatch.setattr(pyspark_logkit, "_warned_no_jar", False)
+    with caplog.at_level(logging.WARNING, logger="pyspark_logkit"):
+        for _ in range(2):
+            assert pyspark_logkit.local_session("logkit-tests") is not None
+    [record] = [r for r in caplog.records if r.name == "pyspark_logkit"]
+    assert record.levelno == logging.WARNING and "no JVM reader jar" in record.getMessage()

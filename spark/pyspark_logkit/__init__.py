@@ -9,11 +9,15 @@ see docs/spark.md.
 With the JVM reader's jar (`jars/logkit-spark.jar`, built when a JDK is present) on the
 session's classpath — `local_session()` adds it, or `spark.jars=<jar_path()>` — the name
 `logkit` resolves to the JVM source (`logkit.spark.LogkitProvider`), which reads batch
-queries itself and hands everything else to this Python source.
+queries itself and hands everything else to this Python source. A package built
+without the jar (no JDK, or no Spark jars, where it was built) says so in one WARNING
+when a session would have used it: `local_session()` and `register()` then set up the
+Python source, which reads several times slower.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -31,6 +35,9 @@ __all__ = ["DefaultSource", "LogkitDataSource", "LogkitSparkError", "register",
 
 JAR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jars", "logkit-spark.jar")
 JVM_PROVIDER = "logkit.spark.LogkitProvider"
+
+log = logging.getLogger(__name__)
+_warned_no_jar = False
 
 
 class LogkitDataSource(DataSource):
@@ -75,12 +82,27 @@ def register(spark: Any) -> None:
     does not read itself to this one: nothing to do."""
     if jvm_reader(spark):
         return
+    if jar_path() is None:
+        _warn_no_jar()
     spark.dataSource.register(LogkitDataSource)
 
 
 def jar_path() -> str | None:
     """The JVM reader's jar shipped in this package, None when it was not built."""
     return JAR if os.path.isfile(JAR) else None
+
+
+def _warn_no_jar() -> None:
+    """Once per process: this install has no JVM reader, so the Python source reads."""
+    global _warned_no_jar
+    if not _warned_no_jar:
+        _warned_no_jar = True
+        log.warning("logkit: this install of pyspark_logkit has no JVM reader jar (%s "
+                    "is missing: it was built without a JDK, or without Spark's jars "
+                    "and Maven), so Spark reads logkit topics through the Python data "
+                    "source, several times slower. Build it with `python "
+                    "spark/jvm/build_jar.py` in a checkout, or reinstall logkit where "
+                    "javac and mvn are present.", JAR)
 
 
 def jvm_reader(spark: Any) -> bool:
@@ -116,6 +138,8 @@ def local_session(app_name: str = "logkit", *, log4j_config: str | None = None,
                .config("spark.sql.shuffle.partitions", "2"))
     if jvm_reader and jar_path() and "spark.jars" not in confs:
         builder = builder.config("spark.jars", jar_path())
+    elif jvm_reader and jar_path() is None:
+        _warn_no_jar()
     if log4j_config:
         builder = builder.config("spark.driver.extraJavaOptions",
                                  f"-Dlog4j2.configurationFile={log4j_config}")
