@@ -299,6 +299,7 @@ class Broker:
             self.meta.close()
             raise
         self._topics: dict[str, Topic] = {}
+        self._topics_closed = False               # close() has closed them: keep none
         self._replica_state: Any = None           # replication/leader.py, on first use
         self._lock = threading.RLock()
         self._closed = False
@@ -334,6 +335,7 @@ class Broker:
         self._lease = None
         self.doorbell = None
         self._topics: dict[str, Topic] = {}
+        self._topics_closed = False               # close() has closed them: keep none
         self._replica_state: Any = None           # replication/leader.py, on first use
         self._lock = threading.RLock()
         self._closed = False
@@ -594,23 +596,30 @@ class Broker:
     def _topic(self, name: str, opened: dict[int, PartitionLog] | None = None) -> Topic:
         """topic() without the open check, for a shipper's last pass inside close().
         `opened`: partition logs create_topic has just made; a new Topic takes them over
-        (removed from the dict), else they stay there for the caller to close."""
+        (removed from the dict), else they stay there for the caller to close.
+
+        Lock order: the broker's lock is never held while a partition is opened, since
+        an open that must recover waits for the partition's append lock (up to its
+        timeout, behind a stalled appender in any process); other topics, `topics()`
+        and close() go on meanwhile. Two threads opening one topic both open it; the
+        first to come back keeps its handle, the other closes its own."""
         validate_topic_name(name)
         with self._lock:
-            record = self._live_record(name)
+            record = self._cached_or_record(name)
+            if isinstance(record, Topic):
+                return record
+        config = resolve_topic_config(record["config"], self.config)
+        handed = dict(opened) if opened else {}
+        first = handed.get(0) or self._open_partition(record, 0, config)
+        with self._lock:
             cached = self._topics.get(name)
-            if record is None:
-                if cached is not None:
-                    self._topics.pop(name).close()
-                raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
-            if cached is not None and cached.topic_id == record["topic_id"]:
-                cached.grow_to(record["partitions"])      # create_partitions, anywhere
+            if self._topics_closed or (cached is not None
+                                       and cached.topic_id == record["topic_id"]):
+                if 0 not in handed:
+                    first.close()                 # closed meanwhile, or another thread won
+                if cached is None:
+                    raise ClosedError(f"{self!r} is closed")
                 return cached
-            if cached is not None:                    # deleted and re-created elsewhere
-                self._topics.pop(name).close()
-            config = resolve_topic_config(record["config"], self.config)
-            handed = dict(opened) if opened else {}
-            first = handed.get(0) or self._open_partition(record, 0, config)
             if first.deleted and not self.read_only:  # a deletion that predates the
                 first.close()                         # record's flag: finish it
                 log.warning("finishing the interrupted deletion of topic %s (topic id %s) "
@@ -625,10 +634,29 @@ class Broker:
                           config, record["topic_id"], opened=handed,
                           replication_factor=replication_factor,
                           **self._replicated(record["topic_id"], replication_factor))
+            if cached is not None:                    # deleted and re-created elsewhere
+                self._topics.pop(name).close()
             self._topics[name] = topic
             if opened:
                 opened.clear()                 # the topic owns them now
             return topic
+
+    def _cached_or_record(self, name: str) -> Topic | dict[str, Any]:
+        """Under the lock: the open Topic `name` when it is the live incarnation, else
+        the live record (a cached handle of an older incarnation is closed);
+        UnknownTopicError when there is none."""
+        record = self._live_record(name)
+        cached = self._topics.get(name)
+        if record is None:
+            if cached is not None:
+                self._topics.pop(name).close()
+            raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
+        if cached is not None and cached.topic_id == record["topic_id"]:
+            cached.grow_to(record["partitions"])      # create_partitions, anywhere
+            return cached
+        if cached is not None:                        # deleted and re-created elsewhere
+            self._topics.pop(name).close()
+        return record
 
     def _replicated(self, topic_id: str, replication_factor: int) -> dict[str, Any]:
         """Topic() options for a replicated topic: its partitions read below the ISR's
@@ -985,6 +1013,7 @@ class Broker:
         if self._lease is not None:
             self._lease.close()                 # releases a lease it renewed
         with self._lock:
+            self._topics_closed = True
             for topic in self._topics.values():
                 try:
                     topic.close()
