@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -23,8 +24,23 @@ def start_writer(root, writer_id, segment_bytes=None):
         args.append(str(segment_bytes))
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT_DIR})
-    assert proc.stdout.readline().strip() == "ready"
+    assert read_line(proc) == "ready"
     return proc
+
+
+def read_line(proc, timeout_s=30):
+    """One line of the writer's stdout, read byte by byte from the pipe: a buffered
+    readline would take later lines into a buffer that communicate() (which reads the
+    pipe itself) never sees, and could hand it a line cut at the front."""
+    fd, line = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout_s
+    while not line.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"the writer printed no line within {timeout_s} s (so far {line!r})"
+        byte = os.read(fd, 1)
+        assert byte, f"the writer exited (so far {line!r})"
+        line += byte
+    return line.decode().strip()
 
 
 def kill_and_collect(proc, run_s):
@@ -73,19 +89,31 @@ def test_sigkill_single_writer_many_times(tmp_path):
     assert sum(len(a) for a in acks.values()) > 30, "the writers did append"
 
 
+def first_ack(proc):
+    """The writer's first acknowledged append (base, first number, count), waited for
+    with a bound: the writer is then appending, not still starting."""
+    return tuple(map(int, read_line(proc).split()))
+
+
 def test_sigkill_two_concurrent_writers(tmp_path):
-    """Two writers on one partition, both killed: both acked sets intact, no overlap."""
+    """Two writers on one partition, both appending when both are killed: every round
+    each has acknowledged appends, all of them intact at their offsets, no overlap, and
+    the log holds every acknowledged record."""
     rng = random.Random(99)
+    acked_records = 0
     for round_number in range(6):
         a = start_writer(tmp_path, "a%d" % round_number)
         b = start_writer(tmp_path, "b%d" % round_number)
-        time.sleep(rng.uniform(0.05, 0.2))
-        acks = {"a%d" % round_number: kill_and_collect(a, 0),
-                "b%d" % round_number: kill_and_collect(b, rng.uniform(0, 0.05))}
+        firsts = [first_ack(a), first_ack(b)]          # both are appending now
+        time.sleep(rng.uniform(0, 0.15))               # the kill's random moment
+        acks = {"a%d" % round_number: [firsts[0]] + kill_and_collect(a, 0),
+                "b%d" % round_number: [firsts[1]] + kill_and_collect(b, rng.uniform(0, 0.05))}
         offsets = [o for acked in acks.values() for base, _, n in acked
                    for o in range(base, base + n)]
+        assert all(acked for acked in acks.values()), acks
         assert len(offsets) == len(set(offsets)), "two appends got the same offsets"
-        verify(tmp_path, acks)
+        acked_records += len(offsets) + 1              # + verify()'s probe
+        assert verify(tmp_path, acks) >= acked_records
 
 
 def test_survivor_keeps_appending_while_its_peer_is_killed_mid_roll(tmp_path):
