@@ -54,6 +54,17 @@ def read_plan(df):
     return "jvm" if "JVM reader" in plan else "python"
 
 
+def write_plan(spark):
+    """Which writer the session's last batch write ran: 'jvm' (the JVM writer,
+    logkit.spark.LogkitWrite, in its physical plan) or 'python'."""
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()   # the plan is recorded
+    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
+    writes = [executions.apply(i) for i in range(executions.size())
+              if "AppendData" in executions.apply(i).physicalPlanDescription()]
+    last = max(writes, key=lambda execution: execution.executionId())
+    return "jvm" if "logkit.spark.LogkitWrite" in last.physicalPlanDescription() else "python"
+
+
 def test_batch_read_matches_the_log(spark, tmp_path):
     """A batch read returns every record with Spark's Kafka schema and headers."""
     fill(tmp_path, "events", 500, headers=True)
@@ -131,6 +142,7 @@ def test_batch_write_round_trip_strings_and_columns(spark, tmp_path):
     df = spark.createDataFrame(rows, "key string, value string, topic string, "
                                      "headers array<struct<key:string,value:binary>>")
     df.write.format("logkit").option("path", str(tmp_path)).mode("append").save()
+    assert write_plan(spark) == "python"        # a topic column: the Python sink's shape
     out = reader(spark, tmp_path, subscribe="out", includeHeaders="true").collect()
     assert sorted(r.value.decode() for r in out) == sorted(f"v{i}" for i in range(1, 200, 2))
     with logkit.Broker(tmp_path) as broker:
@@ -517,10 +529,12 @@ def test_writers_agree_on_partitioning_nulls_and_all_or_nothing(spark, read_path
         "CAST(repeat('v', CAST(id % 300 AS INT)) AS BINARY) AS value")
     keyed.write.format("logkit").option("path", root).option("topic", "out") \
         .mode("append").save()
+    assert write_plan(spark) == read_path       # the JVM writer ran when it was on
     pinned = spark.range(10).selectExpr("CAST(CAST(id AS STRING) AS BINARY) AS key", "'p' AS value",
                                         "CAST(id % 2 + 2 AS INT) AS partition")
     pinned.write.format("logkit").option("path", root).option("topic", "out") \
         .mode("append").save()
+    assert write_plan(spark) == read_path
     bad = spark.range(100, numPartitions=2).selectExpr(
         "'v' AS value", "CAST(IF(id = 77, 9, 0) AS INT) AS partition")
     with pytest.raises(Exception, match="partition 9 does not exist"):
