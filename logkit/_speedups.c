@@ -2,12 +2,14 @@
  *
  * Owns: encoding the records section of a magic-2 batch (`encode_records`), decoding it
  * into `Record` tuples (`decode_records`) or into Arrow-ready column buffers
- * (`decode_columns`, the Spark reader's path), a read's walk over clean batches
- * (`walk_batches`: it hands back NotImplemented, having changed nothing, at any batch
- * the Python walk must handle or report) and Kafka's murmur2 (`murmur2`). Each mirrors
- * a pure-Python function in records.py / murmur2.py exactly: same bytes out, same
- * records out, and an exception (ValueError or UnicodeDecodeError) wherever the Python
- * version raises on malformed input. records.py turns those into CorruptRecordError.
+ * (`decode_columns`, the Spark reader's path), checking it without building anything
+ * (`check_records`: an append's validation and `check()`), a read's walk over clean
+ * batches (`walk_batches`: it hands back NotImplemented, having changed nothing, at
+ * any batch the Python walk must handle or report) and Kafka's murmur2 (`murmur2`).
+ * Each mirrors a pure-Python function in records.py / murmur2.py exactly: same bytes
+ * out, same records out, and an exception (ValueError or UnicodeDecodeError) wherever
+ * the Python version raises on malformed input. records.py turns those into
+ * CorruptRecordError.
  *
  * Invariant: no read goes past `end`, which the caller has already bounded by the
  * batch's length field and the buffer's length. The module holds no state; the GIL is
@@ -131,8 +133,11 @@ error:
     return -1;
 }
 
+/* The `count` headers at *ppos as a list of (str, bytes | None) pairs; with `keep` 0,
+ * the same checks (framing, UTF-8 keys) and Py_None instead of the list. */
 static PyObject *
-decode_headers(const unsigned char *buf, Py_ssize_t *ppos, Py_ssize_t end, int64_t count)
+decode_headers(const unsigned char *buf, Py_ssize_t *ppos, Py_ssize_t end, int64_t count,
+               int keep)
 {
     Py_ssize_t pos = *ppos;
     PyObject *list = NULL, *key = NULL, *value = NULL, *pair;
@@ -141,7 +146,7 @@ decode_headers(const unsigned char *buf, Py_ssize_t *ppos, Py_ssize_t end, int64
         PyErr_Format(PyExc_ValueError, "impossible header count %lld", (long long)count);
         return NULL;
     }
-    list = PyList_New(0);
+    list = keep ? PyList_New(0) : Py_NewRef(Py_None);
     if (list == NULL)
         return NULL;
     for (i = 0; i < count; i++) {
@@ -167,10 +172,17 @@ decode_headers(const unsigned char *buf, Py_ssize_t *ppos, Py_ssize_t end, int64
                                 "header value runs past the end of the batch");
                 goto error;
             }
-            value = PyBytes_FromStringAndSize((const char *)buf + pos, (Py_ssize_t)vlen);
+            value = keep ? PyBytes_FromStringAndSize((const char *)buf + pos,
+                                                     (Py_ssize_t)vlen)
+                         : Py_NewRef(Py_None);
             if (value == NULL)
                 goto error;
             pos += (Py_ssize_t)vlen;
+        }
+        if (!keep) {
+            Py_CLEAR(key);
+            Py_CLEAR(value);
+            continue;
         }
         pair = PyTuple_Pack(2, key, value);
         Py_CLEAR(key);
@@ -236,7 +248,7 @@ decode_section(PyObject *out, const unsigned char *buf, Py_ssize_t pos, Py_ssize
                                                        (Py_ssize_t)f.vlen);
         if (value == NULL)
             goto error;
-        headers = f.hcount == 0 ? PyTuple_New(0) : decode_headers(buf, &pos, end, f.hcount);
+        headers = f.hcount == 0 ? PyTuple_New(0) : decode_headers(buf, &pos, end, f.hcount, 1);
         if (headers == NULL)
             goto error;
         if (pos != record_end) {
@@ -330,6 +342,78 @@ decode_records(PyObject *self, PyObject *args)
         Py_CLEAR(out);
     PyBuffer_Release(&view);
     return out;
+}
+
+/* ---- check without decoding --------------------------------------------------------- */
+
+PyDoc_STRVAR(check_records_doc,
+"check_records(buf, pos, end, count, base_timestamp) -> (min_timestamp, max_timestamp)\n\n"
+"Walk the uncompressed records section [pos, end) as decode_records reads it, building\n"
+"nothing: count records framed by the same parser (lengths, varints, header keys\n"
+"UTF-8, no stray bytes), their offset deltas 0..count-1 in order and their timestamps\n"
+"within 64 bits. Returns the smallest and largest record timestamp. Raises ValueError\n"
+"(or UnicodeDecodeError) wherever decode_records raises, and on those two checks.");
+
+static PyObject *
+check_records(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, end;
+    long long count_ll, base_ts;
+    int64_t min_ts = INT64_MAX, max_ts = INT64_MIN, ts;
+    PyObject *result = NULL;
+
+    if (!PyArg_ParseTuple(args, "y*nnLL:check_records", &view, &pos, &end, &count_ll,
+                          &base_ts))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    if (pos < 0 || end > view.len || pos > end) {
+        PyErr_SetString(PyExc_ValueError, "records section lies outside the buffer");
+        goto done;
+    }
+    /* A record takes at least 7 bytes, which bounds the count (as decode_section). */
+    if (count_ll < 0 || count_ll > (end - pos) / 7 + 1) {
+        PyErr_Format(PyExc_ValueError, "records count %lld does not fit in %zd bytes",
+                     count_ll, end - pos);
+        goto done;
+    }
+    for (long long n = 0; n < count_ll; n++) {
+        RecordFields f;
+        if (parse_record(buf, &pos, end, &f) < 0)
+            goto done;
+        if (f.hcount != 0) {
+            PyObject *none = decode_headers(buf, &pos, end, f.hcount, 0);
+            if (none == NULL)
+                goto done;
+            Py_DECREF(none);
+        }
+        if (pos != f.record_end) {
+            PyErr_Format(PyExc_ValueError, "record length field says %lld, fields use %lld",
+                         (long long)f.length, (long long)(f.length + pos - f.record_end));
+            goto done;
+        }
+        if (f.offset_delta != n) {
+            PyErr_Format(PyExc_ValueError, "record %lld has offset delta %lld", n,
+                         (long long)f.offset_delta);
+            goto done;
+        }
+        if (__builtin_add_overflow((int64_t)base_ts, f.ts_delta, &ts)) {
+            PyErr_SetString(PyExc_ValueError, "record timestamp overflows 64 bits");
+            goto done;
+        }
+        if (ts < min_ts)
+            min_ts = ts;
+        if (ts > max_ts)
+            max_ts = ts;
+    }
+    if (pos != end) {
+        PyErr_Format(PyExc_ValueError, "%zd stray bytes after the last record", end - pos);
+        goto done;
+    }
+    result = Py_BuildValue("(LL)", (long long)min_ts, (long long)max_ts);
+done:
+    PyBuffer_Release(&view);
+    return result;
 }
 
 /* ---- the read walk ---------------------------------------------------------------- */
@@ -946,6 +1030,7 @@ murmur2(PyObject *self, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"check_records", check_records, METH_VARARGS, check_records_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"encode_records", encode_records, METH_VARARGS, encode_records_doc},
     {"murmur2", murmur2, METH_O, murmur2_doc},

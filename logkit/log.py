@@ -67,12 +67,13 @@ from ._threads import start_thread
 from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitError,
                      LogkitTimeoutError,
                      OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
-                     UnknownTopicError, storage_error)
+                     UnknownTopicError, UnsupportedCompressionTypeError,
+                     storage_error)
 from .loader import RecoveryReport, leftovers, live_bases
 from .notify import change_offset, change_slot
-from .records import (ATTR_CONTROL, RECORDS_OFFSET, BatchHeader, Record, check_batch,
+from .records import (ATTR_CONTROL, RECORDS_OFFSET, BatchHeader, Record, check_records,
                       decode_batch, encode_batch, iter_batches, read_header,
-                      stamp_base_offset, stamp_log_append_time)
+                      stamp_base_offset, stamp_log_append_time, validate_batch)
 from .segment import (DELETED_SUFFIX, LogSegment, parse_segment_name, retire_segment,
                       segment_file_name, unlink_segment)
 from ._files import check_directory, open_file
@@ -589,11 +590,16 @@ class PartitionLog:
         When `flush.messages` makes it durable, returns once a sync covers it
         (`append_batch_nowait` + `wait_synced`).
 
-        `verify` re-checks the CRC first (for batches that did not come from our own
-        encoder). Raises CorruptRecordError when the length field does not match the
-        bytes, RecordTooLargeError above max.message.bytes, LogkitTimeoutError when the
-        append lock is not free within `lock_timeout_s`, StorageError (with the OSError
-        as its cause) when a write or fsync fails — and then nothing of the batch is
+        `verify` checks the batch first as Kafka's broker checks a client's
+        (`records.validate_batch`: CRC, every record's framing, recordsCount and
+        lastOffsetDelta against the records, decompression, timestamps), for batches
+        that did not come from our own encoder. Raises CorruptRecordError when the
+        length field does not match the bytes or the check fails (InvalidRecordError,
+        UnsupportedCompressionTypeError: its subclasses, for contents that lie and for
+        codecs 5-7, the latter also unverified), RecordTooLargeError above
+        max.message.bytes, LogkitTimeoutError when the append lock is not free within
+        `lock_timeout_s`, StorageError (with the OSError as its cause) when a write or
+        fsync fails — and then nothing of the batch is
         stored: the file is cut back to the published end before the lock is released,
         and a later roll never seals bytes past that end either."""
         base_offset, ticket = self.append_batch_nowait(batch, verify=verify,
@@ -629,19 +635,19 @@ class PartitionLog:
             batch = _pieces(batch)
         header = _whole_batch_header(batch)
         size = header.size
-        recompress = config["compression.type"] not in ("producer",
-                                                        TOPIC_COMPRESSION_TYPE[header.codec])
-        append_time = config["message.timestamp.type"] == "LogAppendTime"
-        if type(batch) is _Pieces and (verify or recompress or append_time):
-            batch = bytearray(b"".join(batch.pieces))    # checked or rewritten whole
-        if verify:
-            check_batch(batch, 0, header)
         if size > config["max.message.bytes"]:      # the whole batch, as Kafka counts it
             raise RecordTooLargeError(
                 f"record batch of {size} bytes exceeds max.message.bytes="
                 f"{config['max.message.bytes']} of topic {self.topic!r}; a batch this "
                 f"large needs both that topic setting and the producer's "
                 f"max_request_size (max.request.size) raised")
+        recompress = config["compression.type"] not in ("producer",
+                                                        TOPIC_COMPRESSION_TYPE[header.codec])
+        append_time = config["message.timestamp.type"] == "LogAppendTime"
+        if type(batch) is _Pieces and (verify or recompress or append_time):
+            batch = bytearray(b"".join(batch.pieces))    # checked or rewritten whole
+        if verify:
+            validate_batch(batch, 0, header)   # CRC, records, timestamps: before any lock
         if recompress:
             batch = self._recompress(batch, header)
             header = _whole_batch_header(batch)
@@ -1280,9 +1286,14 @@ class PartitionLog:
         out: list[Record] = []
         while offset < end and i < len(bases) and len(out) < max_records and max_bytes > 0:
             segment, size = self._sized(bases[i], tail)
-            records, used = segment.read(offset, size, self.topic, self.partition,
-                                         max_records=max_records - len(out),
-                                         max_bytes=max_bytes, stop_offset=end)
+            try:
+                records, used = segment.read(offset, size, self.topic, self.partition,
+                                             max_records=max_records - len(out),
+                                             max_bytes=max_bytes, stop_offset=end)
+            except CorruptRecordError:
+                if out:          # the good records first; the next read starts there
+                    break
+                raise
             if records:
                 if not out:
                     out = records
@@ -1581,9 +1592,10 @@ class PartitionLog:
             self._tail_file.sync()
 
     def check(self) -> None:
-        """Full consistency check (tests call it after mutations): every batch whole and
-        CRC-valid, offsets contiguous from the log start to the log end across
-        segments, every offset index entry pointing at a batch start. Raises
+        """Full consistency check (tests call it after mutations): every batch whole,
+        CRC-valid and decoding as a reader decodes it (`records.check_records`: framing,
+        count, offset deltas, codec), offsets contiguous from the log start to the log
+        end across segments, every offset index entry pointing at a batch start. Raises
         CorruptRecordError naming the file and position of the first inconsistency."""
         self._with_tail(self._check)
 
@@ -1602,7 +1614,9 @@ class PartitionLog:
                     "truncated segment)", path=segment.path, position=0,
                     expected=expected, actual=base)
             starts = set()
+            buf = segment.view(size)
             for pos, header in segment.headers(0, size, verify=True):
+                check_records(buf, pos, header, segment.path)     # what a reader decodes
                 expected = header.last_offset + 1
                 starts.add(pos)
             index = segment.offset_index
@@ -1664,7 +1678,8 @@ def _pieces(pieces: list[Any]) -> Any:
 
 
 def _whole_batch_header(batch: Any) -> BatchHeader:
-    """The header of a batch given as its exact bytes, else CorruptRecordError."""
+    """The header of a batch given as its exact bytes, else CorruptRecordError (its
+    subclass UnsupportedCompressionTypeError for a codec Kafka does not define)."""
     size = len(batch)
     # in pieces, the header is all in the first one (`_pieces` checked)
     header = read_header(batch.pieces[0] if type(batch) is _Pieces else batch, 0, size)
@@ -1672,6 +1687,11 @@ def _whole_batch_header(batch: Any) -> BatchHeader:
         raise CorruptRecordError("append of a batch whose length field does not match "
                                  "its bytes", expected=size,
                                  actual=None if header is None else header.size)
+    if header.codec not in TOPIC_COMPRESSION_TYPE:
+        raise UnsupportedCompressionTypeError(
+            f"append of a batch with compression codec {header.codec}: Kafka defines "
+            f"{min(TOPIC_COMPRESSION_TYPE)}-{max(TOPIC_COMPRESSION_TYPE)}",
+            expected=sorted(TOPIC_COMPRESSION_TYPE), actual=header.codec)
     return header
 
 

@@ -1,7 +1,10 @@
 """Kafka record batch v2 (magic 2): the bytes on disk and the Python records they hold.
 
 Owns: every byte of a batch. Encoding a list of records into one batch, decoding
-batches back into `Record`s, validating a batch header and CRC, walking the batches of a
+batches back into `Record`s, validating a batch header and CRC, checking its records
+as a reader will decode them without building them (`check_records`: `check()` asks it
+of every stored batch; `validate_batch` adds the CRC and Kafka's timestamp checks: the
+gate of a verified append, as a client's batch gets), walking the batches of a
 buffer (`iter_batches`: the one walker that segment scans, recovery, `check()`,
 `batches_since`, the CLI's `dump` and Spark use), rewriting header fields in place (one
 helper per field family: `stamp_base_offset`, `stamp_leader_epoch`,
@@ -27,9 +30,10 @@ Record: length varint, attributes int8, timestampDelta varlong, offsetDelta vari
 key (varint length, -1 = null), value (same), header count varint, headers (key as
 varint-length UTF-8, value as varint-length bytes or null). Varints are zig-zag.
 
-Invariant: a batch from `encode_batch` passes `check_batch`; `decode_batch` never
-returns data from a batch whose CRC, magic or lengths are wrong: it raises
-`CorruptRecordError` with the file path and byte position instead.
+Invariant: a batch from `encode_batch` passes `check_batch` and `check_records`, and
+a batch that passes those decodes without error; `decode_batch` never returns data
+from a batch whose CRC, magic or lengths are wrong: it raises `CorruptRecordError`
+with the file path and byte position instead.
 """
 
 from __future__ import annotations
@@ -41,15 +45,16 @@ import time
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 from . import _native
-from .compression import CODEC_NONE, compress, decompress
+from .compression import CODEC_NONE, CODEC_ZSTD, compress, decompress
 from .crc import crc32c
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, InvalidRecordError, UnsupportedCompressionTypeError
 
 __all__ = ["Record", "RecordMetadata", "BatchHeader", "encode_batch", "decode_batch",
            "read_header", "check_batch", "iter_batches", "stamp_base_offset",
            "stamp_leader_epoch", "stamp_log_append_time", "stamp_producer", "LOG_OVERHEAD",
            "RECORDS_OFFSET", "MIN_BATCH_LENGTH", "RECORD_OVERHEAD_BYTES",
-           "record_size_estimate", "encode_batch_parts", "PARTS_MIN_VALUE_BYTES"]
+           "record_size_estimate", "encode_batch_parts", "PARTS_MIN_VALUE_BYTES",
+           "check_records", "validate_batch", "NO_TIMESTAMP"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,7 @@ RECORDS_COUNT_OFFSET = BASE_SEQUENCE_OFFSET + 4
 RECORDS_OFFSET = RECORDS_COUNT_OFFSET + 4              # == 61: the header's size
 MIN_BATCH_LENGTH = RECORDS_OFFSET - LOG_OVERHEAD       # == 49: batchLength of no records
 MAGIC = 2
+NO_TIMESTAMP = -1                 # Kafka's RecordBatch.NO_TIMESTAMP
 
 ATTR_CODEC_MASK = 0x07
 ATTR_TIMESTAMP_TYPE = 0x08        # set: LogAppendTime
@@ -486,6 +492,83 @@ def decode_batch(buf: Any, pos: int, header: BatchHeader, topic: str, partition:
                                  position=pos) from None
 
 
+# ---- validate: what a reader needs, checked before an append and by check() ---------
+
+def check_records(buf: Any, pos: int, header: BatchHeader, path: str = "") -> tuple[int, int]:
+    """Check the records of the batch at `pos` as a reader decodes them, building
+    nothing: a codec Kafka defines (UnsupportedCompressionTypeError), a section that
+    inflates (CorruptRecordError), recordsCount = lastOffsetDelta + 1 records, each
+    framed right, with offset deltas 0..count-1 in order, no stray bytes and timestamps
+    within 64 bits (InvalidRecordError). Nothing here compacts a log, so every stored
+    batch meets this too. Returns the smallest and largest record timestamp (as the
+    records were written: before any LogAppendTime). The CRC is `check_batch`'s."""
+    codec = header.attributes & ATTR_CODEC_MASK
+    if codec > CODEC_ZSTD:
+        raise UnsupportedCompressionTypeError(
+            f"record batch names compression codec {codec}; Kafka defines 0-{CODEC_ZSTD}",
+            path=path, position=pos, expected=f"0-{CODEC_ZSTD}", actual=codec)
+    count = header.records_count
+    if count != header.last_offset_delta + 1:
+        raise InvalidRecordError(
+            "record batch's recordsCount and lastOffsetDelta disagree", path=path,
+            position=pos, expected=header.last_offset_delta + 1, actual=count)
+    end = pos + LOG_OVERHEAD + header.batch_length
+    if codec:
+        try:
+            data: Any = decompress(codec, bytes(buf[pos + RECORDS_OFFSET:end]))
+        except ValueError as exc:
+            raise CorruptRecordError(f"record batch does not decompress: {exc}", path=path,
+                                     position=pos) from None
+        start, stop = 0, len(data)
+    else:
+        data, start, stop = buf, pos + RECORDS_OFFSET, end
+    try:
+        return _check_records(data, start, stop, count, header.base_timestamp)
+    except (IndexError, ValueError, UnicodeDecodeError, struct.error) as exc:
+        raise InvalidRecordError(f"record batch body is malformed: {exc}", path=path,
+                                 position=pos) from None
+
+
+def validate_batch(buf: Any, pos: int, header: BatchHeader, path: str = "") -> None:
+    """Kafka's checks of a batch a client hands in (its LogValidator), before anything
+    is written: the CRC (`check_batch`), the records (`check_records`), and timestamps
+    that can be: each record's at least NO_TIMESTAMP, and for CreateTime a
+    maxTimestamp equal to the largest record's (the time index and retention trust
+    it). Raises CorruptRecordError, or its subclasses InvalidRecordError and
+    UnsupportedCompressionTypeError, naming what is wrong."""
+    check_batch(buf, pos, header, path)
+    smallest, largest = check_records(buf, pos, header, path)
+    if smallest < NO_TIMESTAMP:
+        raise InvalidRecordError("record batch holds a timestamp before the epoch",
+                                 path=path, position=pos, expected=f">= {NO_TIMESTAMP}",
+                                 actual=smallest)
+    if not header.attributes & ATTR_TIMESTAMP_TYPE and header.max_timestamp != largest:
+        raise InvalidRecordError("record batch's maxTimestamp is not its records' largest",
+                                 path=path, position=pos, expected=largest,
+                                 actual=header.max_timestamp)
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _check_records_py(buf: Any, pos: int, end: int, count: int,
+                      base_timestamp: int) -> tuple[int, int]:
+    """Pure-Python twin of `_speedups.check_records`: the reader's own decoder over the
+    section, then the offset deltas and timestamps. Raises ValueError/IndexError."""
+    if count < 0 or count > (end - pos) // 7 + 1:      # a record takes >= 7 bytes
+        raise ValueError(f"records count {count} does not fit in {end - pos} bytes")
+    header = BatchHeader(0, 0, -1, MAGIC, 0, 0, count - 1, base_timestamp, 0, -1, -1, -1,
+                         count)
+    records = _decode_records_py(buf, pos, end, header, "", 0, _INT64[0])
+    for delta, record in enumerate(records):
+        if record.offset != delta:
+            raise ValueError(f"record {delta} has offset delta {record.offset}")
+        if not _INT64[0] <= record.timestamp <= _INT64[1]:
+            raise ValueError("record timestamp overflows 64 bits")
+    timestamps = [r.timestamp for r in records]
+    return (min(timestamps), max(timestamps)) if timestamps else (_INT64[1], _INT64[0])
+
+
 _new = tuple.__new__
 _EMPTY: tuple = ()
 
@@ -625,7 +708,9 @@ if _speedups is not None:
     _c_decode = _speedups.decode_records
     _decode_records = _decode_records_c
     _encode_records = _speedups.encode_records
+    _check_records = _speedups.check_records
 else:
     _walk = None
     _decode_records = _decode_records_py
     _encode_records = _encode_records_py
+    _check_records = _check_records_py

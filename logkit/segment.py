@@ -587,20 +587,34 @@ class LogSegment:
         # The hot twin of records.iter_batches over a window of the file (`base`), with
         # the same errors, decoding as it goes.
         while pos < size and len(out) < max_records:
-            header = read_header(buf, pos - base, size - base, path)
-            if header is None:
-                raise CorruptRecordError(TORN_BATCH, path=path, position=pos, expected=size)
-            if exact is not None:
-                self._check_first(header, pos, offset, exact)
-                exact = None
-            elif expected >= 0 and header.base_offset != expected:
-                raise self._out_of_sequence(pos, expected, header.base_offset)
+            try:
+                header = read_header(buf, pos - base, size - base, path)
+                if header is None:
+                    raise CorruptRecordError(TORN_BATCH, path=path, position=pos,
+                                             expected=size)
+                if exact is not None:
+                    self._check_first(header, pos, offset, exact)
+                    exact = None
+                elif expected >= 0 and header.base_offset != expected:
+                    raise self._out_of_sequence(pos, expected, header.base_offset)
+                records = None
+                if header.base_offset < stop_offset and \
+                        not header.attributes & ATTR_CONTROL:   # control batches: not data
+                    records = decode_batch(buf, pos - base, header, topic, partition,
+                                           min_offset=offset, path=path)
+            except CorruptRecordError:
+                if not out:
+                    raise
+                # The records before the bad batch first; the next read starts at it
+                # (the cursor says so) and raises.
+                self.scanned_to_end = False
+                self.scan_end_offset = expected
+                return self._finish_read(out, pos, last_pos, out[-1].offset, max_records,
+                                         max_bytes - budget)
             expected = header.last_offset + 1
             if header.base_offset >= stop_offset:
                 break
-            if not header.attributes & ATTR_CONTROL:       # control batches: not data
-                records = decode_batch(buf, pos - base, header, topic, partition,
-                                       min_offset=offset, path=path)
+            if records is not None:
                 if header.last_offset >= stop_offset:
                     records = [r for r in records if r.offset < stop_offset]
                 if out:

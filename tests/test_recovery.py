@@ -74,8 +74,11 @@ def test_flipped_byte_in_stored_batch_raises_on_read(tmp_path):
             p.read(50)
         assert info.value.path == log_path
         assert info.value.position == sixth
+        # a read that meets it returns the good records before it, never garbage; the
+        # next read, from the bad batch, raises
+        assert [r.offset for r in p.read(45, max_records=100)] == list(range(45, 50))
         with pytest.raises(CorruptRecordError):
-            p.read(45, max_records=100)                  # never partial garbage either
+            p.read(50, max_records=100)
 
 
 def test_flipped_byte_after_reboot_truncates_there(tmp_path):
@@ -200,7 +203,8 @@ EXPECTED = [(o, b"k%d" % (o % 5), b"v%d-%d" % divmod(o, 5)) for o in range(15)]
 def test_no_flipped_byte_anywhere_returns_wrong_data(tmp_path):
     """Flip each byte of a stored log in turn: every read from every offset either
     raises CorruptRecordError (with the file's path) or returns exactly what was
-    written. (Only the leader epoch field is free to change.)"""
+    written — all of it, or the records before the damaged batch, when the read from
+    where it stopped raises. (Only the leader epoch field is free to change.)"""
     directory, original = small_log(tmp_path)
     log_path = os.path.join(directory, "00000000000000000000.log")
     harmless = 0
@@ -215,11 +219,15 @@ def test_no_flipped_byte_anywhere_returns_wrong_data(tmp_path):
             for start in (0, 4, 5, 9, 10, 14):
                 try:
                     got = p.read(start, max_records=100)
+                    assert [(r.offset, r.key, r.value) for r in got] == \
+                        EXPECTED[start:start + len(got)]
+                    if start + len(got) < len(EXPECTED):     # stopped before the damage
+                        p.read(start + len(got), max_records=100)
+                        raise AssertionError(f"a short read at {start} with no fault after")
                 except CorruptRecordError as exc:
                     assert exc.path == log_path
                     clean = False
                     continue
-                assert [(r.offset, r.key, r.value) for r in got] == EXPECTED[start:]
             harmless += clean
     with open(log_path, "r+b") as f:
         f.write(original)
