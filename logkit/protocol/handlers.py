@@ -2,8 +2,8 @@
 broker's public methods only (Broker, Topic, Partition, ConsumerGroup).
 
 Owns: what each API means on an embedded broker — a cluster of one node, this listener;
-produce by `Partition.append_batch` (length and CRC checked, offsets stamped, records never
-decoded); fetch by `Partition.batches_since` (the stored bytes, whole batches, from the
+produce by `Partition.append_batch` (length, CRC and records checked, offsets stamped);
+fetch by `Partition.batches_since` (the stored bytes, whole batches, from the
 one holding the fetch offset), long-polling on the broker's doorbell; committed offsets
 in the broker's one LMDB offsets store; groups through `groups.GroupManager`.
 
@@ -13,7 +13,12 @@ for produce with acks=0, which Kafka never answers.
 
 Error policy: a broker exception maps to Kafka's code for the partition or topic it
 concerns (`_code_for`); the request goes on for the others. An unexpected exception is
-a bug: it propagates and the server closes that connection, logging it.
+a bug: it propagates and the server closes that connection, logging it — except in
+Produce, where it is logged and answered UNKNOWN_SERVER_ERROR for its partition alone
+(closing would drop the answers of partitions already written, and the retry would
+write them twice). A produced batch is checked whole before it is written, as Kafka's
+broker checks it (`records.validate_batch`: CRC, records, codec, timestamps): a lie
+is CORRUPT_MESSAGE, INVALID_RECORD or UNSUPPORTED_COMPRESSION_TYPE for its partition.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from typing import Any, Callable
 
 from ..broker import MAX_REPLICATION_FACTOR
 from ..config import resolve_broker_config, resolve_topic_config
-from ..errors import (ClosedError, ConfigError, CorruptRecordError, InvalidTopicError,
-                      LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
-                      NotLeaderError, OffsetOutOfRangeError, RecordTooLargeError, StorageError,
-                      TopicExistsError, UnknownTopicError, CommitFailedError)
+from ..errors import (ClosedError, CodecUnavailableError, ConfigError, CorruptRecordError,
+                      InvalidRecordError, InvalidTopicError, LogkitError, LogkitTimeoutError,
+                      NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError,
+                      RecordTooLargeError, StorageError, TopicExistsError, UnknownTopicError,
+                      UnsupportedCompressionTypeError, CommitFailedError)
 from ..group import (GroupCoordinator, OffsetAndMetadata, OffsetMetadataTooLargeError,
                      committed_offsets, validate_group_id, wire_members)
 from ..topic import MAX_PARTITIONS, TopicPartition, validate_topic_name
@@ -39,12 +45,14 @@ from .groups import GroupManager, _join_error, encode_assignment
 from .messages import APIS
 from .producers import ProducerStates, new_producer_id
 
-__all__ = ["Handlers", "Session", "NODE_ID"]
+__all__ = ["Handlers", "Session", "NODE_ID", "FETCH_MAX_BYTES"]
 
 log = logging.getLogger(__name__)
 
 NODE_ID = 1                                # a root that never followed (cluster.py)
 MAX_FETCH_WAIT_MS = 30000                  # a client's max.wait.ms is capped here
+FETCH_MAX_BYTES = 57671680                 # Kafka's broker fetch.max.bytes: one answer's
+                                           # records at most (55 MiB)
 MAX_ACKS_WAIT_MS = 120000                  # an acks=all produce waits at most this long
 ACKS_RECHECK_S = 0.05                      # ... looking at the ISR at least this often
 ISR_CHECK_MAX_AGE_MS = 10                  # leader.py's: the pre-append ISR view's age
@@ -54,6 +62,9 @@ RECHECK_S = 0.1                            # a long poll re-reads its partitions
 BATCH_HEADER_BYTES = 61
 _MAGIC_AT = 16
 _LENGTH = struct.Struct(">i")              # batchLength at 8
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_AT = 21
+_CONTROL = 0x20                            # the control-batch attribute bit
 _LOG_APPEND_TIME = 0x08
 _LATEST, _EARLIEST, _MAX_TIMESTAMP, _EARLIEST_LOCAL = -1, -2, -3, -4
 _RESOURCE_TOPIC, _RESOURCE_BROKER = 2, 4
@@ -75,6 +86,9 @@ def _code_for(exc: BaseException) -> int:
             ((UnknownTopicError,), E.UNKNOWN_TOPIC_OR_PARTITION),
             ((InvalidTopicError,), E.INVALID_TOPIC_EXCEPTION),
             ((OffsetOutOfRangeError,), E.OFFSET_OUT_OF_RANGE),
+            ((UnsupportedCompressionTypeError, CodecUnavailableError),
+             E.UNSUPPORTED_COMPRESSION_TYPE),
+            ((InvalidRecordError,), E.INVALID_RECORD),
             ((CorruptRecordError,), E.CORRUPT_MESSAGE),
             ((RecordTooLargeError,), E.MESSAGE_TOO_LARGE),
             ((NotEnoughReplicasError,), E.NOT_ENOUGH_REPLICAS),
@@ -300,13 +314,26 @@ class Handlers:
                     results.append(_produce_result(part["index"], E.INVALID_REQUEST,
                                                    f"acks must be -1, 0 or 1, not {acks}"))
                 else:
-                    results.append(self._produce_partition(topic, part, acks,
-                                                           body["timeout_ms"], session))
+                    results.append(self._guarded_produce(topic, part, acks,
+                                                         body["timeout_ms"], session))
             responses.append({"name": name, "topic_id": topic_data["topic_id"],
                               "partition_responses": results})
         if acks == 0:
             return None
         return {"responses": responses}
+
+    def _guarded_produce(self, topic: Any, part: dict[str, Any], acks: int,
+                         timeout_ms: int, session: Session) -> dict[str, Any]:
+        """`_produce_partition`, with a bug met on one partition answered for that
+        partition alone (UNKNOWN_SERVER_ERROR, logged), as Kafka's ReplicaManager does:
+        a closed connection would lose the answers of the partitions already written,
+        and the client's retry would write them twice."""
+        try:
+            return self._produce_partition(topic, part, acks, timeout_ms, session)
+        except Exception:
+            log.exception("produce to %s-%s failed unexpectedly", topic.name, part["index"])
+            return _produce_result(part["index"], E.UNKNOWN_SERVER_ERROR,
+                                   "the broker failed on this partition; see its log")
 
     def _produce_partition(self, topic: Any, part: dict[str, Any], acks: int,
                            timeout_ms: int, session: Session) -> dict[str, Any]:
@@ -425,12 +452,19 @@ class Handlers:
                 doorbell.wait(seen, min(deadline, checked + RECHECK_S) - now)
 
     def _fetch_once(self, request: Request) -> tuple[list[dict[str, Any]], int, bool]:
+        """One pass over the partitions a Fetch asks for: each (topic, partition) once
+        (`_merged_fetch_topics`), their records together at most the request's
+        max_bytes and never above FETCH_MAX_BYTES (a max_bytes of 0 or less, or above
+        it, is FETCH_MAX_BYTES), each at most its partition_max_bytes — except that the
+        first partition with data returns one whole batch even when it is bigger, as
+        Kafka's broker does (KIP-74), so a consumer never stalls on a large batch."""
         body = request.body
-        budget = body["max_bytes"] if body["max_bytes"] > 0 else 0x7FFFFFFF
+        asked = body["max_bytes"]
+        budget = asked if 0 < asked < FETCH_MAX_BYTES else FETCH_MAX_BYTES
         by_id = request.version >= 13
         leads = self.view.leads()
         responses, total, failed = [], 0, False
-        for fetch_topic in body["topics"]:
+        for fetch_topic, wanted_partitions in _merged_fetch_topics(body["topics"], by_id):
             try:
                 topic = self._topic_by_id(fetch_topic["topic_id"]) if by_id \
                     else self._hot_topic(fetch_topic["topic"])
@@ -439,7 +473,7 @@ class Handlers:
                 topic = None
                 topic_error = E.UNKNOWN_TOPIC_ID if by_id else _code_for(exc)
             partitions = []
-            for wanted in fetch_topic["partitions"]:
+            for wanted in wanted_partitions:
                 code = E.NOT_LEADER_OR_FOLLOWER if not leads else topic_error
                 if code:
                     partitions.append(_fetch_error(wanted["partition"], code))
@@ -983,6 +1017,23 @@ def _produce_result(index: int, code: int, message: str | None = None) -> dict[s
             "log_append_time_ms": -1, "log_start_offset": -1, "error_message": message}
 
 
+def _merged_fetch_topics(topics: list[dict[str, Any]], by_id: bool
+                         ) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """A Fetch's topics with each (topic, partition) once, as Kafka's broker reads the
+    request (FetchRequest.fetchData, a LinkedHashMap keyed by topic partition): in the
+    order first listed, with the fields of its last listing. A partition listed 72
+    times is answered once (docs/kafka-protocol.md)."""
+    merged: dict[Any, tuple[dict[str, Any], dict[int, dict[str, Any]]]] = {}
+    for fetch_topic in topics:
+        key = fetch_topic["topic_id"] if by_id else fetch_topic["topic"]
+        entry = merged.get(key)
+        if entry is None:
+            entry = merged[key] = (fetch_topic, {})
+        for wanted in fetch_topic["partitions"]:
+            entry[1][wanted["partition"]] = wanted        # a repeat replaces, in place
+    return [(fetch_topic, list(wanted.values())) for fetch_topic, wanted in merged.values()]
+
+
 def _fetch_error(index: int, code: int) -> dict[str, Any]:
     # empty records, not null: Kafka sends empty ones, and librdkafka refuses a null
     # record set as a parse failure
@@ -998,8 +1049,9 @@ def _create_error(name: str, code: int, message: str) -> dict[str, Any]:
 
 
 def _check_batch(records: bytes | None) -> tuple[int, str] | None:
-    """(error code, message) when a produce payload is not exactly one magic-2 batch
-    whose length field matches; None when it is (the CRC is checked by the append)."""
+    """(error code, message) when a produce payload is not exactly one magic-2 data
+    batch whose length field matches; None when it is (its CRC and records are checked
+    by the append: `Partition.append_batch`'s verify, `records.validate_batch`)."""
     if records is None or len(records) < BATCH_HEADER_BYTES:
         return E.CORRUPT_MESSAGE, "the records are shorter than a record batch header"
     if records[_MAGIC_AT] != 2:
@@ -1010,4 +1062,6 @@ def _check_batch(records: bytes | None) -> tuple[int, str] | None:
         return E.INVALID_RECORD, "a produce request carries one record batch per partition"
     if size > len(records):
         return E.CORRUPT_MESSAGE, "the batch length field points past the records"
+    if _ATTRIBUTES.unpack_from(records, _ATTRIBUTES_AT)[0] & _CONTROL:
+        return E.INVALID_RECORD, "clients may not write control batches"
     return None
