@@ -18,7 +18,8 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      OffsetOutOfRangeError, RecordTooLargeError, TopicExistsError,
                      UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
                      ForkedProcessError, ReadOnlyError, SerializationError,
-                     ArgumentTypeError, NotLeaderError, ResourceError)
+                     ArgumentTypeError, NotLeaderError, ResourceError, InvalidRecordError,
+                     UnsupportedCompressionTypeError)
 from .mirroring import mirror
 from .murmur2 import murmur2
 from .log import RecoveryReport
@@ -43,5 +44,6 @@ __all__ = [
     "IncompatibleFormatError", "NoOffsetForPartitionError", "IllegalStateError",
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
     "ReadOnlyError", "SerializationError", "ArgumentTypeError", "NotLeaderError",
+    "InvalidRecordError", "UnsupportedCompressionTypeError",
     "ResourceError",
 ]

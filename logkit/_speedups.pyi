@@ -21,6 +21,12 @@ def decode_records(buf: Any, pos: int, end: int, count: int, base_offset: int,
     (topic, partition, offset, timestamp, key, value, headers), offsets >= min_offset.
     `append_time` is None or the LogAppendTime timestamp."""
 
+def check_records(buf: Any, pos: int, end: int, count: int,
+                  base_timestamp: int) -> tuple[int, int]:
+    """Walk the uncompressed section buf[pos:end] as decode_records reads it, building
+    nothing: count records, framed right, offset deltas 0..count-1, timestamps within
+    64 bits, no stray bytes. Returns (smallest, largest) record timestamp."""
+
 def decode_columns(buf: Any, pos: int, end: int, count: int, base_offset: int,
                    base_timestamp: int, append_time: int, min_offset: int,
                    stop_offset: int, columns: list[bytearray]) -> int:
