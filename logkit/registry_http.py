@@ -63,6 +63,8 @@ MAX_CONNECTIONS = 128             # open connections (each one thread); Kafka's 
 IDLE_TIMEOUT_MS = 30_000          # wait for a request's first byte (Confluent's idle.timeout.ms)
 REQUEST_TIMEOUT_MS = 30_000       # first byte of a request to its answer sent, in total
 WRITE_GRACE_MS = 1_000            # an answer computed past the deadline still gets this long
+REFUSED_LINGER_MS = 1_000         # a refused connection is closed after this (or the client)
+LISTEN_BACKLOG = 128              # connections the kernel queues before the accepting thread
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 Answer = tuple[int, Any]
 
@@ -533,6 +535,7 @@ class _Server(ThreadingHTTPServer):
     """Accepts on one thread, serves each connection on its own; `connections` maps
     each open connection to its `_Deadlines` (the table the cap is kept by)."""
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, address: tuple[str, int], registry: SchemaRegistry, *,
                  max_connections: int, idle_timeout_ms: int,
@@ -545,6 +548,11 @@ class _Server(ThreadingHTTPServer):
         self.request_timeout_s = request_timeout_ms / 1000
         self.lock = threading.Lock()
         self.connections: dict[socket.socket, _Deadlines] = {}
+        # Refused connections, answered 503 and half-closed: closing one at once would
+        # reset it when the client's request arrives, losing the answer. At most
+        # max_connections linger, each REFUSED_LINGER_MS; the accepting thread ends them.
+        self.refused: list[tuple[float, socket.socket]] = []
+        self.refusals, self.next_refusal_log = 0, 0.0
         super().__init__(address, _RequestHandler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -572,14 +580,40 @@ class _Server(ThreadingHTTPServer):
             raise
 
     def _refuse(self, request: socket.socket) -> None:
-        log.warning("schema registry: %d connections open, all in a request; refusing a "
-                    "new one (503)", self.max_connections)
+        self.refusals += 1
+        if time.monotonic() >= self.next_refusal_log:        # a flood logs once a minute
+            self.next_refusal_log = time.monotonic() + 60
+            log.warning("schema registry: %d connections open, all in a request; "
+                        "refusing new ones with 503 (%d so far)", self.max_connections,
+                        self.refusals)
         try:
             request.setblocking(False)       # never wait on a client from this thread
             request.send(_BUSY_ANSWER)
+            request.shutdown(socket.SHUT_WR)
         except OSError:
-            pass
-        self.shutdown_request(request)
+            self.shutdown_request(request)
+            return
+        if len(self.refused) >= self.max_connections:
+            self.shutdown_request(self.refused.pop(0)[1])
+        self.refused.append((time.monotonic() + REFUSED_LINGER_MS / 1000, request))
+
+    def service_actions(self) -> None:
+        """Between accepts (serve_forever's loop): a refused connection is closed once
+        its client has closed it or REFUSED_LINGER_MS has passed; what it sent is
+        dropped unread."""
+        now, lingering = time.monotonic(), []
+        for deadline, sock in self.refused:
+            try:
+                done = deadline <= now or sock.recv(1 << 16) == b""
+            except BlockingIOError:
+                done = False
+            except OSError:
+                done = True
+            if done:
+                self.shutdown_request(sock)
+            else:
+                lingering.append((deadline, sock))
+        self.refused = lingering
 
     def forget(self, connection: socket.socket) -> None:
         with self.lock:
@@ -645,6 +679,8 @@ class RegistryServer:
         self._closed = True
         self._server.shutdown()
         self._server.server_close()
+        for _, sock in self._server.refused:
+            sock.close()
         with self._server.lock:
             open_connections = list(self._server.connections)
         for connection in open_connections:

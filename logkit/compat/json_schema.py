@@ -114,8 +114,8 @@ def compile_pattern(pattern: str) -> Any:
         reason = exc.args[0].decode(errors="replace") if exc.args and \
             isinstance(exc.args[0], bytes) else str(exc)
         raise UnsupportedPatternError(
-            f"pattern {pattern[:200]!r} cannot be run in linear time ({reason}); the "
-            "registry evaluates patterns with RE2, which has no backreferences or "
+            f"pattern {json.dumps(pattern[:200])} cannot be run in linear time ({reason}); "
+            "the registry evaluates patterns with RE2, which has no backreferences or "
             "lookarounds", pattern=pattern) from None
 
 
