@@ -223,11 +223,15 @@ class Partition:
         """Append one encoded Kafka record batch (magic 2) atomically; returns its base
         offset.
 
-        The length field must match the bytes and the CRC-32C must check out, else
-        CorruptRecordError and nothing is written; `verify=False` skips the CRC check,
-        for bytes this process's own encoder has just made (the producer does). Only
-        baseOffset and partitionLeaderEpoch are stamped (a bytearray is stamped in
-        place); the rest is stored as given, unless the topic's `compression.type`
+        The length field must match the bytes, and the batch must pass the checks
+        Kafka's broker makes of a client's (CRC-32C; recordsCount and lastOffsetDelta
+        agreeing with the records; each record framed right; a codec Kafka defines,
+        whose section inflates; timestamps that can be), else CorruptRecordError — its
+        subclass InvalidRecordError for contents that lie, UnsupportedCompressionTypeError
+        for codecs 5-7 — and nothing is written; `verify=False` skips those checks but
+        the codec's, for bytes this process's own encoder has just made (the producer
+        does). Only baseOffset and partitionLeaderEpoch are stamped (a bytearray is
+        stamped in place); the rest is stored as given, unless the topic's `compression.type`
         or `message.timestamp.type=LogAppendTime` asks for a rewrite, as Kafka's leader
         does. Raises RecordTooLargeError above `max.message.bytes`, LogkitTimeoutError
         when the append lock is not free within `lock_timeout_s` (None: the log's
