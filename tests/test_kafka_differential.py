@@ -192,6 +192,59 @@ def test_the_default_config_source_equals_kafkas(topic_configs, name):
     assert topic_configs["logkit"][name][1] == topic_configs["kafka"][name][1]
 
 
+SET_CONFIGS = {"retention.ms": "3600000", "retention.bytes": "10485760",
+               "segment.bytes": "2097152", "segment.ms": "7200000",
+               "max.message.bytes": "2000000", "cleanup.policy": "delete",
+               "message.timestamp.type": "LogAppendTime", "min.insync.replicas": "1"}
+
+
+def _set_configs(servers: str, topic: str) -> dict:
+    """Configs given at CreateTopics, as DescribeConfigs shows them (value, source)."""
+    from confluent_kafka.admin import ConfigResource
+    create_topic(servers, topic, 1, config=SET_CONFIGS)
+    resource = ConfigResource("topic", topic)
+    entries = admin(servers).describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+    return {name: (entries[name].value, entries[name].source) for name in SET_CONFIGS}
+
+
+# set to the value their default has: Kafka still shows them as the topic's own
+SET_TO_DEFAULT = ("cleanup.policy", "min.insync.replicas")
+
+
+@pytest.fixture(scope="module")
+def set_configs(targets) -> dict[str, dict]:
+    return on_both(targets, _set_configs)
+
+
+def test_configs_set_at_creation_read_back_as_kafka_shows_them(set_configs):
+    mine, theirs = set_configs["logkit"], set_configs["kafka"]
+    assert {k: v[0] for k, v in mine.items()} == {k: v[0] for k, v in theirs.items()}
+    assert {k: v for k, v in mine.items() if k not in SET_TO_DEFAULT} == \
+        {k: v for k, v in theirs.items() if k not in SET_TO_DEFAULT}
+
+
+@known("the source of a config set to its default")
+def test_a_config_set_to_its_default_value_keeps_the_topics_source(set_configs):
+    assert {k: set_configs["logkit"][k] for k in SET_TO_DEFAULT} == \
+        {k: set_configs["kafka"][k] for k in SET_TO_DEFAULT}
+
+
+def _auto_created(servers: str, topic: str) -> tuple:
+    """A producer's first send to a missing topic: Kafka's default
+    auto.create.topics.enable and num.partitions (1) make it, and the record lands."""
+    from kafka import KafkaProducer
+    producer = KafkaProducer(bootstrap_servers=servers, linger_ms=0)
+    md = producer.send(topic, b"first", key=b"k").get(timeout=TIMEOUT_S)
+    partitions = sorted(producer.partitions_for(topic))
+    producer.close()
+    return partitions, md.partition, md.offset
+
+
+def test_a_send_to_a_missing_topic_creates_it_as_kafka_does(targets):
+    seen = on_both(targets, _auto_created)
+    assert seen["logkit"] == seen["kafka"]
+
+
 # ---- the error each bad request gets -------------------------------------------------
 
 def _create(config=None, partitions=1, name_suffix=""):
