@@ -1,8 +1,11 @@
-"""Build hook for the optional C accelerator; all metadata lives in pyproject.toml.
+"""Build hook for the optional C extensions and the Spark jar; all metadata lives in
+pyproject.toml.
 
-`logkit._speedups` (record codec + murmur2) is built when a C compiler and the Python
-headers are present. `optional=True` means a failed build is a warning, not an error:
-logkit then runs on its pure-Python code, which is always kept correct.
+The four extensions below are built when a C compiler and the Python headers are
+present. `optional=True` means a failed build is a warning, not an error: logkit then
+runs on its pure-Python code, which is always kept correct, and logkit/_native.py says
+so in a WARNING at import. `make test` fails instead (its `extensions` step), showing
+the compiler's error. logkit/_native.py's EXTENSIONS names the same four.
 """
 
 import runpy
@@ -13,8 +16,9 @@ from setuptools.command.build_py import build_py
 
 class BuildPyWithJar(build_py):
     """Also builds the Spark JVM reader's jar (spark/jvm/build_jar.py) into
-    pyspark_logkit/jars/ when javac and Spark's jars are found; without them it says
-    why and the wheel ships the Python data source alone."""
+    pyspark_logkit/jars/ when javac and Spark's jars (a Spark here, or Maven's from
+    spark/jvm/pom.xml) are found; without them it says why and the wheel ships the
+    Python data source alone."""
 
     def run(self):
         runpy.run_path("spark/jvm/build_jar.py")["build"]()
