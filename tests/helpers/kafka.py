@@ -38,7 +38,7 @@ CLASSES_DIR = KAFKA_DIR / "classes"
 TOOLS = {
     "kafka-dump-log": "org.apache.kafka.tools.DumpLogSegments",
     "kafka-topics": "org.apache.kafka.tools.TopicCommand",
-    "kafka-configs": "org.apache.kafka.tools.ConfigCommand",
+    "kafka-configs": "kafka.admin.ConfigCommand",
     "kafka-console-producer": "org.apache.kafka.tools.ConsoleProducer",
     "kafka-console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
     "kafka-consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",

@@ -1,0 +1,32 @@
+"""The Kafka harness itself (tests/helpers/kafka.py): every tool it names is a main class
+of the resolved classpath, and the broker the session starts answers Kafka's own
+command-line tools, run by the helper."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+
+from tests.helpers.kafka import LIB_DIR, TOOLS, run_tool, skip_reason
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
+
+
+def test_every_tool_the_helper_names_is_a_class_on_the_classpath():
+    classes = set()
+    for jar in LIB_DIR.glob("*.jar"):
+        with zipfile.ZipFile(jar) as z:
+            classes.update(n[:-len(".class")].replace("/", ".") for n in z.namelist()
+                           if n.endswith(".class"))
+    assert {tool: cls for tool, cls in TOOLS.items() if cls not in classes} == {}
+
+
+def test_kafka_topics_creates_and_describes_on_the_sessions_broker(kafka):
+    servers = ("--bootstrap-server", kafka.bootstrap_servers)
+    run_tool("kafka-topics", *servers, "--create", "--topic", "harness-topics",
+             "--partitions", "3", "--config", "retention.ms=3600000")
+    out = run_tool("kafka-topics", *servers, "--describe", "--topic", "harness-topics").stdout
+    assert "PartitionCount: 3" in out and "retention.ms=3600000" in out
+    assert [line.split()[3] for line in out.splitlines() if "Partition: " in line] == \
+        ["0", "1", "2"]
