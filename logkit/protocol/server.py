@@ -224,9 +224,8 @@ class KafkaServer(ThreadedListener):
                 continue
             if not data:
                 return
-            if request_deadline is None:
-                request_deadline = time.monotonic() + self.request_timeout_s
-            for frame in decoder.feed(data):
+            frames = decoder.feed(data)
+            for frame in frames:
                 slot.busy = True
                 try:
                     state = self._serve_frame(sock, peer, frame, state, session)
@@ -238,8 +237,13 @@ class KafkaServer(ThreadedListener):
                 if state == _AUTHENTICATED and not slot.authenticated:
                     slot.authenticated = True       # SASL done, or the first request
                     decoder.max_request_bytes = self.max_request_bytes
+            # The clock of a request begun runs from its first byte we could read: now,
+            # if it came alone or behind frames just served (a pipelining client is not
+            # charged for the time our handlers took); only a whole frame restarts it.
             if not decoder.pending_bytes:
                 request_deadline = None
+            elif frames or request_deadline is None:
+                request_deadline = time.monotonic() + self.request_timeout_s
 
     def _overdue(self, now: float, slot: Slot, request_deadline: float | None
                  ) -> str | None:
