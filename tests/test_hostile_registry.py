@@ -281,3 +281,25 @@ def test_when_every_slot_is_in_a_request_a_new_client_gets_503_then_a_slot(serve
                10, "a slot after the busy connections' request deadline")
     for sock in busy:
         sock.close()
+
+
+def test_a_serde_validates_a_backtracking_pattern_in_linear_time(broker):
+    """A consumer validates every record with its writer's schema: a record built to
+    make Python's `re` backtrack is refused in linear time, not after seconds."""
+    pytest.importorskip("jsonschema")
+    from logkit.serde import JsonSchemaSerde
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {"name": {"type": "string", "pattern": BACKTRACKING}},
+              "patternProperties": {BACKTRACKING: {"type": "integer"}}}
+    serde = JsonSchemaSerde(broker, "events", schema)
+    assert serde.deserialize(serde.serialize({"name": "aaa", "aa": 1})) == \
+        {"name": "aaa", "aa": 1}
+    hostile = "a" * 26 + "!"                 # seconds in `re`, microseconds in RE2
+    for value, field in (({"name": hostile}, "name"), ({hostile: 1}, "")):
+        started = time.monotonic()
+        with pytest.raises(logkit.SerializationError) as raised:
+            serde.serialize(value)
+        assert time.monotonic() - started < PROBE_LIMIT_S
+        assert raised.value.field == field
+    with pytest.raises(logkit.SerializationError):
+        serde.serialize({"aa": "not an integer"})

@@ -40,7 +40,7 @@ try:
 except ImportError:                     # patterns are then never evaluated (see above)
     _re2 = None
 
-__all__ = ["parse", "check", "compile_pattern", "schema_patterns"]
+__all__ = ["parse", "check", "compile_pattern", "schema_patterns", "linear_time_validator"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,62 @@ def compile_pattern(pattern: str) -> Any:
             f"pattern {json.dumps(pattern[:200])} cannot be run in linear time ({reason}); "
             "the registry evaluates patterns with RE2, which has no backreferences or "
             "lookarounds", pattern=pattern) from None
+
+
+@functools.cache
+def linear_time_validator(cls: Any) -> Any:
+    """The `jsonschema` validator class `cls` with `pattern`, `patternProperties` and
+    `additionalProperties` matched by RE2 (compile_pattern) instead of Python's `re`, so
+    validating a value costs time linear in it whatever the schema's regexes (the
+    serdes validate every record). `cls` itself without `google-re2`. Not covered:
+    `unevaluatedProperties` (drafts 2019-09 and 2020-12) still matches with `re`."""
+    if _re2 is None:
+        return cls
+    from jsonschema import validators
+    return validators.extend(cls, {"pattern": _pattern_keyword,
+                                   "patternProperties": _pattern_properties_keyword,
+                                   "additionalProperties": _additional_keyword})
+
+
+def _matches(pattern: str, text: str) -> bool:
+    return compile_pattern(pattern).search(text) is not None
+
+
+def _pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any
+                     ) -> Iterator[Any]:
+    if validator.is_type(instance, "string") and not _matches(pattern, instance):
+        from jsonschema.exceptions import ValidationError
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties_keyword(validator: Any, patterns: dict[str, Any], instance: Any,
+                                schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for name, value in instance.items():
+            if _matches(pattern, name):
+                yield from validator.descend(value, subschema, path=name,
+                                             schema_path=pattern)
+
+
+def _additional_keyword(validator: Any, additional: Any, instance: Any, schema: Any
+                        ) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    known = schema.get("properties") or {}
+    patterns = list(schema.get("patternProperties") or {})
+    extras = [name for name in instance if name not in known
+              and not any(_matches(pattern, name) for pattern in patterns)]
+    if validator.is_type(additional, "object"):
+        for name in extras:
+            yield from validator.descend(instance[name], additional, path=name)
+    elif additional is False and extras:
+        from jsonschema.exceptions import ValidationError
+        listed = ", ".join(repr(name) for name in sorted(extras))
+        yield ValidationError(f"additional properties are not allowed ({listed})" +
+                              (f"; none matches the patterns {sorted(patterns)!r}"
+                               if patterns else ""))
 
 
 def _check_schema(document: Any) -> None:

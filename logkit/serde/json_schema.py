@@ -18,6 +18,7 @@ import json
 from typing import Any, Callable
 
 from ..compat import ParsedSchema, parse
+from ..compat.json_schema import linear_time_validator
 from ..errors import CodecUnavailableError, SerializationError
 from ..schema_registry import Schema
 from .base import SchemaSerde
@@ -68,7 +69,7 @@ class JsonSchemaSerde(SchemaSerde):
     def _validator(self, document: Any) -> Any:
         validators = self._jsonschema.validators
         cls = validators.validator_for(document, default=validators.Draft7Validator)
-        return cls(document)
+        return linear_time_validator(cls)(document)     # regexes in RE2 (compat)
 
     def _check(self, validator: Any, value: Any, what: str) -> None:
         error = self._jsonschema.exceptions.best_match(validator.iter_errors(value))
