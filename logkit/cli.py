@@ -478,21 +478,75 @@ def add_serve(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--config", action="append", metavar="KEY=VALUE",
                      help="a broker setting, Kafka's names, e.g. num.partitions=3 or "
                      "auto.create.topics.enable=false (repeatable)")
+    cmd.add_argument("--sasl-users", metavar="FILE",
+                     help="require SASL/PLAIN: FILE holds one USER:PASSWORD a line (# "
+                     "comments); without it any client that reaches --host may read, "
+                     "write and delete topics (docs/security.md)")
+    cmd.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate "
+                     "chain (with --tls-key)")
+    cmd.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     cmd.add_argument("--schema-registry-port", type=int, default=None, metavar="N",
-                     help="also serve the schema registry's REST API (Confluent's) on "
-                     "--host:N (0: any free port, printed)")
+                     help="also serve the schema registry's REST API (Confluent's), "
+                     "which has no authentication, on --schema-registry-host:N (0: any "
+                     "free port, printed)")
+    cmd.add_argument("--schema-registry-host", default="127.0.0.1", metavar="HOST",
+                     help="address of the schema registry (default 127.0.0.1 whatever "
+                     "--host is: it is opened to the network only when asked)")
+
+
+def _sasl_users(path: str | None) -> dict[str, str] | None:
+    """USER:PASSWORD lines of a --sasl-users file as {user: password}."""
+    if path is None:
+        return None
+    users = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"--sasl-users: cannot read {path}: {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        user, colon, password = line.partition(":")
+        if not colon or not user or not password:
+            raise UsageError(f"--sasl-users: {path} line {number} is not USER:PASSWORD")
+        users[user] = password
+    if not users:
+        raise UsageError(f"--sasl-users: {path} names no user")
+    return users
+
+
+def _tls_context(cert: str | None, key: str | None) -> Any:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise UsageError("--tls-cert and --tls-key go together")
+    import ssl
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"--tls-cert/--tls-key: {exc}") from None
+    return context
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _config_pairs(args.config, "--config")
+    users = _sasl_users(args.sasl_users)
+    context = _tls_context(args.tls_cert, args.tls_key)
+    if users is None and args.host not in ("127.0.0.1", "::1", "localhost"):
+        note("serve", f"no --sasl-users: any client that reaches {args.host} may read, "
+             "write and delete topics (docs/security.md)")
     with Broker(args.directory, config=config or None) as broker, \
             _stop_on_signals() as stop:
         server = broker.serve(host=args.host, port=args.port,
-                              advertised_host=args.advertised_host)
-        print(f"serving {args.directory} to Kafka clients at {server.bootstrap_servers}",
+                              advertised_host=args.advertised_host,
+                              sasl_plain_users=users, ssl_context=context)
+        print(f"serving {args.directory} to Kafka clients at {server.bootstrap_servers}"
+              f"{' (SASL/PLAIN)' if users else ''}{' (TLS)' if context else ''}",
               flush=True)
         if args.schema_registry_port is not None:
-            registry = broker.serve_schema_registry(host=args.host,
+            registry = broker.serve_schema_registry(host=args.schema_registry_host,
                                                     port=args.schema_registry_port)
             print(f"serving the schema registry at {registry.url}", flush=True)
         while not stop.requested:
@@ -1567,7 +1621,8 @@ COMMANDS: list[Command] = [
     Command("serve", "serve the directory to Kafka clients (kafka-python, aiokafka, "
             "confluent-kafka) over Kafka's wire protocol, until SIGINT/SIGTERM",
             "logkit serve data/ --port 9092 --config num.partitions=3\n"
-            "logkit serve data/ --host 0.0.0.0 --advertised-host myhost --port 9092\n"
+            "logkit serve data/ --host 0.0.0.0 --advertised-host myhost --port 9092 "
+            "--sasl-users users.txt --tls-cert cert.pem --tls-key key.pem\n"
             "logkit serve data/ --port 9092 --schema-registry-port 8081",
             add_serve, cmd_serve),
     Command("follow", "copy a leader broker into DIR and keep copying (a replica), until "

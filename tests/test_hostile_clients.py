@@ -14,6 +14,7 @@ import json
 import os
 import random
 import select
+import signal
 import socket
 import struct
 import subprocess
@@ -272,7 +273,7 @@ def test_connections_that_never_log_in_do_not_starve_a_follower(start, tmp_path)
 
 def _metadata_frame(total_bytes):
     """A Metadata v1 request naming topics until it is `total_bytes` long, raw."""
-    name = b"x" * 250
+    name = b"x"                          # the most entries per byte: the costliest
     entry = struct.pack(">h", len(name)) + name
     count = (total_bytes - 30) // len(entry)
     header = struct.pack(">hhih", 3, 1, 1, 4) + b"evil"
@@ -426,3 +427,41 @@ def test_create_topics_and_partitions_over_the_wire_are_bounded(start):
         topics = {t["name"]: len(t["partitions"])
                   for t in call(sock, 3, 1, {"topics": None})["topics"]}
     assert topics == {"t": 1, "fine": 2}
+
+
+def test_logkit_serve_takes_sasl_users_and_tls_and_keeps_the_registry_on_loopback(
+        tmp_path):
+    """`logkit serve --host 0.0.0.0 --sasl-users FILE --tls-cert --tls-key
+    --schema-registry-port 0`: clients need TLS and the password, and the registry
+    (which has no authentication) stays on 127.0.0.1."""
+    import ssl
+    from tests.helpers.tls import self_signed
+    cert, key = self_signed(tmp_path)
+    users = tmp_path / "users.txt"
+    users.write_text("# who may connect\nalice:s3cret\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "logkit.cli", "serve", str(tmp_path / "d"), "--port", "0",
+         "--host", "0.0.0.0", "--advertised-host", "127.0.0.1", "--sasl-users",
+         str(users), "--tls-cert", str(cert), "--tls-key", str(key),
+         "--schema-registry-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=ROOT_DIR, env=dict(os.environ, PYTHONPATH=ROOT_DIR))
+    try:
+        kafka_line, registry_line = process.stdout.readline(), process.stdout.readline()
+        assert kafka_line.endswith("(SASL/PLAIN) (TLS)\n"), kafka_line
+        assert registry_line.startswith("serving the schema registry at "
+                                        "http://127.0.0.1:"), registry_line
+        address = kafka_line.split(" at ")[1].split()[0]
+        legit_work(address, count=5, extra={
+            **SASL, "security.protocol": "SASL_SSL", "ssl.ca.location": str(cert)})
+        context = ssl.create_default_context(cafile=str(cert))
+        host, port = address.rsplit(":", 1)
+        with context.wrap_socket(socket.create_connection((host, int(port)), timeout=20),
+                                 server_hostname=host) as anonymous:
+            anonymous.sendall(encode_request(3, 1, 1, {"topics": None}))
+            assert closed(anonymous, 10)            # Metadata before SASL: closed
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
