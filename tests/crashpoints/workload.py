@@ -2,7 +2,9 @@
 
 VARIANT is `acks1` (acks=1, the default flush policy), `flush1` (flush.messages=1,
 acks="all") or `twowriters` (acks1 plus a second writer process on the same root,
-`python -m tests.crashpoints.workload ROOT writer2 LEDGER.2`).
+`python -m tests.crashpoints.workload ROOT writer2 LEDGER.2`). `acks1sync` (the power-cut
+harness's, tests/powercut/) is acks1 plus a `broker.flush()` after each group commit,
+ledgered as `{"kind": "synced"}`: everything acknowledged before it is durable.
 
 Every acknowledged outcome is appended to LEDGER *after* the acknowledgement, as one JSON
 line: so the ledger is a subset of what was acknowledged, and the checker trusts only
@@ -111,6 +113,7 @@ def main_workload(root: str, variant: str, ledger_path: str) -> int:
     ledger = Ledger(ledger_path)
     run = Runner(ledger, "main")
     flush1 = variant == "flush1"
+    sync_points = variant == "acks1sync"
     main_config = dict(MAIN_CONFIG, **({"flush.messages": 1} if flush1 else {}))
     ok, broker = run.guard("open", logkit.Broker, root, background=False)
     if not ok:
@@ -155,6 +158,10 @@ def main_workload(root: str, variant: str, ledger_path: str) -> int:
                 for tp, offset in offsets.items():
                     ledger.ack(kind="commit", group=GROUP, topic=tp.topic,
                                partition=tp.partition, offset=offset)
+            if sync_points:
+                ok, _ = run.guard("flush", broker.flush)
+                if ok:
+                    ledger.ack(kind="synced")
         if batch % 5 == 4:
             ok, deleted = run.guard("retention", broker.enforce_retention)
         if batch == 6:

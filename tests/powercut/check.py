@@ -1,0 +1,139 @@
+"""The promise after a power cut, checked on one materialised directory.
+
+Owns `durable_entries` (which acknowledgements a cut must keep) and `check` (the crash
+checker of tests/crashpoints/check.py on those, plus what only a power cut can break).
+Phase 1 opens the directory and checks it; then every partition is rolled and gets a
+probe record, in a new Broker (a roll seals the active segment up to its size, which
+exposes bytes that were never acknowledged), and phase 1 runs again.
+
+Durable, and so checked to be present: a record acknowledged by a `flush.messages=1`
+topic (`t` in the `flush1` workload); every record acknowledged before a `synced`
+(`broker.flush()` returned) or `closed` (`broker.close()` returned) entry; group
+commits (an LMDB commit, synced before it returns); created and deleted topics
+(`create_topic` ends with a syncfs; a deletion is durable once it returned). Anything
+else may be lost, but never corrupted or reordered.
+
+Failure classes: `lost` (a durable acknowledgement is missing), `integrity` (any other
+disagreement of the crash checker: a check() failure, a wrong record, a deleted topic
+back), `foreign` (a record no one wrote at that offset, or stored twice),
+`commit-past-end` (a group's committed offset past the partition's log end),
+`reopen-error` and `wedge` (the directory does not open without repair).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import logkit
+from tests.crashpoints import check as cp
+from tests.crashpoints.workload import GROUP
+
+CLASSES = ("lost", "integrity", "foreign", "commit-past-end", "reopen-error", "wedge")
+_TAG = re.compile(rb"^(main|ret|tmp\d+|w2):\d+$")
+_LOST = ("topic missing", "is gone", "acknowledged offset", "was acknowledged",
+         "(acknowledged), now")
+
+
+def durable_entries(acks: list[dict], variant: str) -> list[dict]:
+    """The acknowledgements a power cut must not take back, in ledger order."""
+    out, unsynced = [], []
+    for e in acks:
+        if e["kind"] == "record":
+            if variant == "flush1" and e["topic"] == "t":
+                out.append(e)
+            else:
+                unsynced.append(e)
+        elif e["kind"] in ("synced", "closed"):
+            out.extend(unsynced)
+            unsynced = []
+        else:
+            out.append(e)
+    return out
+
+
+class PowerCutChecker(cp.Checker):
+    """The crash checker on the durable entries, plus the power-cut checks."""
+
+    def __init__(self, root: str, durable: list[dict], written: list[dict]) -> None:
+        self.root = root
+        self.entries = durable
+        self.failures = []
+        self.phase = "reopen"
+        # every value acknowledged at each offset over the whole run (the workload is
+        # deterministic: a record that survives holds the value the run gave it)
+        self.values: dict[tuple[str, int, int], set[bytes]] = {}
+        for e in written:
+            if e["kind"] == "record":
+                self.values.setdefault((e["topic"], e["partition"], e["offset"]),
+                                       set()).add(e["value"].encode())
+
+    def fail(self, cls: str, detail: str) -> None:
+        if cls == "integrity" and any(word in detail for word in _LOST):
+            cls = "lost"
+        super().fail(cls, detail)
+
+    def check_all(self, broker, probes) -> None:
+        super().check_all(broker, probes)
+        ends = {}
+        for name in sorted(broker.topics()):
+            try:
+                topic = broker.topic(name)
+            except logkit.UnknownTopicError:
+                continue
+            except BaseException:            # noqa: BLE001 — the crash checker reported
+                continue
+            for p in topic.partitions:
+                where = f"{name}-{p.partition}"
+                try:
+                    ends[(name, p.partition)] = p.log_end_offset
+                    seen: dict[bytes, int] = {}
+                    for r in cp.records_of(p):
+                        if r.value == b"probe" and probes:
+                            continue
+                        tag = cp.tag_of(r.value)
+                        known = self.values.get((name, p.partition, r.offset))
+                        if not _TAG.match(tag) or (known is not None and tag not in known
+                                                   and name != "tmp"):
+                            self.fail("foreign", f"{where}: offset {r.offset} holds "
+                                      f"{tag[:40]!r}, written there: {sorted(known or ())}")
+                            break
+                        if tag in seen:
+                            self.fail("foreign", f"{where}: {tag!r} at {seen[tag]} and "
+                                      f"again at {r.offset}")
+                            break
+                        seen[tag] = r.offset
+                except BaseException as exc:  # noqa: BLE001
+                    self.fail("integrity", f"{where}: read: {cp.describe(exc)}")
+        try:
+            committed = broker.group(GROUP).committed()
+        except BaseException:                # noqa: BLE001 — the crash checker reported
+            return
+        for tp, offset in sorted(committed.items()):
+            offset = getattr(offset, "offset", offset)
+            end = ends.get((tp.topic, tp.partition))
+            if end is not None and offset is not None and offset > end:
+                self.fail("commit-past-end", f"group {GROUP}: {tp.topic}-{tp.partition} "
+                          f"committed {offset}, log end {end}")
+
+
+def check(root: str, durable: list[dict], written: list[dict]) -> list[dict]:
+    """Every failure of the promise on the directory `root` (changed: rolled, probed)."""
+    checker = PowerCutChecker(root, durable, written)
+    checker.run()
+    if not any(f["class"] in ("reopen-error", "wedge") for f in checker.failures):
+        rolled = cp.roll_everything(root)
+        checker.failures.extend(rolled["failures"])
+        checker.phase = "after-roll"
+        checker.run(probes=rolled["probes"])
+    return checker.failures
+
+
+def main(argv: list[str]) -> int:          # pragma: no cover — a debugging aid
+    import json
+    import sys
+    root, ledger, variant = argv
+    entries = cp.read_ledgers(ledger)
+    json.dump(check(os.path.abspath(root), durable_entries(entries, variant), entries),
+              sys.stdout)
+    return 0
