@@ -90,6 +90,13 @@ def _check_format(root: str) -> None:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)      # atomic: a concurrent opener sees all or nothing
+            # the name durable before anything else lands in the root: a power cut must
+            # not leave meta/ or a partition without it (then not a logkit root)
+            dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
         except OSError as exc:
             _unlink_quietly(tmp)
             raise storage_error(exc, "create format file", path) from exc

@@ -851,6 +851,9 @@ class PartitionLog:
         old.set_index_entries(tail.index_entries, tail.timeindex_entries)
         old.time_index.append(tail.max_timestamp, tail.max_timestamp_offset)
         old.flush()
+        # its name too: the recovery point is about to pass it (fsync does not make a
+        # file's directory entry durable; docs/storage.md "The directory entry")
+        self._sync_directory_once(tail.active_base_offset)
         new_base = tail.log_end_offset
         for name in os.listdir(self.directory):       # never published: a dead roller's
             base = parse_segment_name(name)
