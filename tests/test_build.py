@@ -114,10 +114,11 @@ def installed(tmp_path_factory):
             shutil.copy2(os.path.join(ROOT, name), source / name)
     env = {k: v for k, v in os.environ.items()
            if k not in ("LOGKIT_SPARK_JARS", "SPARK_HOME", "PYTHONPATH")}
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w",
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w",
                             str(wheels), str(source)], capture_output=True, text=True,
                            env=env, timeout=600)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    assert "against Spark's jars from Maven" in build.stdout + build.stderr
     [wheel] = wheels.glob("logkit-*.whl")
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps",
                               "--target", str(target), str(wheel)],

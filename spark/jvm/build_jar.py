@@ -76,6 +76,8 @@ def build(out: str = JAR) -> bool:
     classpath = os.path.join(jars, "*") if jars else maven_classpath()
     if classpath is None:
         return _not_built("no Spark jars here (set LOGKIT_SPARK_JARS) and none from Maven")
+    print(f"logkit: compiling the JVM reader against Spark's jars "
+          f"{'in ' + jars if jars else 'from Maven (spark/jvm/pom.xml)'}", file=sys.stderr)
     sources = sorted(glob.glob(os.path.join(HERE, "src", "**", "*.java"), recursive=True))
     with tempfile.TemporaryDirectory() as classes:
         result = subprocess.run([javac, "--release", "17", "-nowarn", "-cp", classpath,
