@@ -14,8 +14,8 @@ operations) the disk holds:
   "subset" a random subset of their 4 KiB pieces (reordered writes) and of the size
   changes;
 - of a file written through a shared writable map (the calls do not show those stores):
-  a tail (`logkit.tail`) holds its bytes at its last msync (the observer's snapshot,
-  traced.py; zeros before any) in mode "synced", else any version stored since (one at
+  a tail (`logkit.tail`) holds its bytes at its last msync or syncfs (the observer's
+  snapshot, traced.py; zeros before any) in mode "synced", else any version stored since (one at
   random: write-back may have taken any); an index holds its bytes at its last msync
   (zeros before any); any other mapped file (LMDB's lock file, the doorbell) zeros.
   Their sizes follow the rules for files.
@@ -142,6 +142,10 @@ def materialise(trace: Trace, cut: int, mode: str, rng: random.Random, dest: str
         elif op.kind == "syncfs":
             entries = [(e, True) for e, _ in entries]
             content = {ino: [(e, True) for e, _ in lst] for ino, lst in content.items()}
+            for lst in snaps.values():      # write-back of every map: its last version
+                if lst[-1].snap == "tail-version":
+                    lst.append(Op("snap", ino=lst[-1].ino, snap="tail-sync",
+                                  data=lst[-1].data))
         if op.kind == "snap":
             snaps.setdefault(op.ino, []).append(op)
     # directory entries
