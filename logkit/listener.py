@@ -41,7 +41,7 @@ from typing import Any
 from ._threads import start_thread
 from .errors import ConfigError, ResourceError
 
-__all__ = ["ThreadedListener", "Slot", "POLL_SLICE_S"]
+__all__ = ["ThreadedListener", "Slot", "POLL_SLICE_S", "tls_handshake"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,30 @@ class Slot:
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
+
+
+def tls_handshake(context: Any, sock: socket.socket, slot: Slot, deadline: float,
+                  closing: threading.Event) -> socket.socket:
+    """The server side of a TLS handshake on `sock`, done by `deadline` however slowly
+    the peer's bytes arrive (a socket timeout bounds each read only). Returns the TLS
+    socket (also `slot.sock`); raises OSError past the deadline or when the slot is
+    evicted or the listener closes."""
+    tls = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+    slot.sock = tls
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or slot.evicted or closing.is_set():
+                raise TimeoutError("the TLS handshake did not finish in time")
+            tls.settimeout(min(POLL_SLICE_S, left))
+            try:
+                tls.do_handshake()
+                return tls
+            except socket.timeout:
+                continue
+    except BaseException:
+        tls.close()
+        raise
 
 
 class ThreadedListener(abc.ABC):

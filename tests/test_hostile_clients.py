@@ -47,9 +47,14 @@ import logkit
 root, spec = sys.argv[1], json.loads(sys.argv[2])
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                     format="%(levelname)s %(name)s %(message)s")
+kafka = spec.get("kafka", {})
+if "tls" in spec:
+    import ssl
+    kafka["ssl_context"] = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    kafka["ssl_context"].load_cert_chain(*spec["tls"])
 with logkit.Broker(root, config=spec.get("config") or None) as broker:
     broker.create_topic("t", 1)
-    ports = {"kafka": broker.serve(**spec.get("kafka", {})).port}
+    ports = {"kafka": broker.serve(**kafka).port}
     if "replication" in spec:
         ports["replication"] = broker.serve_replication(**spec["replication"]).port
     print(json.dumps(ports), flush=True)
@@ -217,6 +222,45 @@ def test_slowloris_connections_are_cut_at_the_request_deadline_beside_real_clien
     assert len(closed_after) == len(slow), "a trickling client was never cut off"
     assert max(closed_after.values()) < 2 + 3, closed_after   # the deadline, plus slack
     report("slowloris: 20 connections, 1 byte / 0.2 s each", server,
+           max(closed_after.values()))
+
+
+def test_a_tls_handshake_trickled_byte_by_byte_is_cut_at_its_deadline(start, tmp_path):
+    """On a TLS listener, ten clients open a TLS record and trickle its bytes every
+    0.2 s: the handshake is bounded as a whole (connections.max.unauthenticated.ms,
+    1.5 s here), not per read, while a TLS producer and consumer do their work."""
+    from tests.helpers.tls import self_signed
+    cert, key = self_signed(tmp_path)
+    server = start(kafka={"unauthenticated_timeout_ms": 1500},
+                   tls=[str(cert), str(key)])
+    slow = [connect(server.kafka) for _ in range(10)]
+    began = time.monotonic()
+    closed_after = {}
+
+    def trickle():
+        for sock in slow:
+            sock.sendall(b"\x16\x03\x01\x40\x00")   # a 16 KiB handshake record, begun
+        while len(closed_after) < len(slow) and time.monotonic() - began < 10:
+            live = [s for s in slow if s not in closed_after]
+            readable, _, _ = select.select(live, [], [], 0.2)   # the attack's cadence
+            for sock in live:
+                try:
+                    if sock in readable and not sock.recv(100):
+                        closed_after[sock] = time.monotonic() - began
+                    else:
+                        sock.send(b"\x00")
+                except OSError:
+                    closed_after[sock] = time.monotonic() - began
+    attacker = threading.Thread(target=trickle)
+    attacker.start()
+    legit_work(server.bootstrap, extra={"security.protocol": "SSL",
+                                        "ssl.ca.location": str(cert)})
+    attacker.join()
+    for sock in slow:
+        sock.close()
+    assert len(closed_after) == len(slow), "a trickled TLS handshake was never cut off"
+    assert max(closed_after.values()) < 1.5 + 3, closed_after
+    report("TLS handshakes: 10 connections, 1 byte / 0.2 s each", server,
            max(closed_after.values()))
 
 

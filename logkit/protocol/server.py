@@ -46,7 +46,7 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..listener import POLL_SLICE_S, Slot, ThreadedListener
+from ..listener import POLL_SLICE_S, Slot, ThreadedListener, tls_handshake
 from .cluster import LeaderView, Node, node_id_for, remove_listener, write_listener
 from .errors import FrameTooLargeError, ProtocolError
 from .errors import ILLEGAL_SASL_STATE, SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM
@@ -190,11 +190,10 @@ class KafkaServer(ThreadedListener):
     def _converse_on(self, sock: socket.socket, address: Any, slot: Slot) -> None:
         peer = f"{address[0]}:{address[1]}"
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._ssl is not None:
-            sock.settimeout(min(self.request_timeout_s, self.unauthenticated_timeout_s))
-            sock = self._ssl.wrap_socket(sock, server_side=True)
-            slot.sock = sock
         try:
+            if self._ssl is not None:
+                sock = tls_handshake(self._ssl, sock, slot, slot.opened + min(
+                    self.request_timeout_s, self.unauthenticated_timeout_s), self._closing)
             sock.settimeout(POLL_SLICE_S)
             self._converse(sock, peer, slot, Session(address[0], self._closing))
         except FrameTooLargeError as exc:

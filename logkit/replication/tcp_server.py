@@ -44,7 +44,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigError, LogkitError, OffsetOutOfRangeError, StorageError
-from ..listener import POLL_SLICE_S, Slot, ThreadedListener
+from ..listener import POLL_SLICE_S, Slot, ThreadedListener, tls_handshake
 from ..notify import Doorbell
 from ..segment import DELETED_SUFFIX
 from ..topic import TopicPartition
@@ -179,11 +179,11 @@ class ReplicationServer(ThreadedListener):
     def _converse_on(self, sock: socket.socket, address: Any, slot: Slot) -> None:
         peer = f"{address[0]}:{address[1]}"
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(min(self.request_timeout_s, self.unauthenticated_timeout_s))
-        if self._ssl is not None:
-            sock = self._ssl.wrap_socket(sock, server_side=True)
-            slot.sock = sock
+        deadline = slot.opened + min(self.request_timeout_s, self.unauthenticated_timeout_s)
         try:
+            if self._ssl is not None:
+                sock = tls_handshake(self._ssl, sock, slot, deadline, self._closing)
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
             if self._handshake(sock, peer, slot):
                 slot.authenticated = True
                 self._converse(sock, peer, slot)
