@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Callable
 
 import pytest
@@ -22,7 +23,8 @@ from tests.helpers.kafka import skip_reason
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
 TIMEOUT_S = 30
-BASE_TIMESTAMP_MS = 1_700_000_000_000
+# recent, so neither broker's time retention (7 days by default) deletes a record mid-test
+BASE_TIMESTAMP_MS = (int(time.time()) - 3600) * 1000
 _names = itertools.count()
 
 

@@ -52,8 +52,10 @@ def kafka_dirs(kafka, tmp_path_factory) -> dict[str, Path]:
     """Each topic's partition directory, copied while the broker was stopped."""
     from confluent_kafka.admin import AdminClient, NewTopic
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
-    new = [NewTopic(t, 1, 1, config={"segment.bytes": str(ROLLED_SEGMENT_BYTES)})
-           for t in TOPICS]
+    # retention.ms -1: the records' fixed timestamps are years old, and Kafka's retention
+    # pass (every 5 min, from 30 s after start) would otherwise delete them under the test
+    config = {"segment.bytes": str(ROLLED_SEGMENT_BYTES), "retention.ms": "-1"}
+    new = [NewTopic(t, 1, 1, config=config) for t in TOPICS]
     for future in admin.create_topics(new, operation_timeout=30).values():
         future.result(timeout=60)
     specs = [f"{t}:{codec}:{str(idem).lower()}:{n}" for t, (codec, idem, n) in TOPICS.items()]
