@@ -283,9 +283,30 @@ def test_a_thousand_idle_connections_do_not_lock_out_a_new_client(start):
                 pass
     legit_work(server.bootstrap)
     seconds = time.monotonic() - began
+    poller = select.poll()                      # select() stops at descriptor 1024
+    for sock in idle:
+        poller.register(sock, select.POLLIN)
+    gone = {fd for fd, _ in poller.poll(1000)}
     for sock in idle:
         sock.close()
+    # max.connections.per.ip (500): at least half of them gave their slots up
+    assert len(gone) >= 500, len(gone)
     report("1,000 idle connections from one address", server, seconds)
+
+
+def test_a_connection_that_does_not_authenticate_in_time_is_closed(start):
+    """connections.max.unauthenticated.ms (1 s here): a SASL connection that asked only
+    ApiVersions, and one that said nothing, are closed; an authenticated client works."""
+    server = start(kafka={"sasl_plain_users": USERS, "unauthenticated_timeout_ms": 1000})
+    asked, silent = connect(server.kafka), connect(server.kafka)
+    began = time.monotonic()
+    assert call(asked, 18, 0, {})["error_code"] == 0
+    legit_work(server.bootstrap, count=5, extra=SASL)
+    assert closed(asked, 5) and closed(silent, 5)
+    seconds = time.monotonic() - began
+    asked.close()
+    silent.close()
+    assert seconds < 1 + 5
 
 
 def test_connections_that_never_log_in_do_not_starve_a_follower(start, tmp_path):
