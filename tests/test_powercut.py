@@ -222,7 +222,8 @@ def test_unsynced_directory_entries_lost_alone(recorded, workload):
     _, tr = recorded[workload]
     variant = runner.WORKLOADS[workload]
     failures = []
-    for n, cut in enumerate(range(len(tr.ops) // 12, len(tr.ops) + 1, len(tr.ops) // 12)):
+    step = len(tr.ops) // 40
+    for n, cut in enumerate(range(step, len(tr.ops) + 1, step)):
         result = runner.run_trial(tr, variant, {"trial": n, "cut": cut, "mode": "prefix",
                                                 "seed": 0}, rng=_EntriesLost())
         if result["classes"]:

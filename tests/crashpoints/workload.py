@@ -4,7 +4,10 @@ VARIANT is `acks1` (acks=1, the default flush policy), `flush1` (flush.messages=
 acks="all") or `twowriters` (acks1 plus a second writer process on the same root,
 `python -m tests.crashpoints.workload ROOT writer2 LEDGER.2`). `acks1sync` (the power-cut
 harness's, tests/powercut/) is acks1 plus a `broker.flush()` after each group commit,
-ledgered as `{"kind": "synced"}`: everything acknowledged before it is durable.
+ledgered as `{"kind": "synced"}`: everything acknowledged before it is durable; and
+after each flush of the producer, a roll seen (the active segment's base moved) is
+ledgered as `{"kind": "rolled", "topic", "partition", "below": base}`: a roll fsyncs
+the segment it seals, so every record below that base is durable.
 
 Every acknowledged outcome is appended to LEDGER *after* the acknowledgement, as one JSON
 line: so the ledger is a subset of what was acknowledged, and the checker trusts only
@@ -142,9 +145,12 @@ def main_workload(root: str, variant: str, ledger_path: str) -> int:
         run.guard("assign", consumer.assign,
                   [TopicPartition(MAIN_TOPIC, p) for p in range(MAIN_PARTITIONS)])
     tag = "main"
+    rolled: dict = {}
     for batch in range(BATCHES):
         produce(run, producer, MAIN_TOPIC, tag, batch * PER_BATCH, PER_BATCH)
         produce(run, producer, RETENTION_TOPIC, "ret", batch * 2, 2)
+        if sync_points:
+            ledger_rolls(run, broker, rolled)
         if batch % 4 == 3 and consumer is not None:
             # commit "everything up to the log end" of each partition
             offsets = {}
@@ -177,6 +183,17 @@ def main_workload(root: str, variant: str, ledger_path: str) -> int:
     if ok:
         ledger.ack(kind="closed")
     return 0
+
+
+def ledger_rolls(run: Runner, broker, seen: dict) -> None:
+    """Ledger each roll since the last call (see the module docstring, `acks1sync`)."""
+    for topic, count in ((MAIN_TOPIC, MAIN_PARTITIONS), (RETENTION_TOPIC, 1)):
+        for p in range(count):
+            ok, bases = run.guard("bases", lambda topic=topic, p=p: broker.topic(topic)
+                                  .partition(p).segment_base_offsets())
+            if ok and bases and bases[-1] > seen.get((topic, p), 0):
+                seen[(topic, p)] = bases[-1]
+                run.ledger.ack(kind="rolled", topic=topic, partition=p, below=bases[-1])
 
 
 def temp_cycle(run: Runner, broker, acks, *, incarnation: int, delete: bool) -> None:

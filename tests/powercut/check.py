@@ -8,7 +8,8 @@ exposes bytes that were never acknowledged), and phase 1 runs again.
 
 Durable, and so checked to be present: a record acknowledged by a `flush.messages=1`
 topic (`t` in the `flush1` workload); every record acknowledged before a `synced`
-(`broker.flush()` returned) or `closed` (`broker.close()` returned) entry; group
+(`broker.flush()` returned) or `closed` (`broker.close()` returned) entry; every
+record of a partition below the base in a `rolled` entry (a roll synced it); group
 commits (an LMDB commit, synced before it returns); created and deleted topics
 (`create_topic` ends with a syncfs; a deletion is durable once it returned). Anything
 else may be lost, but never corrupted or reordered.
@@ -47,6 +48,11 @@ def durable_entries(acks: list[dict], variant: str) -> list[dict]:
         elif e["kind"] in ("synced", "closed"):
             out.extend(unsynced)
             unsynced = []
+        elif e["kind"] == "rolled":
+            below = [u for u in unsynced if (u["topic"], u["partition"]) == (
+                e["topic"], e["partition"]) and u["offset"] < e["below"]]
+            out.extend(below)
+            unsynced = [u for u in unsynced if u not in below]
         else:
             out.append(e)
     return out
