@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..listener import POLL_SLICE_S, Slot, ThreadedListener, tls_handshake
 from .cluster import LeaderView, Node, node_id_for, remove_listener, write_listener
-from .errors import FrameTooLargeError, ProtocolError
-from .errors import ILLEGAL_SASL_STATE, SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM
+from .errors import (ILLEGAL_SASL_STATE, SASL_AUTHENTICATION_FAILED,
+                     UNSUPPORTED_SASL_MECHANISM, FrameTooLargeError, ProtocolError)
 from .frame import FrameDecoder, encode_response, parse_request
 from .handlers import Handlers, Session
 from .messages import APIS, API_VERSIONS_KEY
