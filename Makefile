@@ -78,7 +78,7 @@ PURE_PYTHON_TESTS := \
 	tests/test_protocol_codec.py tests/test_protocol_listener.py \
 	tests/test_protocol_clients.py
 test-pure: $(STAMP)
-	LOGKIT_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_PYTHON_TESTS)
+	LOGKIT_PURE_PYTHON=1 $(PY) -m pytest -q -rs $(PURE_PYTHON_TESTS)
 
 # Apache Kafka for the tests that take it as the oracle (tests/helpers/kafka.py):
 # tools/kafka/pom.xml resolved into flat classpath directories. The stamp makes a second
