@@ -130,30 +130,60 @@ def test_keys_land_on_the_same_partitions_at_the_same_offsets(targets, scenario)
     assert seen["logkit"] == seen["kafka"]
 
 
-def _offsets_for_times(servers: str, topic: str) -> list:
-    """ListOffsets by timestamp: before the first record, on one, between two, past the
-    last; and the earliest and latest offsets."""
-    from confluent_kafka import Consumer, Producer, TopicPartition
+def _timestamp(i: int) -> int:
+    """Record i's timestamp: rising in steps of about 10 ms, and every eleventh one
+    earlier than the record before it (a producer's clock is not the log's order)."""
+    return BASE_TIMESTAMP_MS + 10 * i + (i % 3) - (95 if i % 11 == 10 else 0)
+
+
+PROBES = [0, BASE_TIMESTAMP_MS - 1, BASE_TIMESTAMP_MS, BASE_TIMESTAMP_MS + 101,
+          BASE_TIMESTAMP_MS + 105, BASE_TIMESTAMP_MS + 200, BASE_TIMESTAMP_MS + 490,
+          BASE_TIMESTAMP_MS + 491, BASE_TIMESTAMP_MS + 10_000]
+
+
+def _produce_timed(servers: str, topic: str) -> None:
+    from confluent_kafka import Producer
     create_topic(servers, topic, 1)
     producer = Producer({"bootstrap.servers": servers, "linger.ms": 0})
     for i in range(50):
-        producer.produce(topic, b"v%d" % i, partition=0,
-                         timestamp=BASE_TIMESTAMP_MS + 10 * i + (i % 3))
+        producer.produce(topic, b"v%d" % i, partition=0, timestamp=_timestamp(i))
         if i % 7 == 6:
             producer.flush(TIMEOUT_S)           # several batches
     producer.flush(TIMEOUT_S)
+
+
+def _offsets_for_times_confluent(servers: str, topic: str) -> list:
+    """ListOffsets by timestamp (before the first record, on one, between two, past the
+    last), then earliest (-2) and latest (-1), as confluent-kafka asks."""
+    from confluent_kafka import Consumer, TopicPartition
+    _produce_timed(servers, topic)
     consumer = Consumer({"bootstrap.servers": servers, "group.id": f"{topic}-g"})
-    probes = [0, BASE_TIMESTAMP_MS - 1, BASE_TIMESTAMP_MS, BASE_TIMESTAMP_MS + 101,
-              BASE_TIMESTAMP_MS + 105, BASE_TIMESTAMP_MS + 490, BASE_TIMESTAMP_MS + 491,
-              BASE_TIMESTAMP_MS + 10_000, -2, -1]          # -2 earliest, -1 latest
-    found = consumer.offsets_for_times([TopicPartition(topic, 0, t) for t in probes],
-                                       timeout=TIMEOUT_S)
+    # one probe a call: librdkafka answers a list naming one partition twice with the
+    # last probe's offset for every entry
+    found = [consumer.offsets_for_times([TopicPartition(topic, 0, t)], timeout=TIMEOUT_S)[0]
+             for t in PROBES + [-2, -1]]
     consumer.close()
     return [(tp.offset, tp.error) for tp in found]
 
 
-def test_list_offsets_by_time_answers_the_same_offsets(targets):
-    seen = on_both(targets, _offsets_for_times)
+def _offsets_for_times_kafka_python(servers: str, topic: str) -> list:
+    """The same probes as kafka-python asks them (offset and the record's timestamp)."""
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KpTopicPartition
+    _produce_timed(servers, topic)
+    consumer = KafkaConsumer(bootstrap_servers=servers)
+    tp = KpTopicPartition(topic, 0)
+    found = [consumer.offsets_for_times({tp: t})[tp] for t in PROBES]
+    edges = (consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp])
+    consumer.close()
+    return [None if f is None else (f.offset, f.timestamp) for f in found] + [edges]
+
+
+@pytest.mark.parametrize("scenario", [_offsets_for_times_confluent,
+                                      _offsets_for_times_kafka_python],
+                         ids=["confluent-kafka", "kafka-python"])
+def test_list_offsets_by_time_answers_the_same_offsets(targets, scenario):
+    seen = on_both(targets, scenario)
     assert seen["logkit"] == seen["kafka"]
 
 
