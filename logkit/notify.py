@@ -64,7 +64,7 @@ import time
 import zlib
 from typing import Collection
 
-from ._native import FORCED_PURE_PYTHON
+from . import _native
 from .errors import StorageError, storage_error
 
 __all__ = ["Doorbell", "change_slot", "changed_slots", "CHANGE_SLOTS"]
@@ -138,15 +138,12 @@ _syscall = _load_syscall()
 
 
 def _load_extension():
-    if FORCED_PURE_PYTHON:
-        return None
-    try:
-        from . import _doorbell
-    except ImportError:
-        log.debug("logkit._doorbell is not built: the doorbell's futex calls go "
+    """logkit._doorbell as logkit/_native.py chose it, when it has the futex."""
+    if _native.doorbell is None:
+        log.debug("logkit._doorbell is not loaded: the doorbell's futex calls go "
                   "through ctypes")
         return None
-    return _doorbell if _doorbell.HAVE_FUTEX else None
+    return _native.doorbell if _native.doorbell.HAVE_FUTEX else None
 
 
 _cdoorbell = _load_extension()        # tests set it to None to run the ctypes path
