@@ -8,7 +8,8 @@ Both run from the classpath directory that `make kafka` fills from tools/kafka/p
 Invariant: a `KafkaBroker` listens on 127.0.0.1 only, on ports picked free at start, and
 keeps every file (config, data, logs) under the directory it was given; `stop()` leaves
 no JVM behind (SIGTERM for a controlled shutdown, then SIGKILL past a deadline) and is
-safe twice. `skip_reason()` is the one place that says why these tests cannot run here.
+safe twice, and where util-linux's `setpriv` is found the JVM is also sent SIGTERM when
+the thread that started it ends (so start it from a thread that outlives its use). `skip_reason()` is the one place that says why these tests cannot run here.
 """
 
 from __future__ import annotations
@@ -250,6 +251,10 @@ class KafkaBroker:
             self._formatted = True
         command = java_command("kafka.Kafka", str(properties), heap=BROKER_HEAP,
                                log4j=self.root / "log4j2.properties")
+        if shutil.which("setpriv"):
+            # SIGTERM to the JVM when the thread that started it dies, even by SIGKILL:
+            # a killed test run leaves no broker behind
+            command = ["setpriv", "--pdeathsig", "TERM", *command]
         with open(self.root / "stdout.log", "ab") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
