@@ -1,0 +1,199 @@
+"""The follower's copy of one partition: truncation where the histories diverge, and
+fetching whole batches from the log end.
+
+Owns: per partition, comparing leader epochs with the leader's (KIP-101/KIP-279, checked
+before every fetch as KIP-320 does) and truncating a tail that diverged, following the
+leader's log start, appending shipped batches as they are (CRC-checked, base offsets and
+leader epochs kept, rolled where the leader rolled), refusing a batch that fails its
+checks (`MAX_CORRUPT_FETCHES` in a row stop the follower), and keeping the partition's
+`leader-epoch-checkpoint` equal to the leader's over the copied prefix. Invariant: each
+partition's log is a prefix of the leader's, batch for batch.
+
+A mixin of `Follower` (follower.py), which owns the state it reads and writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..errors import CorruptRecordError, IllegalStateError, OffsetOutOfRangeError
+from ..records import iter_batches
+from ..topic import Partition, TopicPartition
+from .epochs import (EpochEntry, divergence_offset, epochs_from_headers, read_checkpoint,
+                     truncate_from_end, write_checkpoint)
+from .source import PartitionInfo
+
+log = logging.getLogger("logkit.replication.follower")
+
+MAX_CORRUPT_FETCHES = 3            # refused fetches in a row before the follower stops
+def _tp_name(tp: TopicPartition) -> str:
+    return f"{tp.topic}-{tp.partition}"
+
+
+class _PartitionCopy:
+    """Partition copying for `Follower` (see the module docstring)."""
+
+    def _refused(self, tp: TopicPartition, exc: CorruptRecordError) -> None:
+        count = self._corrupt.get(tp, 0) + 1
+        self._corrupt[tp] = count
+        log.warning("%s: %s: refused a fetch from %s (%d in a row): %s", self.path,
+                    _tp_name(tp), self.source.describe(), count, exc)
+        if count >= MAX_CORRUPT_FETCHES:
+            exc.fatal = True                          # type: ignore[attr-defined]
+            raise exc
+
+    def _local_partition(self, tp: TopicPartition) -> Partition:
+        """The follower's partition; topic handles are kept until the next metadata
+        sync (only this follower changes the directory's topics)."""
+        topic = self._topics.get(tp.topic)
+        if topic is None:
+            topic = self._topics[tp.topic] = self._require_broker().topic(tp.topic)
+        return topic.partition(tp.partition)
+
+    def _sync_partition(self, tp: TopicPartition) -> bool:
+        """Align one partition with its leader and copy one fetch; returns whether
+        anything was appended."""
+        p = self._local_partition(tp)
+        if tp not in self._epochs:
+            self._epochs[tp] = self._load_epochs(p)
+        asked_ms = int(time.time() * 1000)         # the leader's log end as of now:
+        info = self.source.partition(tp.topic, tp.partition)
+        self._leader_ends[tp] = info.log_end_offset
+        self._note_leader_epoch(tp, info)
+        end = self._align(tp, p, info)
+        if tp not in self._checked:
+            self._check_same_history(tp, p)
+            self._checked.add(tp)
+            end = p.log_end_offset
+        self._ends[tp] = end
+        if end >= info.log_end_offset:
+            self._caught_up_ms[tp] = asked_ms      # ... reached: caught up at asked_ms
+            self._mirror_epochs(tp, p, info, end)
+            return False
+        data = self.source.fetch(tp.topic, tp.partition, end,
+                                 max_bytes=self.config["replica.fetch.max.bytes"])
+        if not data:
+            return False
+        where = f"a fetch of {_tp_name(tp)} from {self.source.describe()}"
+        headers = [h for _, h in iter_batches(data, 0, len(data), where)]
+        first, new_end = headers[0].base_offset, headers[-1].last_offset + 1
+        if first != end:
+            end = self._restart_at(tp, p, first, end)
+        # Batches the leader had published when `info` was read had their segments
+        # published too: ask again only for the segment bases of newer ones.
+        after = info if new_end <= info.log_end_offset else \
+            self.source.partition(tp.topic, tp.partition)
+        self._mirror_epochs(tp, p, after, new_end)
+        p.append_replicated(data, segment_base_offsets=after.segment_base_offsets)
+        if p.log_start_offset < after.log_start_offset:
+            p.increase_log_start_offset(after.log_start_offset)
+        self._corrupt.pop(tp, None)
+        self._ends[tp] = p.log_end_offset
+        if self._ends[tp] >= info.log_end_offset:
+            self._caught_up_ms[tp] = asked_ms
+        return True
+
+    def _load_epochs(self, p: Partition) -> list[EpochEntry]:
+        """The partition's epochs: its checkpoint file, else what its batches carry
+        (one scan), without entries past the log end (a kill between the checkpoint
+        write and the append it announced)."""
+        entries = read_checkpoint(p.directory)
+        if entries is None:
+            entries = epochs_from_headers(p.batch_headers(p.log_start_offset))
+        end = p.log_end_offset
+        return [e for e in entries if e.start_offset <= end]
+
+    def _note_leader_epoch(self, tp: TopicPartition, info: PartitionInfo) -> None:
+        """Remember the newest leader epoch seen, so a promotion never reuses it."""
+        if info.epochs:
+            key = _tp_name(tp)
+            newest = info.epochs[-1].epoch
+            if newest > self._state["leader_epochs"].get(key, -1):
+                self._state["leader_epochs"][key] = newest
+                self._save_state()
+
+    def _align(self, tp: TopicPartition, p: Partition, info: PartitionInfo) -> int:
+        """Make the local log a prefix of the leader's and its start no lower than
+        the leader's; returns the log end offset."""
+        epochs = self._epochs[tp]
+        end = p.log_end_offset
+        cut = divergence_offset(epochs, end, info.epochs, info.log_end_offset)
+        if cut < end:
+            log.warning("%s: %s: the log (end %d, latest epochs %s) diverges from the "
+                        "leader's (end %d, latest epochs %s) at offset %d: truncating",
+                        self.path, _tp_name(tp), end, epochs[-3:], info.log_end_offset,
+                        list(info.epochs[-3:]), cut)
+            if cut < p.log_start_offset:
+                p.truncate_fully_and_start_at(max(cut, info.log_start_offset))
+            else:
+                p.truncate_to(cut)
+            end = p.log_end_offset
+            self._save_epochs(tp, p, truncate_from_end(epochs, end))
+        if end < info.log_start_offset:
+            log.warning("%s: %s: the log ends at %d, below the leader's log start %d: "
+                        "starting over there", self.path, _tp_name(tp), end,
+                        info.log_start_offset)
+            p.truncate_fully_and_start_at(info.log_start_offset)
+            end = p.log_end_offset
+            self._save_epochs(tp, p, [])
+        elif p.log_start_offset < info.log_start_offset:
+            p.increase_log_start_offset(info.log_start_offset)
+        return end
+
+    def _restart_at(self, tp: TopicPartition, p: Partition, first: int, end: int) -> int:
+        """The leader's batch holding offset `end` starts at `first` < `end`: this log
+        ends inside one of the leader's batches (it began at a log start inside a batch,
+        or holds other bytes). Start again at that batch."""
+        if first > end:
+            raise CorruptRecordError(f"{_tp_name(tp)}: the leader answered a fetch at "
+                                     f"{end} with batches from {first}", expected=end,
+                                     actual=first)
+        if p.log_start_offset == end:             # nothing here yet: start at the batch
+            p.truncate_fully_and_start_at(first)
+        else:
+            log.warning("%s: %s: the log ends at %d, inside the leader's batch at %d: "
+                        "truncating to it", self.path, _tp_name(tp), end, first)
+            p.truncate_to(first)
+        new_end = p.log_end_offset
+        if new_end != first:
+            raise IllegalStateError(f"{_tp_name(tp)}: cannot line the log up with the "
+                                    f"leader's batch at {first} (the log ends at "
+                                    f"{new_end}); this directory holds another history")
+        self._save_epochs(tp, p, truncate_from_end(self._epochs[tp], new_end))
+        return new_end
+
+    def _check_same_history(self, tp: TopicPartition, p: Partition) -> None:
+        """Once per start: the last local batch must be the leader's batch at that
+        offset, byte for byte (a directory copied from elsewhere, or a second leader
+        that wrote in the same epoch, fails here rather than mixing histories)."""
+        end = p.log_end_offset
+        if end <= p.log_start_offset:
+            return
+        last = p.batch_headers(end - 1)
+        if not last:
+            return
+        base = last[-1].base_offset
+        mine = p.batches_since(base, upto=end, max_bytes=1)
+        try:
+            theirs = self.source.fetch(tp.topic, tp.partition, base, max_bytes=1)
+        except OffsetOutOfRangeError:
+            return                                # gone by retention there: nothing to compare
+        if theirs[:len(mine)] != mine:
+            raise IllegalStateError(
+                f"{self.path}: {_tp_name(tp)} is not a copy of {self.source.describe()}: "
+                f"the batch at offset {base} differs from the leader's (this directory "
+                "holds another history; follow into an empty directory)")
+
+    def _mirror_epochs(self, tp: TopicPartition, p: Partition, info: PartitionInfo,
+                       end: int) -> None:
+        """Keep the checkpoint equal to the leader's entries that start at or below
+        `end` (the local log being a prefix of the leader's, they are its history)."""
+        wanted = [e for e in info.epochs if e.start_offset <= end]
+        if wanted != self._epochs.get(tp):
+            self._save_epochs(tp, p, wanted)
+
+    def _save_epochs(self, tp: TopicPartition, p: Partition,
+                     entries: list[EpochEntry]) -> None:
+        write_checkpoint(p.directory, entries)
+        self._epochs[tp] = entries
