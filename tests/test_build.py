@@ -98,16 +98,18 @@ def test_each_c_extension_compiles_on_a_posix_system_other_than_linux(source):
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """The checkout's tracked files built into a wheel the way pip builds one for a user
-    (an isolated build: no PySpark, no .venv to borrow Spark's jars from) and installed
-    into a directory of its own; returns that directory."""
+    """The checkout's files (not its ignored ones: no .venv, no build output) built into a
+    wheel the way pip builds one for a user (an isolated build: no PySpark, no .venv to
+    borrow Spark's jars from) and installed into a directory of its own; returns that
+    directory."""
     for tool in ("git", "javac", "mvn"):
         if shutil.which(tool) is None:
             pytest.skip(f"no {tool}: the wheel is built without the JVM reader")
     base = tmp_path_factory.mktemp("wheel")
     source, wheels, target = base / "source", base / "wheels", base / "target"
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")   # the work tree
     for name in filter(None, files):
         if os.path.isfile(os.path.join(ROOT, name)):
             os.makedirs(source / os.path.dirname(name), exist_ok=True)
