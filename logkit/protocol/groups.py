@@ -23,7 +23,9 @@ The state machine (Kafka's GroupCoordinator, without static membership):
 |                     | else -> PreparingRebalance      |                                |                      |
 
 A member silent for its session timeout is removed when any member of its group next
-calls (a heartbeat every few seconds is enough), which starts a rebalance. The first
+calls (a heartbeat every few seconds is enough), or while another waits in JoinGroup or
+SyncGroup (so a member dead mid-rebalance holds it up for its session timeout, not the
+rebalance timeout), which starts a rebalance. The first
 rebalance of an empty group completes after `initial_rebalance_delay_ms` (default 0:
 one consumer gets its assignment at its first JoinGroup, no waiting).
 
@@ -191,6 +193,10 @@ class GroupManager:
                 if group.members.get(member_id) is not member or self._closing.is_set():
                     return _join_error(E.UNKNOWN_MEMBER_ID, member_id)
                 self._cond.wait(self._slice(group))
+                # waiting in this call, the member is alive; one dead before it rejoined
+                # is dropped at its session timeout (Kafka's), not the rebalance timeout
+                member.last_seen = time.monotonic()
+                self._expire(group)
                 self._maybe_complete(group)
 
     def _prepare(self, group: _Group) -> None:
@@ -313,6 +319,10 @@ class GroupManager:
             while group.state == COMPLETING and group.generation == generation \
                     and time.monotonic() < deadline and not self._closing.is_set():
                 self._cond.wait(MAX_WAIT_SLICE_S)
+                # waiting in this call, the member is alive; a leader dead before its
+                # SyncGroup is dropped at its session timeout, which starts a rebalance
+                member.last_seen = time.monotonic()
+                self._expire(group)
             if group.state == STABLE and group.generation == generation \
                     and group.members.get(member_id) is member:
                 return {"error_code": E.NONE, "protocol_type": group.protocol_type,
