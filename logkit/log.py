@@ -63,7 +63,6 @@ from typing import Any, Callable, Container, Iterator, Mapping, NamedTuple, Type
 from . import _fork, loader
 from ._native import shortio
 from .compression import CODEC_NAMES, TOPIC_COMPRESSION_TYPE
-from ._threads import start_thread
 from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitError,
                      LogkitTimeoutError,
                      OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
@@ -83,8 +82,7 @@ from .tail import BOOT_ID, TAIL_FILE, Tail, TailFile
 # tail.py and loader.py and stay importable from this module.
 __all__ = ["PartitionLog", "Tail", "TailFile", "RecoveryReport", "check_directory",
            "open_file", "live_bases", "leftovers", "BOOT_ID", "TAIL_FILE", "DELETED_SUFFIX",
-           "MAX_FETCH_BYTES", "BATCHES_SINCE_MAX_BYTES", "LOCK_TIMEOUT_S", "SyncTicket",
-           "SyncWaiter"]
+           "MAX_FETCH_BYTES", "BATCHES_SINCE_MAX_BYTES", "LOCK_TIMEOUT_S", "SyncTicket"]
 
 log = logging.getLogger(__name__)
 
@@ -1696,82 +1694,3 @@ def _whole_batch_header(batch: Any) -> BatchHeader:
             f"{min(TOPIC_COMPRESSION_TYPE)}-{max(TOPIC_COMPRESSION_TYPE)}",
             expected=sorted(TOPIC_COMPRESSION_TYPE), actual=header.codec)
     return header
-
-
-class SyncWaiter:
-    """Durable batches already appended (`append_batch_nowait`) waiting for their syncs
-    off the appending thread, so the appender goes on building and appending batches
-    while a sync runs: the producer's pipelining (group commit then covers all of them
-    with one sync). One daemon thread; each round takes every queued entry and, in
-    order, waits for its ticket (`wait_synced` on the partition it came from — the
-    first wait of a round syncs all that was published, the rest mostly find it done)
-    and calls `done(token, error)` (error None when synced).
-
-    At most `limit` entries wait: `add` blocks beyond that (back-pressure, as a bounded
-    number of requests in flight), except on the waiter's own thread (a completion that
-    appends again must not wait for itself). Thread-safe; `close()` finishes the queued
-    entries first and is safe twice."""
-
-    def __init__(self, done: Callable[[Any, BaseException | None], None], *,
-                 limit: int = 64, name: str = "logkit-sync") -> None:
-        self._done = done
-        self._limit = limit
-        self._cond = threading.Condition()
-        self._queue: list[tuple[Any, Any, SyncTicket]] = []
-        self._busy = 0                    # entries the thread took and has not done yet
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        start_thread(self._thread, f"the {name} thread")
-
-    def add(self, token: Any, partition: Any, ticket: SyncTicket) -> None:
-        """Queue `token` until `partition.wait_synced(ticket)` returns or raises."""
-        with self._cond:
-            if threading.current_thread() is not self._thread:
-                while len(self._queue) + self._busy >= self._limit and not self._closed:
-                    self._cond.wait()
-            if self._closed:
-                raise ClosedError("the sync waiter is closed")
-            self._queue.append((token, partition, ticket))
-            self._cond.notify_all()
-
-    def wait_idle(self, deadline: float | None) -> None:
-        """Until nothing waits (a flush), or LogkitTimeoutError at `deadline`."""
-        with self._cond:
-            while self._queue or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise LogkitTimeoutError("flush: durable batches still wait for "
-                                             "their sync")
-                self._cond.wait(left)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while not self._queue and not self._closed:
-                    cond.wait()
-                if not self._queue:
-                    return
-                entries, self._queue = self._queue, []
-                self._busy = len(entries)
-                cond.notify_all()
-            for token, partition, ticket in entries:
-                error: BaseException | None = None
-                try:
-                    partition.wait_synced(ticket)
-                except BaseException as exc:        # the batch's error, whatever it is
-                    error = exc
-                try:
-                    self._done(token, error)
-                except Exception:                   # never let one stop the thread
-                    log.exception("completing a synced batch failed")
-                with cond:
-                    self._busy -= 1
-                    cond.notify_all()

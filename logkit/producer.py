@@ -47,7 +47,7 @@ when the ISR is smaller than `min.insync.replicas`, and after the append its fut
 complete only once the high watermark passes the batch, or fail with
 `LogkitTimeoutError` after `request_timeout_ms` (the records stay in the log, as
 Kafka's); the waiting is one thread per producer (logkit/replication/leader.py's
-`AckWaiter`), so many batches wait at once.
+`AckWaiter`, logkit/waiters.py), so many batches wait at once.
 
 Options: the keywords, their defaults and bounds are the "producer" rows of the one
 settings table (logkit/config.py, docs/configuration.md); `retries`,
@@ -132,7 +132,7 @@ from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateEr
                      LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
                      RecordTooLargeError, UnknownTopicError,
                      storage_error)
-from .log import SyncWaiter
+from .waiters import AckWaiter, SyncWaiter
 from .murmur2 import partition_for_key
 from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
                       encode_batch_parts, record_size_estimate)
@@ -839,7 +839,6 @@ class Producer:
             target = max(stored) + 1
         waiter = self._ack_waiter
         if waiter is None:
-            from .replication.leader import AckWaiter
             try:
                 with self._accumulator.lock:
                     waiter = self._ack_waiter

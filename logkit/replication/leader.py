@@ -51,12 +51,11 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
-from .._threads import start_thread
-from ..errors import LogkitTimeoutError, NotEnoughReplicasError, StorageError
+from ..errors import StorageError
 from .._files import open_file
 from ..topic import Partition, TopicPartition
 
-__all__ = ["ReplicaState", "ReplicatedPartition", "AckWaiter", "Progress",
+__all__ = ["ReplicaState", "ReplicatedPartition", "Progress",
            "REPLICAS_DIR", "ASSIGNMENT_FILE", "HW_FILE", "in_sync_replicas",
            "describe_replicas"]
 
@@ -67,9 +66,6 @@ ASSIGNMENT_FILE = "replica-assignment"    # <root>/replicas/replica-assignment (
 ASSIGNMENT_LOCK = "replica-assignment.lock"
 HW_FILE = "high-watermark"                # <partition dir>/high-watermark
 LISTING_MAX_AGE_S = 1.0                   # replicas/ is re-listed this often (new followers)
-ACK_POLL_S = 0.05                         # an acks waiter looks again at least this often
-ACK_MIN_GAP_S = 0.0005                    # ... and at most this often (each look takes the
-                                          # GIL from the producer's threads)
 ISR_CHECK_MAX_AGE_MS = 10                 # the pre-append ISR check takes a view this old
 
 # high-watermark layout (little-endian, 32 bytes): written under an flock of the file,
@@ -582,129 +578,6 @@ class ReplicatedPartition(Partition):
     def offset_for_timestamp(self, ts_ms: int) -> int | None:
         found = super().offset_for_timestamp(ts_ms)
         return found if found is not None and found < self.high_watermark else None
-
-
-class _Waiting(NamedTuple):
-    batch: Any
-    partition: ReplicatedPartition
-    target: int                           # the offset after the batch's last record
-    deadline: float                       # monotonic
-    min_insync: int
-
-
-class AckWaiter:
-    """acks="all": batches already stored, waiting for the high watermark to pass
-    them. One daemon thread per producer; many batches wait at once (pipelined).
-
-    `resolve(batch)` completes a batch (its `error` set first on failure): when the
-    high watermark reaches `target` (NotEnoughReplicasError if the ISR is by then
-    smaller than min.insync.replicas, as Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND), or
-    LogkitTimeoutError at the deadline; the records stay in the log either way."""
-
-    def __init__(self, doorbell: Any, resolve: Callable[[Any], None]) -> None:
-        self._doorbell = doorbell
-        self._resolve = resolve
-        self._cond = threading.Condition()
-        self._waiting: list[_Waiting] = []
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="logkit-acks", daemon=True)
-        start_thread(self._thread, "the acks=all waiter thread")
-
-    def add(self, batch: Any, partition: ReplicatedPartition, target: int,
-            timeout_s: float, min_insync: int) -> None:
-        with self._cond:
-            self._waiting.append(_Waiting(batch, partition, target,
-                                          time.monotonic() + timeout_s, min_insync))
-            self._cond.notify_all()
-
-    def wait_idle(self, deadline: float | None) -> None:
-        """Until no batch waits (flush), or LogkitTimeoutError at `deadline`."""
-        with self._cond:
-            while self._waiting:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise LogkitTimeoutError("flush: acks='all' batches still wait for "
-                                             "the in-sync replicas")
-                self._cond.wait(ACK_POLL_S if left is None else min(left, ACK_POLL_S))
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        doorbell = self._doorbell
-        while True:
-            with self._cond:
-                while not self._waiting and not self._closed:
-                    self._cond.wait()
-                if not self._waiting:
-                    return
-                waiting = list(self._waiting)
-            seen = doorbell.value() if doorbell is not None else 0
-            looked = time.monotonic()
-            finished = self._check(waiting)
-            for w in finished:                       # resolved before flush() returns
-                self._finish(w)
-            with self._cond:
-                if finished:
-                    done = {id(w) for w in finished}
-                    self._waiting = [w for w in self._waiting if id(w) not in done]
-                    self._cond.notify_all()
-                if not self._waiting:
-                    continue
-                next_deadline = min(w.deadline for w in self._waiting)
-            pause = max(0.0, min(ACK_POLL_S, next_deadline - time.monotonic()))
-            if doorbell is not None:
-                doorbell.wait(seen, pause)
-            else:
-                time.sleep(min(pause, 0.001))
-            # every append rings too: look at most every ACK_MIN_GAP_S
-            gap = ACK_MIN_GAP_S - (time.monotonic() - looked)
-            if gap > 0:
-                time.sleep(gap)
-
-    def _check(self, waiting: list[_Waiting]) -> list[_Waiting]:
-        now = time.monotonic()
-        marks: dict[int, int] = {}               # per partition, once per round
-        isr_sizes: dict[int, int] = {}
-        finished = []
-        for w in waiting:
-            key = id(w.partition)
-            try:
-                if key not in marks:
-                    marks[key] = w.partition.high_watermark
-            except Exception as exc:              # the partition failed: the batch too
-                w.batch.error = exc
-                finished.append(w)
-                continue
-            if marks[key] >= w.target:
-                if key not in isr_sizes:
-                    isr_sizes[key] = len(w.partition.in_sync_replicas())
-                isr = isr_sizes[key]
-                if isr < w.min_insync:
-                    w.batch.error = NotEnoughReplicasError(
-                        f"acks='all' to {w.partition.topic}-{w.partition.partition}: the "
-                        f"records are stored, but the ISR shrank to {isr} replica(s), "
-                        f"below min.insync.replicas={w.min_insync}")
-                finished.append(w)
-            elif now >= w.deadline:
-                w.batch.error = LogkitTimeoutError(
-                    f"acks='all' to {w.partition.topic}-{w.partition.partition}: the "
-                    f"in-sync replicas did not reach offset {w.target} within "
-                    f"request_timeout_ms (high watermark {marks[key]}); the records are "
-                    "stored on the leader")
-                finished.append(w)
-        return finished
-
-    def _finish(self, w: _Waiting) -> None:
-        try:
-            self._resolve(w.batch)
-        except Exception:                          # never stop the waiter thread
-            log.exception("resolving an acks='all' batch of %s-%d failed",
-                          w.partition.topic, w.partition.partition)
 
 
 def describe_replicas(broker: Any) -> list[dict[str, Any]]:
