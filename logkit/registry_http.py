@@ -25,7 +25,9 @@ malformed, gets a 500 unless logkit itself failed (then it is logged).
 
 Bounded (docs/security.md): at most `max_connections` open connections, each one
 thread; a new connection at the cap closes the connection idle the longest, or, when
-none is idle, is answered 503 and closed. A connection waits at most `idle_timeout_ms`
+none is idle, is answered 503 and closed. Bodies being read or handled hold at most
+`MAX_INFLIGHT_BODY_BYTES` together (a request waits for room until its deadline, then
+gets 503). A connection waits at most `idle_timeout_ms`
 for a request's first byte; from that byte, the whole request (line, headers, body) and
 its answer get `request_timeout_ms` in total, however slowly the bytes trickle: the
 deadline is per request, not per read (`_Deadlines`). Loopback by default.
@@ -65,6 +67,7 @@ REQUEST_TIMEOUT_MS = 30_000       # first byte of a request to its answer sent, 
 WRITE_GRACE_MS = 1_000            # an answer computed past the deadline still gets this long
 REFUSED_LINGER_MS = 1_000         # a refused connection is closed after this (or the client)
 LISTEN_BACKLOG = 128              # connections the kernel queues before the accepting thread
+MAX_INFLIGHT_BODY_BYTES = 32 << 20  # bodies read or being handled at once, all connections
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 Answer = tuple[int, Any]
 
@@ -503,14 +506,22 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self._answer(413, {"error_code": 413, "message": f"the body is {length} bytes; "
                                                              f"the limit is {MAX_BODY_BYTES}"})
             return
-        body = self.rfile.read(length) if length else b""
-        if len(body) != length:
+        if not self.server.reserve_body(length, self.deadlines.deadline):
             self.close_connection = True
+            self._answer(503, {"error_code": 503, "message": "the registry is reading "
+                                                             "too many bodies; retry later"})
             return
-        parts = urlsplit(self.path)
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        status, document = handle(self.server.registry, self.command, parts.path, query,
-                                  body)
+        try:
+            body = self.rfile.read(length) if length else b""
+            if len(body) != length:
+                self.close_connection = True
+                return
+            parts = urlsplit(self.path)
+            query = dict(parse_qsl(parts.query, keep_blank_values=True))
+            status, document = handle(self.server.registry, self.command, parts.path,
+                                      query, body)
+        finally:
+            self.server.release_body(length)
         self._answer(status, document)
 
     def _drain(self, length: int) -> None:
@@ -553,6 +564,8 @@ class _Server(ThreadingHTTPServer):
         # max_connections linger, each REFUSED_LINGER_MS; the accepting thread ends them.
         self.refused: list[tuple[float, socket.socket]] = []
         self.refusals, self.next_refusal_log = 0, 0.0
+        self.body_room = threading.Condition()      # guards body_bytes
+        self.body_bytes = 0
         super().__init__(address, _RequestHandler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -614,6 +627,26 @@ class _Server(ThreadingHTTPServer):
             else:
                 lingering.append((deadline, sock))
         self.refused = lingering
+
+    def reserve_body(self, length: int, deadline: float) -> bool:
+        """Room for a body of `length` bytes among MAX_INFLIGHT_BODY_BYTES, waited for
+        until `deadline` (the request's); False when it did not come in time."""
+        if not length:
+            return True
+        with self.body_room:
+            while self.body_bytes + length > MAX_INFLIGHT_BODY_BYTES:
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    return False
+                self.body_room.wait(left_s)
+            self.body_bytes += length
+            return True
+
+    def release_body(self, length: int) -> None:
+        if length:
+            with self.body_room:
+                self.body_bytes -= length
+                self.body_room.notify_all()
 
     def forget(self, connection: socket.socket) -> None:
         with self.lock:

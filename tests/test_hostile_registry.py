@@ -303,3 +303,32 @@ def test_a_serde_validates_a_backtracking_pattern_in_linear_time(broker):
         assert raised.value.field == field
     with pytest.raises(logkit.SerializationError):
         serde.serialize({"aa": "not an integer"})
+
+
+@pytest.mark.parametrize("served", [{"request_timeout_ms": 3000}], indirect=True)
+def test_bodies_held_one_byte_short_take_bounded_memory(served):
+    """64 clients each send a 4 MiB body but its last byte: the registry holds at most
+    MAX_INFLIGHT_BODY_BYTES of them (32 MiB); the others wait for room, not memory."""
+    def peak_rss_mib():
+        with open(f"/proc/{served.proc.pid}/status") as status:
+            return next(int(line.split()[1]) for line in status
+                        if line.startswith("VmHWM:")) // 1024
+    base_mib = peak_rss_mib()
+    body = json.dumps({"schema": "x" * ((4 << 20) - 30)}).encode()
+    head = b"POST /subjects/s/versions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+
+    def hold():
+        with socket.create_connection(("127.0.0.1", served.registry_port)) as sock:
+            sock.settimeout(2)
+            try:
+                sock.sendall(head % len(body) + body[:-1])
+                sock.recv(1)                     # until the request's deadline ends it
+            except OSError:
+                pass
+    holders = [threading.Thread(target=hold) for _ in range(64)]
+    for holder in holders:
+        holder.start()
+    for holder in holders:
+        holder.join()
+    assert peak_rss_mib() - base_mib < 128, (base_mib, peak_rss_mib())
+    assert call(served.registry_port, "GET", "/subjects")[0] == 200
