@@ -40,7 +40,9 @@ from .consumer import Consumer
 from ._threads import start_thread
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
                      ReadOnlyError, StorageError, TopicExistsError, UnknownTopicError, storage_error)
-from .group import ConsumerGroup, list_groups
+from .group import ConsumerGroup, list_groups, rebalance_subscribers
+from .leader.lease import LeaderLog, LeaderMeta, LeaseKeeper
+from .leader.replicas import ReplicaState, ReplicatedPartition, describe_replicas
 from .log import PartitionLog, check_directory
 from .meta import MetaStore, decode
 from .notify import Doorbell
@@ -297,7 +299,6 @@ class Broker:
         except OSError as exc:
             raise storage_error(exc, "open root", self.path) from exc
         _check_format(self.path)
-        from .replication.lease import LeaderMeta, LeaseKeeper    # a cycle at import
         self._lease: LeaseKeeper | None = LeaseKeeper(self.path, self.config)
         self.meta = LeaderMeta(os.path.join(self.path, "meta"), lease=self._lease)
         try:
@@ -307,7 +308,7 @@ class Broker:
             raise
         self._topics: dict[str, Topic] = {}
         self._topics_closed = False               # close() has closed them: keep none
-        self._replica_state: Any = None           # replication/leader.py, on first use
+        self._replica_state: Any = None           # leader/replicas.py, on first use
         self._lock = threading.RLock()
         self._closed = False
         self._clients: list[Any] = []
@@ -343,7 +344,7 @@ class Broker:
         self.doorbell = None
         self._topics: dict[str, Topic] = {}
         self._topics_closed = False               # close() has closed them: keep none
-        self._replica_state: Any = None           # replication/leader.py, on first use
+        self._replica_state: Any = None           # leader/replicas.py, on first use
         self._lock = threading.RLock()
         self._closed = False
         self._clients: list[Any] = []
@@ -556,7 +557,6 @@ class Broker:
                 or not 1 <= total <= MAX_PARTITIONS:
             raise ConfigError(f"partitions must be an integer in 1..{MAX_PARTITIONS}, "
                               f"got {total!r}")
-        from .group import rebalance_subscribers
         with self._lock:
             topic = self.topic(name)           # UnknownTopicError; finishes a deletion
             if total <= topic.num_partitions:
@@ -667,10 +667,9 @@ class Broker:
 
     def _replicated(self, topic_id: str, replication_factor: int) -> dict[str, Any]:
         """Topic() options for a replicated topic: its partitions read below the ISR's
-        high watermark (logkit/replication/leader.py); {} for a factor of 1."""
+        high watermark (logkit/leader/replicas.py); {} for a factor of 1."""
         if replication_factor == 1:
             return {}
-        from .replication.leader import ReplicaState, ReplicatedPartition
         if self._replica_state is None:
             self._replica_state = ReplicaState(
                 self.path, lag_time_max_ms=self.config["replica.lag.time.max.ms"],
@@ -686,15 +685,14 @@ class Broker:
 
     @property
     def replica_state(self) -> Any:
-        """The leader's replica state (logkit/replication/leader.py), None until a
+        """The leader's replica state (logkit/leader/replicas.py), None until a
         replicated topic is opened."""
         return self._replica_state
 
     def describe_replicas(self) -> list[dict[str, Any]]:
         """Per partition of every topic: replication factor, replica set, ISR, log end,
         high watermark, leader epochs and each follower's log end and lag (`logkit
-        replicas`; logkit/replication/leader.py). Reads only."""
-        from .replication.leader import describe_replicas
+        replicas`; logkit/leader/replicas.py). Reads only."""
         self._check_open()
         return describe_replicas(self)
 
@@ -733,7 +731,6 @@ class Broker:
         if self._lease is None:
             return PartitionLog(directory, name, number, config, doorbell=self.doorbell,
                                 read_only=True)
-        from .replication.lease import LeaderLog
         return LeaderLog(directory, name, number, config, doorbell=self.doorbell,
                          lease=self._lease)
 

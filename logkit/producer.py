@@ -46,7 +46,7 @@ On a replicated topic (replication factor above 1) "all" refuses the batch the s
 when the ISR is smaller than `min.insync.replicas`, and after the append its futures
 complete only once the high watermark passes the batch, or fail with
 `LogkitTimeoutError` after `request_timeout_ms` (the records stay in the log, as
-Kafka's); the waiting is one thread per producer (logkit/replication/leader.py's
+Kafka's); the waiting is one thread per producer (logkit/leader/replicas.py's
 `AckWaiter`, logkit/waiters.py), so many batches wait at once.
 
 Options: the keywords, their defaults and bounds are the "producer" rows of the one
@@ -828,7 +828,7 @@ class Producer:
 
     def _wait_for_replicas(self, batch: Batch, partition: Any) -> None:
         """acks="all" to a replicated partition: the stored batch completes once the
-        high watermark passes its last record (logkit/replication/leader.py)."""
+        high watermark passes its last record (logkit/leader/replicas.py)."""
         if batch.outcomes is None:
             target = batch.base_offset + len(batch.rows)
         else:

@@ -352,7 +352,7 @@ class Topic:
         """`opener(n)` opens partition n's log on first use; `opened` holds logs the
         caller has already opened (the broker opens partition 0 to look for an
         interrupted deletion). The partitions of a replicated topic are made by
-        `partition_class` (logkit/replication/leader.py: reads stop at the high
+        `partition_class` (logkit/leader/replicas.py: reads stop at the high
         watermark the ISR allows)."""
         self.name = name
         self.config = dict(config)

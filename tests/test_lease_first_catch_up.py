@@ -20,7 +20,7 @@ import time
 import pytest
 
 import logkit
-from logkit.replication.lease import read_lease
+from logkit.leader.lease import read_lease
 from tests.helpers.procs import ROOT_DIR
 
 HELPER = os.path.join(os.path.dirname(__file__), "helpers", "failover_proc.py")

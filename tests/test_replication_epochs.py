@@ -1,5 +1,5 @@
 """Leader epochs: Kafka's leader-epoch-checkpoint file and the KIP-101/KIP-279 truncation
-rule (logkit/replication/epochs.py), on real files and as pure functions."""
+rule (logkit/leader/epochs.py), on real files and as pure functions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 import logkit
-from logkit.replication.epochs import (CHECKPOINT_FILE, EpochEntry, assign,
+from logkit.leader.epochs import (CHECKPOINT_FILE, EpochEntry, assign,
                                        divergence_offset, end_offset_for,
                                        epochs_from_headers, read_checkpoint,
                                        truncate_from_end, write_checkpoint)

@@ -16,8 +16,8 @@ import time
 import pytest
 
 import logkit
-from logkit.replication.epochs import read_checkpoint
-from logkit.replication.lease import (LeaseKeeper, read_lease, release, renew,
+from logkit.leader.epochs import read_checkpoint
+from logkit.leader.lease import (LeaseKeeper, read_lease, release, renew,
                                       replica_id, take_next)
 from tests.helpers.procs import ROOT_DIR
 

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import logkit
-from logkit.replication.epochs import EpochEntry, read_checkpoint
+from logkit.leader.epochs import EpochEntry, read_checkpoint
 
 SMALL = {"segment.bytes": 4096}
 

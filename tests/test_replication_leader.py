@@ -17,7 +17,7 @@ import pytest
 
 import logkit
 from logkit.errors import ConfigError, LogkitTimeoutError, NotEnoughReplicasError
-from logkit.replication.leader import (HighWatermarkFile, ReplicatedPartition,
+from logkit.leader.replicas import (HighWatermarkFile, ReplicatedPartition,
                                        _Report, in_sync_replicas)
 from logkit.topic import Partition
 from tests.helpers.procs import ROOT_DIR

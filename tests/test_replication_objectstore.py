@@ -21,7 +21,7 @@ import pytest
 import logkit
 from logkit.cli import main as cli_main
 from logkit.replication import objectstore
-from logkit.replication.lease import replica_id
+from logkit.leader.lease import replica_id
 from logkit.replication.objectstore import MANIFEST_KEY
 from tests.helpers.s3server import s3_server  # noqa: F401  (a session fixture)
 

@@ -24,7 +24,7 @@ import pytest
 import logkit
 from logkit.replication import ReplicationAuthError
 from logkit.replication import tcp
-from logkit.replication.lease import read_lease, release, replica_id
+from logkit.leader.lease import read_lease, release, replica_id
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.procs import wait_until
 from tests.helpers.tls import self_signed

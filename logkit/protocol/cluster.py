@@ -176,7 +176,7 @@ class LeaderView:
     """The cluster as a read-write broker's listener sees it (see the module doc)."""
 
     def __init__(self, broker: Any, node: Node) -> None:
-        from ..replication.leader import ReplicaState
+        from ..leader.replicas import ReplicaState
         self.broker = broker
         self.node = node
         self._replica_id: str | None = None
@@ -187,7 +187,7 @@ class LeaderView:
         self._cache: dict[tuple[str, int], tuple[float, tuple[list[str], list[str]]]] = {}
         self._lock = threading.Lock()
         self._cluster_id = cluster_id_for(broker.path)
-        from ..replication.lease import wire_topic_ids
+        from ..leader.lease import wire_topic_ids
         self._wire_ids = wire_topic_ids(broker.path)      # a promoted follower's
 
     def cluster_id(self) -> str:
@@ -216,7 +216,7 @@ class LeaderView:
 
     def _holder(self) -> Node | None:
         """The replica leading instead of this fenced one, when its listener is known."""
-        from ..replication.lease import read_lease
+        from ..leader.lease import read_lease
         lease = read_lease(self.broker.path)
         if lease is None:
             return None

@@ -37,9 +37,9 @@ from ..errors import ConfigError, NotLeaderError, StorageError, UnknownTopicErro
 from ..notify import DOORBELL_FILE, Doorbell
 from .._files import open_file
 from ..topic import Partition, Topic, TopicPartition
-from .epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
-from .lease import Lease, read_lease, replica_id, take_next, wire_topic_ids
-from .leader import progress_body
+from ..leader.epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
+from ..leader.lease import Lease, read_lease, replica_id, take_next, wire_topic_ids
+from ..leader.replicas import progress_body
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
 __all__ = ["DirectorySource", "REPLICAS_DIR"]

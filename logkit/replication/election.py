@@ -22,10 +22,10 @@ from typing import Any
 from ..errors import IllegalStateError, LogkitError, LogkitTimeoutError, NotLeaderError
 from ..topic import TopicPartition
 from .directory import DirectorySource
-from .epochs import assign, write_checkpoint
-from .leader import ReplicaState, _Report, in_sync_replicas
-from .lease import read_lease
-from .lease import renew as renew_lease
+from ..leader.epochs import assign, write_checkpoint
+from ..leader.replicas import ReplicaState, _Report, in_sync_replicas
+from ..leader.lease import read_lease
+from ..leader.lease import renew as renew_lease
 from .partition_copy import _tp_name
 
 log = logging.getLogger("logkit.replication.follower")

@@ -64,9 +64,9 @@ from ..errors import (ConfigError, CorruptRecordError, IllegalStateError, Logkit
                       LogkitTimeoutError, ResourceError, UnknownTopicError)
 from ..topic import Topic, TopicPartition
 from .election import _Election
-from .epochs import EpochEntry
-from .leader import Progress
-from .lease import replica_id
+from ..leader.epochs import EpochEntry
+from ..leader.replicas import Progress
+from ..leader.lease import replica_id
 from .metadata_sync import _MetadataSync
 from .partition_copy import MAX_CORRUPT_FETCHES, _PartitionCopy, _tp_name
 from .source import ReplicaSource

@@ -60,9 +60,9 @@ from ..group import committed_offsets, list_groups
 from ..records import BatchHeader, iter_batches, read_header
 from ..topic import Partition, TopicPartition
 from .directory import _Epochs
-from .epochs import EpochEntry
+from ..leader.epochs import EpochEntry
 from .follower import Follower
-from .lease import (LEASE_FILE, RENEWALS_PER_TTL, Lease, read_lease, release, renew,
+from ..leader.lease import (LEASE_FILE, RENEWALS_PER_TTL, Lease, read_lease, release, renew,
                     replica_id, take_next)
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 

@@ -20,7 +20,7 @@ import time
 from ..errors import CorruptRecordError, IllegalStateError, OffsetOutOfRangeError
 from ..records import iter_batches
 from ..topic import Partition, TopicPartition
-from .epochs import (EpochEntry, divergence_offset, epochs_from_headers, read_checkpoint,
+from ..leader.epochs import (EpochEntry, divergence_offset, epochs_from_headers, read_checkpoint,
                      truncate_from_end, write_checkpoint)
 from .source import PartitionInfo
 

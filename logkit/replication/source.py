@@ -31,8 +31,8 @@ import time
 from typing import Any, Mapping, NamedTuple
 
 from ..topic import TopicPartition
-from .epochs import EpochEntry
-from .lease import Lease
+from ..leader.epochs import EpochEntry
+from ..leader.lease import Lease
 
 __all__ = ["ReplicaSource", "TopicInfo", "PartitionInfo"]
 
@@ -96,7 +96,7 @@ class ReplicaSource(abc.ABC):
         return False
 
     def lease(self) -> Lease | None:
-        """The lease of the leader this source reads (logkit/replication/lease.py), for
+        """The lease of the leader this source reads (logkit/leader/lease.py), for
         automatic promotion: None when the source keeps no lease, when the leader never
         took one, or when it names another replica (leadership moved elsewhere)."""
         return None

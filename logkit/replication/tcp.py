@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .. import errors
 from ..errors import ConfigError, LogkitError, LogkitTimeoutError
 from ..topic import TopicPartition
-from .epochs import EpochEntry
-from .lease import Lease
+from ..leader.epochs import EpochEntry
+from ..leader.lease import Lease
 from .source import PartitionInfo, ReplicaSource, TopicInfo
 
 if TYPE_CHECKING:                  # ssl is imported by whoever makes a context

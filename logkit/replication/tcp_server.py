@@ -49,7 +49,7 @@ from ..notify import Doorbell
 from ..segment import DELETED_SUFFIX
 from ..topic import TopicPartition
 from .directory import DirectorySource
-from .leader import Progress
+from ..leader.replicas import Progress
 from .tcp import (AUTH, AUTH_OK, BATCHES, COMMITTED, ERROR, FETCH, HELLO, LEASE, LISTENER,
                   MAC_BYTES, MAGIC, MAX_FETCH_BYTES, MAX_REQUEST_BYTES, MAX_WAIT_MS, NONCE_BYTES,
                   PARTITION, REPORT, REQUEST_KINDS, RESULT, SIZE, TAKE_LEASE, TOPICS, WAIT,
