@@ -40,6 +40,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -400,12 +401,12 @@ def handle(registry: SchemaRegistry, method: str, path: str, query: dict[str, st
 # ---- the socket loop ---------------------------------------------------------------------
 
 class _Deadlines(io.RawIOBase):
-    """A connection's reads, bounded in time. Idle (between requests), a read waits
-    until `idle_deadline`; the first byte of a request starts its deadline, and every
-    read after it waits only for what is left of `request_timeout_s`, so a client
-    trickling one byte at a time is cut off when the request's time is up. `busy` and
-    `idle_since` are read by the server, under its lock, to pick a connection to close
-    at the cap."""
+    """A connection's reads, bounded in time. Idle (between requests), reads wait until
+    `idle_timeout_s` after the last answer; a request's first byte starts its deadline,
+    and every read after it waits only for what is left of `request_timeout_s`, so a
+    client trickling one byte at a time is cut off when the request's time is up. `busy`
+    and `idle_since` are read by the server, under its lock, to pick a connection to
+    close at the cap."""
 
     def __init__(self, sock: socket.socket, idle_timeout_s: float,
                  request_timeout_s: float) -> None:
@@ -448,11 +449,14 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.rfile.close()                 # http.server's own reader: replaced by one
-        server = self.server               # with deadlines (a fresh one if the
-        self.deadlines = server.connections.get(self.connection) or _Deadlines(  # cap
-            self.connection, server.idle_timeout_s, server.request_timeout_s)  # closed it)
-        self.rfile = io.BufferedReader(self.deadlines)
+        self.rfile.close()              # http.server's reader, replaced by one with deadlines
+        server = self.server
+        deadlines = server.connections.get(self.connection)
+        if deadlines is None:           # the cap already closed this connection: its first
+            deadlines = _Deadlines(self.connection, server.idle_timeout_s,   # read ends it
+                                   server.request_timeout_s)
+        self.deadlines = deadlines
+        self.rfile = io.BufferedReader(deadlines)
 
     def finish(self) -> None:
         try:
@@ -583,7 +587,7 @@ class _Server(ThreadingHTTPServer):
             self.connections[request] = _Deadlines(request, self.idle_timeout_s,
                                                    self.request_timeout_s)
         if victim is not None:
-            log.info("schema registry: %d connections open, the cap; closing the one "
+            log.debug("schema registry: %d connections open, the cap; closing the one "
                      "idle the longest", self.max_connections)
             _shut(victim)
         try:
@@ -654,7 +658,6 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection reset or timed out is the client's doing: logged, not printed."""
-        import sys
         error = sys.exc_info()[1]
         if isinstance(error, OSError):
             log.debug("schema registry: connection from %s ended: %r", client_address,
