@@ -20,7 +20,7 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      ForkedProcessError, ReadOnlyError, SerializationError,
                      ArgumentTypeError, NotLeaderError, ResourceError, InvalidRecordError,
                      UnsupportedCompressionTypeError)
-from .mirroring import mirror
+from .mirroring import mirror, mirror_from
 from .murmur2 import murmur2
 from .log import RecoveryReport
 from .records import BatchHeader, Record, RecordMetadata
@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
     "Producer", "FutureRecordMetadata", "Consumer", "OffsetAndTimestamp", "ConsumerGroup",
-    "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config", "mirror",
+    "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config", "mirror", "mirror_from",
     "Columns", "BatchHeader", "RecoveryReport", "BatchBuilder", "stamp_producer",
     "SegmentBatch", "iter_segment_batches", "Follower", "ReplicaSource", "DirectorySource",
     "TcpSource", "ObjectStoreSource",

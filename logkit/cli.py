@@ -47,7 +47,8 @@ import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence, TextIO
 
 from . import (Broker, ConfigError, LogkitError, ObjectStoreSource, Record,
-               SerializationError, TopicPartition, iter_segment_batches, mirror)
+               SerializationError, TopicPartition, iter_segment_batches, mirror,
+               mirror_from)
 
 __all__ = ["main", "build_parser", "COMMANDS", "FORMATS", "format_record"]
 
@@ -706,30 +707,51 @@ def cmd_promote(args: argparse.Namespace) -> int:
 # ---- mirror (logkit.mirror: the way out to a Kafka cluster) -------------------------------
 
 def add_mirror(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("directory", help="the broker directory to copy from")
-    cmd.add_argument("--to", required=True, metavar="BOOTSTRAP",
+    cmd.add_argument("directory", help="the broker directory to copy from (--to) or "
+                     "into (--from)")
+    way = cmd.add_mutually_exclusive_group(required=True)
+    way.add_argument("--to", metavar="BOOTSTRAP",
                      help="bootstrap servers of the target Kafka cluster (host:port,...)")
+    way.add_argument("--from", dest="source", metavar="BOOTSTRAP",
+                     help="the other direction: pull the topics of the Kafka cluster at "
+                     "BOOTSTRAP into DIRECTORY (created when missing), to replay them "
+                     "locally")
     cmd.add_argument("--topics", default=None,
                      help="comma-separated topics to copy (default: every topic)")
     cmd.add_argument("--groups", action="store_true",
                      help="also copy every consumer group's committed offsets, translated "
                      "to the target's offsets")
     cmd.add_argument("--client-config", action="append", default=[], metavar="KEY=VALUE",
-                     help="a confluent-kafka setting for the target (security.protocol, "
-                     "sasl.username, ...); repeatable")
+                     help="a confluent-kafka setting for the Kafka cluster "
+                     "(security.protocol, sasl.username, ...); repeatable")
+    cmd.add_argument("--topic-config", action="append", default=[], metavar="KEY=VALUE",
+                     help="with --from: a config override for the topics it creates "
+                     "(retention.ms=-1 keeps old records from time retention); repeatable")
+
+
+def _key_values(option: str, items: Sequence[str]) -> dict[str, str]:
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{option} takes KEY=VALUE, got {item!r}")
+        settings[key] = value
+    return settings
 
 
 def cmd_mirror(args: argparse.Namespace) -> int:
-    settings = {}
-    for item in args.client_config:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--client-config takes KEY=VALUE, got {item!r}")
-        settings[key] = value
+    settings = _key_values("--client-config", args.client_config)
+    topic_config = _key_values("--topic-config", args.topic_config)
+    if topic_config and not args.source:
+        raise UsageError("--topic-config goes with --from (the topics created locally)")
     topics = [t for t in args.topics.split(",") if t] if args.topics else None
     with Broker(args.directory) as broker:
-        report = mirror(broker, args.to, topics=topics, groups=args.groups,
-                        client_config=settings)
+        if args.source:
+            report = mirror_from(args.source, broker, topics=topics, groups=args.groups,
+                                 client_config=settings, config=topic_config)
+        else:
+            report = mirror(broker, args.to, topics=topics, groups=args.groups,
+                            client_config=settings)
     for topic, partitions in sorted(report["records"].items()):
         print(f"{topic}: {sum(partitions.values())} record(s) copied")
     for group, count in sorted(report["offsets"].items()):
@@ -1638,9 +1660,11 @@ COMMANDS: list[Command] = [
             "then stamp the next leader epoch", "logkit promote replica/\n"
             "logkit promote replica/ --unclean        (the leader's disk is gone)",
             add_promote, cmd_promote),
-    Command("mirror", "copy topics (and --groups: committed offsets) to a Kafka cluster; "
-            "run again to resume, without duplicates",
-            "logkit mirror data/ --to kafka1:9092 --topics orders,payments --groups",
+    Command("mirror", "copy topics (and --groups: committed offsets) to a Kafka cluster, "
+            "or with --from from one into DIR; run again to resume, without duplicates",
+            "logkit mirror data/ --to kafka1:9092 --topics orders,payments --groups\n"
+            "logkit mirror replay/ --from kafka1:9092 --topics orders --groups "
+            "--topic-config retention.ms=-1",
             add_mirror, cmd_mirror),
     Command("replicas", "per partition: replication factor, replica set, ISR, log end, "
             "high watermark, leader epochs (epoch@start offset) and each follower's log "

@@ -1,5 +1,7 @@
 """The way out to a real Kafka cluster: copy a broker's topics and consumer-group offsets
-to any Kafka-protocol cluster through confluent-kafka (`logkit.mirror`, `logkit mirror`).
+to any Kafka-protocol cluster through confluent-kafka (`logkit.mirror`, `logkit mirror`),
+and the way back in: a cluster's topics and offsets pulled into a broker
+(`logkit.mirror_from`, `logkit mirror --from`; its own invariant in its docstring).
 
 Owns: the copy of each partition (keys, values, headers, timestamps, the same partition
 number), the translation of committed offsets to the target's offsets, and the mirror's
@@ -28,7 +30,7 @@ from typing import Any, Iterable, Mapping
 
 from .errors import ConfigError, LogkitError, LogkitTimeoutError
 
-__all__ = ["mirror", "STATE_TOPIC"]
+__all__ = ["mirror", "mirror_from", "STATE_TOPIC"]
 
 log = logging.getLogger(__name__)
 
@@ -243,3 +245,240 @@ def _source_id(broker: Any) -> str:
     import os
     import uuid
     return uuid.uuid5(uuid.NAMESPACE_URL, "logkit:" + os.path.realpath(broker.path)).hex
+
+
+# ---- the other direction: a Kafka cluster's topics pulled into a logkit broker ----------
+
+PULL_BATCH_BYTES = 512 * 1024          # key and value bytes per appended batch, at most
+
+
+def mirror_from(bootstrap: str, broker: Any, *, topics: Iterable[str] | None = None,
+                groups: bool | Iterable[str] = False,
+                client_config: Mapping[str, Any] | None = None,
+                config: Mapping[str, Any] | None = None, timeout_s: float = TIMEOUT_S,
+                max_records: int | None = None) -> dict[str, Any]:
+    """Copy `topics` (default: every topic not named `__*`) of the Kafka cluster at
+    `bootstrap` into `broker`, the records each partition holds when the run starts, in
+    order, to the same partition number (keys, values, headers, timestamps); then, when
+    `groups` is true (or a list of group ids), the groups' committed offsets translated
+    to the copy's offsets. For replaying production data in a local test.
+
+    Resumable without duplicates: the progress lives in `broker`, in the topic
+    `__logkit_mirror`, as checkpoints (next source offset, copy's end) written after
+    each appended batch; a copy's end past its last checkpoint (a run killed between
+    the two) is skipped over on the source, record for record, so source offsets may
+    have gaps (compaction, transaction markers). Only committed records are copied
+    (read_committed). `config`: topic config overrides for the topics it creates (say
+    {"retention.ms": -1}: the records keep their timestamps, and time retention
+    applies to them). Raises LogkitError when the source refuses or a local topic has
+    fewer partitions than the source's; returns {"records": {topic: {partition:
+    copied}}, "offsets": {group: count}}."""
+    ck = _require_client()
+    from confluent_kafka.admin import AdminClient
+    conf = {"bootstrap.servers": bootstrap, **dict(client_config or {})}
+    admin = AdminClient(conf)
+    metadata = admin.list_topics(timeout=timeout_s)
+    source_id = metadata.cluster_id or bootstrap
+    names = sorted(topics) if topics is not None else sorted(
+        t for t in metadata.topics if not t.startswith("__"))
+    for name in names:
+        _ensure_local_topic(broker, name, metadata, config)
+    state_topic = broker.create_topic(STATE_TOPIC, 1, config={"retention.ms": -1},
+                                      exist_ok=True)
+    checkpoints = _load_checkpoints(state_topic.partition(0), f"{source_id}/")
+    consumer = ck.Consumer({**conf, "group.id": "logkit-mirror-from",
+                            "enable.auto.commit": False, "enable.partition.eof": True,
+                            "isolation.level": "read_committed"})
+    try:
+        copied: dict[str, dict[int, int]] = {}
+        budget = max_records
+        for name in names:
+            for partition in broker.topic(name).partitions:
+                key = f"{name}/{partition.partition}"
+                count = _pull_partition(ck, consumer, partition, state_topic.partition(0),
+                                        f"{source_id}/{key}", checkpoints.setdefault(key, []),
+                                        budget, timeout_s)
+                copied.setdefault(name, {})[partition.partition] = count
+                if budget is not None:
+                    budget -= count
+                    if budget <= 0:
+                        break
+            if budget is not None and budget <= 0:
+                break
+        offsets = {}
+        if groups:
+            wanted = _source_groups(admin, timeout_s) if groups is True else sorted(groups)
+            for group in wanted:
+                offsets[group] = _pull_offsets(ck, admin, consumer, broker, group, names,
+                                               checkpoints, timeout_s)
+        return {"records": copied, "offsets": offsets}
+    finally:
+        consumer.close()
+
+
+def _ensure_local_topic(broker: Any, name: str, metadata: Any,
+                        config: Mapping[str, Any] | None) -> None:
+    source = metadata.topics.get(name)
+    if source is None or source.error is not None:
+        raise LogkitError(f"mirror: the source has no topic {name!r}"
+                          + (f" ({source.error})" if source is not None else ""))
+    wanted = len(source.partitions)
+    if name not in broker.topics():
+        broker.create_topic(name, wanted, config=dict(config or {}))
+        return
+    have = broker.topic(name).num_partitions
+    if have < wanted:
+        raise LogkitError(f"mirror: the local topic {name!r} has {have} partition(s), "
+                          f"fewer than the source's {wanted}")
+
+
+def _load_checkpoints(state: Any, prefix: str) -> dict[str, list[tuple[int, int]]]:
+    """Per "topic/partition" of this source: its checkpoints (next source offset, the
+    copy's end), oldest first."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    position = state.log_start_offset
+    while position < state.high_watermark:
+        records = state.read(position, max_records=READ_RECORDS)
+        if not records:
+            break
+        for record in records:
+            key = (record.key or b"").decode()
+            if key.startswith(prefix):
+                source_next, target_end = json.loads(record.value)
+                found.setdefault(key[len(prefix):], []).append((source_next, target_end))
+        position = records[-1].offset + 1
+    return found
+
+
+def _pull_partition(ck: Any, consumer: Any, partition: Any, state: Any, state_key: str,
+                    checkpoints: list[tuple[int, int]], budget: int | None,
+                    timeout_s: float) -> int:
+    """Copy one source partition's records up to its end at this moment; returns how
+    many were appended."""
+    tp = ck.TopicPartition(partition.topic, partition.partition)
+    low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+    if not checkpoints:
+        checkpoints.append((low, partition.high_watermark))
+        _checkpoint(state, state_key, checkpoints[-1])
+    source_next, target_end = checkpoints[-1]
+    skip = partition.high_watermark - target_end   # appended after the last checkpoint
+    if source_next < low:
+        raise LogkitError(f"mirror: {partition.topic}-{partition.partition}: the source's "
+                          f"retention removed offsets {source_next}..{low - 1} before "
+                          "they were copied")
+    if source_next >= high and skip == 0:
+        return 0
+    # half the copy's max.message.bytes: the batch's framing fits beside the payloads
+    batch_bytes = min(int(partition.config["max.message.bytes"]) // 2, PULL_BATCH_BYTES)
+    consumer.assign([ck.TopicPartition(partition.topic, partition.partition, source_next)])
+    copied = 0
+    rows: list[tuple[Any, ...]] = []
+    size = 0
+    position = source_next
+    deadline = time.monotonic() + timeout_s
+    done = False
+    while not done:
+        if time.monotonic() > deadline:
+            raise LogkitTimeoutError(f"mirror: {partition.topic}-{partition.partition}: no "
+                                     f"progress from the source within {timeout_s} s")
+        for message in consumer.consume(1000, 0.5):
+            error = message.error()
+            if error is not None:
+                if error.code() == ck.KafkaError._PARTITION_EOF:
+                    done = True
+                    break
+                raise LogkitError(f"mirror: reading {partition.topic}-"
+                                  f"{partition.partition} from the source: {error}")
+            deadline = time.monotonic() + timeout_s
+            position = message.offset() + 1
+            if skip:
+                skip -= 1
+                continue
+            stamp_type, stamp = message.timestamp()
+            rows.append((message.key(), message.value(), message.headers() or None,
+                         stamp if stamp_type != ck.TIMESTAMP_NOT_AVAILABLE else None))
+            size += len(message.key() or b"") + len(message.value() or b"")
+            limited = budget is not None and copied + len(rows) >= budget
+            if size >= batch_bytes or limited or position >= high:
+                copied += _append_step(partition, state, state_key, checkpoints, rows,
+                                       position)
+                rows, size = [], 0
+            if limited or position >= high:
+                done = True
+                break
+    if rows:
+        copied += _append_step(partition, state, state_key, checkpoints, rows, position)
+    elif skip == 0 and position > checkpoints[-1][0]:
+        # skipped records, or transaction markers past the last record: move on
+        checkpoints.append((position, partition.high_watermark))
+        _checkpoint(state, state_key, checkpoints[-1])
+    consumer.unassign()
+    return copied
+
+
+def _append_step(partition: Any, state: Any, state_key: str,
+                 checkpoints: list[tuple[int, int]], rows: list[tuple[Any, ...]],
+                 source_next: int) -> int:
+    """One batch into the copy, then its checkpoint (a kill between the two is what
+    the skip in _pull_partition repairs)."""
+    partition.append(rows)
+    checkpoints.append((source_next, partition.high_watermark))
+    _checkpoint(state, state_key, checkpoints[-1])
+    return len(rows)
+
+
+def _checkpoint(state: Any, key: str, point: tuple[int, int]) -> None:
+    state.append([(key.encode(), json.dumps(list(point)).encode(), None, None)])
+
+
+def _source_groups(admin: Any, timeout_s: float) -> list[str]:
+    result = admin.list_consumer_groups(request_timeout=timeout_s).result(timeout=timeout_s)
+    return sorted(g.group_id for g in result.valid)
+
+
+def _pull_offsets(ck: Any, admin: Any, consumer: Any, broker: Any, group: str,
+                  names: list[str], checkpoints: Mapping[str, list[tuple[int, int]]],
+                  timeout_s: float) -> int:
+    """Commit `group`'s source offsets on the copy: offset c becomes the copy's offset
+    of the first record at or after c (counted on the source from the checkpoint
+    before c), or the copy's end past what was copied."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
+                                                request_timeout=timeout_s)
+    committed = futures[group].result(timeout=timeout_s).topic_partitions or []
+    target = {}
+    for tp in committed:
+        points = checkpoints.get(f"{tp.topic}/{tp.partition}")
+        if tp.topic not in names or not points or tp.offset < 0:
+            continue
+        target[(tp.topic, tp.partition)] = _translate(ck, consumer, tp, points, timeout_s)
+    if target:
+        broker.group(group).reset_offsets(target)
+    return len(target)
+
+
+def _translate(ck: Any, consumer: Any, tp: Any, points: list[tuple[int, int]],
+               timeout_s: float) -> int:
+    before = [p for p in points if p[0] <= tp.offset]
+    if not before:
+        return points[0][1]
+    source_next, target_end = before[-1]
+    last_copied = points[-1]
+    if tp.offset >= last_copied[0]:
+        return last_copied[1]
+    # c lies inside one appended step: count the source's records in [source_next, c)
+    consumer.assign([ck.TopicPartition(tp.topic, tp.partition, source_next)])
+    counted = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            for message in consumer.consume(1000, 0.5):
+                if message.error() is not None:
+                    return target_end + counted
+                if message.offset() >= tp.offset:
+                    return target_end + counted
+                counted += 1
+        raise LogkitTimeoutError(f"mirror: translating {tp.topic}-{tp.partition} offset "
+                                 f"{tp.offset}: the source did not answer in {timeout_s} s")
+    finally:
+        consumer.unassign()

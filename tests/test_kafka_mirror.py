@@ -1,0 +1,203 @@
+"""Issue 31 section 6, the way out for real: `logkit mirror` copies a broker's topics,
+records and translated group offsets into Apache Kafka, and resumes after SIGKILL
+without duplicates; `logkit mirror --from` pulls a Kafka topic (with transaction markers
+and an aborted transaction, so offsets with gaps) into a logkit directory, resumable the
+same way, so production data can be replayed in a local test."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import logkit
+from tests.helpers.kafka_ecosystem import (kafka_rows, logkit_rows, unique, wait_for,
+                                           without_offsets)
+
+pytest.importorskip("confluent_kafka")
+
+# An hour ago: Kafka 4 refuses records stamped over an hour ahead
+# (message.timestamp.after.max.ms) and deletes those older than 7 days (retention.ms).
+STAMP_MS = int(time.time() * 1000) - 3_600_000
+
+
+def _fill(broker, topic, count, partitions=3):
+    broker.create_topic(topic, partitions)
+    producer = broker.producer()
+    for n in range(count):
+        producer.send(topic, b"value-%d" % n, key=b"key-%d" % (n % 13),
+                      headers=[("n", b"%d" % n)], timestamp_ms=STAMP_MS + n)
+    producer.flush()
+    producer.close()
+
+
+def _commit_logkit(broker, group, topic, offsets):
+    broker.group(group).reset_offsets(
+        {logkit.TopicPartition(topic, p): o for p, o in offsets.items()})
+
+
+def _kafka_end(bootstrap, topic):
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("probe")})
+    try:
+        if topic not in consumer.list_topics(timeout=10).topics:
+            return 0
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                   for p in range(3))
+    except KafkaException:      # a topic just created: its leader is still being chosen
+        return 0
+    finally:
+        consumer.close()
+
+
+def _kafka_committed(bootstrap, group):
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+    result = future[group].result(timeout=30)
+    return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions
+            if tp.offset >= 0}
+
+
+def _alive(child):
+    if not child.is_alive():
+        raise AssertionError(f"the mirror process exited early ({child.exitcode})")
+    return True
+
+
+def _mirror_forever(source_path, bootstrap, topic):
+    with logkit.Broker(source_path) as source:
+        while True:
+            logkit.mirror(source, bootstrap, topics=[topic], max_records=500)
+
+
+def test_mirror_into_kafka_resumes_after_sigkill_without_duplicates(kafka, tmp_path):
+    """Records, partitions and group offsets reach the real Kafka; a mirror killed
+    mid-copy and run again leaves each Kafka partition equal to the source's."""
+    topic, group = unique("mirror-out"), unique("billing")
+    source_dir = tmp_path / "src"
+    with logkit.Broker(source_dir) as source:
+        _fill(source, topic, 6000)
+        _commit_logkit(source, group, topic, {0: 17, 1: 0, 2: 1500})
+        expected = without_offsets(logkit_rows(source, topic))
+    child = multiprocessing.get_context("spawn").Process(
+        target=_mirror_forever, args=(str(source_dir), kafka.bootstrap_servers, topic))
+    child.start()
+    try:
+        wait_for(lambda: _alive(child) and _kafka_end(kafka.bootstrap_servers, topic) > 1000,
+                 "the first records in Kafka")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+    killed_at = _kafka_end(kafka.bootstrap_servers, topic)
+    assert killed_at < 6000, "the mirror was not killed mid-copy"
+    with logkit.Broker(source_dir) as source:
+        report = logkit.mirror(source, kafka.bootstrap_servers, topics=[topic],
+                               groups=[group])
+    assert sum(report["records"][topic].values()) == 6000 - killed_at
+    got = kafka_rows(kafka.bootstrap_servers, topic)
+    assert without_offsets(got) == expected
+    # the mirror began on empty Kafka partitions: offsets translate one to one
+    assert _kafka_committed(kafka.bootstrap_servers, group) == {
+        (topic, 0): 17, (topic, 1): 0, (topic, 2): 1500}
+
+
+def _produce_to_kafka(bootstrap, topic):
+    """Plain records, a committed and an aborted transaction into a 3-partition topic;
+    returns nothing: the expected records are read back from Kafka itself."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1, config={"retention.ms": "-1"})]
+                        )[topic].result(timeout=30)
+    plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                      "linger.ms": 5})
+    for n in range(3000):
+        plain.produce(topic, b"plain-%d" % n, b"k%d" % (n % 7), partition=n % 3,
+                      headers=[("n", b"%d" % n)], timestamp=STAMP_MS + n)
+        if n % 1000 == 999:
+            plain.flush(30)
+    plain.flush(30)
+    txn = Producer({"bootstrap.servers": bootstrap,
+                    "transactional.id": unique("txn")})
+    txn.init_transactions(30)
+    for commit in (True, False, True):
+        txn.begin_transaction()
+        for n in range(300):
+            txn.produce(topic, b"txn-%s-%d" % (b"c" if commit else b"a", n),
+                        partition=n % 3, timestamp=STAMP_MS + 5000 + n)
+        if commit:
+            txn.commit_transaction(30)
+        else:
+            txn.abort_transaction(30)
+
+
+def _commit_kafka(bootstrap, group, topic, offsets):
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                        asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def _pull_forever(directory, bootstrap, topic):
+    with logkit.Broker(directory) as broker:
+        while True:
+            logkit.mirror_from(bootstrap, broker, topics=[topic], max_records=200)
+
+
+def test_mirror_from_kafka_pulls_a_topic_into_a_logkit_directory(kafka, tmp_path):
+    """Kafka's committed records (not the aborted ones, not the markers) land in the
+    same partitions in order, a pull killed by SIGKILL resumes without duplicates, and
+    a group's offsets point at the same records in the copy."""
+    topic, group = unique("mirror-in"), unique("replay")
+    bootstrap = kafka.bootstrap_servers
+    _produce_to_kafka(bootstrap, topic)
+    source = kafka_rows(bootstrap, topic)
+    # offsets inside the plain records, and one just past a transaction's marker
+    commits = {0: source[0][500][0], 1: source[1][-1][0] + 1, 2: source[2][1000][0]}
+    _commit_kafka(bootstrap, group, topic, commits)
+    directory = tmp_path / "replay"
+    child = multiprocessing.get_context("spawn").Process(
+        target=_pull_forever, args=(str(directory), bootstrap, topic))
+    child.start()
+
+    def pulled():
+        try:
+            with logkit.Broker(directory, read_only=True) as copy:
+                return topic in copy.topics() and sum(
+                    p.high_watermark for p in copy.topic(topic).partitions) > 600
+        except logkit.LogkitError:
+            return False
+    try:
+        wait_for(lambda: _alive(child) and pulled(), "the first records pulled")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+    with logkit.Broker(directory, read_only=True) as copy:
+        killed_at = sum(p.high_watermark for p in copy.topic(topic).partitions)
+    assert killed_at < 3600, "the pull was not killed mid-copy"
+    proc = subprocess.run([sys.executable, "-m", "logkit.cli", "mirror", str(directory),
+                           "--from", bootstrap, "--topics", topic, "--groups",
+                           "--topic-config", "retention.ms=-1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{topic}: " in proc.stdout
+    with logkit.Broker(directory) as copy:
+        got = logkit_rows(copy, topic)
+        assert without_offsets(got) == without_offsets(source)
+        assert sum(len(r) for r in got.values()) == 3000 + 600   # the aborted 300 left out
+        committed = copy.group(group).committed()
+        for p, offset in commits.items():
+            translated = committed[logkit.TopicPartition(topic, p)]
+            after = [row for o, row in source[p] if o >= offset]
+            assert [row for _, row in got[p][translated:]] == after
