@@ -29,7 +29,7 @@ Run from the checkout's root:
     .venv/bin/python -m benchmarks.replication [--records 200000] [--lag-records 2000]
         [--json FILE]
 (the committed figures are benchmarks/replication.json and docs/replication.md).
-Targets (DESIGN §10, issue 10): one follower >= 0.7x the unreplicated produce rate;
+Targets (docs/benchmarks.md, Targets; issue 10): one follower >= 0.7x the unreplicated produce rate;
 replication lag p99 <= 5 ms.
 """
 

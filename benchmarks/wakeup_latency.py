@@ -17,7 +17,7 @@ Run from the checkout's root (one module of the `benchmarks` package, with its o
 command line and JSON):
     .venv/bin/python -m benchmarks.wakeup_latency [--records 3000] [--json FILE]
 (the committed figures are benchmarks/wakeup_latency.json).
-Target (DESIGN §10 / issue 3): logkit wake-up p99 <= 1 ms.
+Target (docs/benchmarks.md, Targets; issue 3): logkit wake-up p99 <= 1 ms.
 """
 
 from __future__ import annotations

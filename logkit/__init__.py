@@ -1,6 +1,6 @@
 """logkit: Apache Kafka's log semantics as an embeddable Python library.
 
-The public API is exactly what this module exports (DESIGN §6). Everything else in the
+The public API is exactly what this module exports (docs/design.md §6). Everything else in the
 package is private and may change.
 """
 

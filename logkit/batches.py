@@ -3,7 +3,7 @@ identity on one, walk the batches of a segment file.
 
 Owns: three public helpers (`BatchBuilder`, `stamp_producer`, `iter_segment_batches`)
 that Spark's writer and the `logkit dump` command use instead of the private `records`
-module (DESIGN §13). Invariant: no byte layout lives here: sizes, offsets, CRCs and the
+module (docs/design.md §5). Invariant: no byte layout lives here: sizes, offsets, CRCs and the
 walk over a buffer are `records.py`'s, and these functions only check their arguments
 and call it. Any thread may use them; a `BatchBuilder` belongs to one thread at a time.
 """

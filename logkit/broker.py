@@ -141,7 +141,7 @@ def _sweep_format_temps(root: str, names: list[str] | None = None) -> None:
 
 def _check_root(root: str, *, adopt: bool) -> list[str] | None:
     """Refuse a path that is a file, or a non-empty directory that is not a logkit root
-    (unless `adopt`), before anything is written there (DESIGN §6). Returns the root's
+    (unless `adopt`), before anything is written there (docs/design.md §6). Returns the root's
     listing (None when it was not read: a missing root, or `adopt`)."""
     if os.path.lexists(root) and not os.path.isdir(root):
         raise ConfigError(f"{root} is not a directory; logkit.Broker(path) takes the "

@@ -1,6 +1,6 @@
 """Record-set compression codecs, as Kafka applies them to a whole batch's records.
 
-Owns: codec ids (DESIGN §3: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd), their names,
+Owns: codec ids (docs/design.md §3: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd), their names,
 and compress/decompress. Snappy is written in the xerial framing Kafka's Java client
 uses and read in either framing; lz4 is the LZ4 frame format; zstd is a standard frame.
 Invariant: `decompress(codec, compress(codec, data)) == data`, and decompression never

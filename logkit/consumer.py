@@ -12,7 +12,7 @@ manual assignment, owned partitions, positions, paused partitions — is its
 
 Invariant: `position(tp)` is the offset of the next record `poll()` returns for `tp`
 — a record the deserializers cannot decode included: poll() raises `SerializationError`
-for it, the position staying on it until `seek()` (DESIGN §12); records come back in
+for it, the position staying on it until `seek()` (docs/design.md §11); records come back in
 offset order per partition; a group member fetches only partitions it owns in the group
 record, so no two members of a group read one partition at once.
 
@@ -472,7 +472,7 @@ class Consumer:
     def _fetch(self, max_records: int, bell: int | None = None) -> list[Record]:
         """Up to max_records from the fetchable partitions, each in turn from its
         position, which moves past what is returned. A record a deserializer cannot
-        decode stops the fetch there (DESIGN §12): the records before it are returned
+        decode stops the fetch there (docs/design.md §11): the records before it are returned
         and the position stays on it; a fetch that would start with it raises (see
         `_decoded`), and that partition is read first until it decodes or is seeked
         past, so every poll raises until then.

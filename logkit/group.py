@@ -6,7 +6,7 @@ One group record holds the generation, the chosen assignor, the members (id,
 subscription, last heartbeat, last poll, timeouts), the assignment computed for the
 current generation, and `owners`: which member currently holds each partition.
 
-The protocol (DESIGN §7): any member that sees a join, a leave or an expired member
+The protocol (docs/design.md §7): any member that sees a join, a leave or an expired member
 (`session.timeout.ms` without a heartbeat, or `max.poll.interval.ms` without a poll)
 bumps the generation and recomputes the assignment, in one write transaction. Members
 learn the new generation on their next poll or heartbeat. A member releases a partition

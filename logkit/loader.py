@@ -12,7 +12,7 @@ with them. Who may call: the partition log, holding the partition's append lock
 (recovery writes files and the tail); `needs_recovery` and `live_bases` also without it.
 
 Logging: a recovery that cuts bytes logs a WARNING naming `topic-partition`, the bytes
-cut and where (DESIGN §13); one that only re-validates logs at INFO; finishing an
+cut and where (docs/design.md §5); one that only re-validates logs at INFO; finishing an
 interrupted retention or roll at INFO.
 """
 

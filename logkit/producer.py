@@ -150,7 +150,7 @@ IN_SYNC_REPLICAS = 1                # no replication yet: the leader is the whol
 ISR_CHECK_MAX_AGE_MS = 10           # acks="all": the ISR view checked before an append
 KEY_CACHE_LIMIT = 100_000           # key -> partition entries per topic, then cleared
 MAX_TIMESTAMP_MS = 2**63 - 1        # the batch header's int64
-SECONDS_LOOKALIKE_MS = 10**11       # below it a timestamp looks like seconds (DESIGN §6)
+SECONDS_LOOKALIKE_MS = 10**11       # below it a timestamp looks like seconds (docs/design.md §6)
 METADATA_MAX_AGE_S = 30.0           # partition counts re-read at least this often
 
 log = logging.getLogger(__name__)
@@ -363,7 +363,7 @@ def _as_bytes(data: Any) -> bytes | None:
 
 def _check_timestamp(timestamp_ms: Any) -> None:
     """An int of milliseconds in the batch header's range, or a named error; one that
-    looks like seconds (DESIGN §6: below 10^11 ms, before 1973) warns."""
+    looks like seconds (docs/design.md §6: below 10^11 ms, before 1973) warns."""
     if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int):
         raise ArgumentTypeError(f"timestamp must be None or an int of milliseconds, got "
                                 f"{timestamp_ms!r} ({type(timestamp_ms).__name__})")

@@ -14,7 +14,7 @@ per-record size estimate used to size batches (`RECORD_OVERHEAD_BYTES`,
 come from a table, each batch is built with one `join`; hot loops elsewhere that index
 the raw `_HEADER` tuple use the `FIELD_*` positions defined here.
 
-Batch layout (big-endian; DESIGN §3):
+Batch layout (big-endian; docs/design.md §3):
 
     off  field                  type     off  field              type
     0    baseOffset             int64    35   maxTimestamp       int64
@@ -58,7 +58,7 @@ __all__ = ["Record", "RecordMetadata", "BatchHeader", "encode_batch", "decode_ba
 
 log = logging.getLogger(__name__)
 
-# Field positions, each from the one before (DESIGN §3).
+# Field positions, each from the one before (docs/design.md §3).
 BASE_OFFSET_OFFSET = 0
 LENGTH_OFFSET = BASE_OFFSET_OFFSET + 8
 LOG_OVERHEAD = LENGTH_OFFSET + 4                       # bytes before batchLength counts

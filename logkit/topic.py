@@ -5,7 +5,7 @@ resolved config, Kafka's keyed partitioner) and the public `Partition` handle ov
 `PartitionLog`. Invariant: a name that passes `validate_topic_name` cannot reach outside
 the broker root: it has no path separator and is neither '.' nor '..'.
 
-`Partition` is the one seam between the storage and everything above it (DESIGN §6,
+`Partition` is the one seam between the storage and everything above it (docs/design.md §6,
 §13): clients, the broker's chores, the CLI, Spark, and later replication and the
 protocol listener call its public methods and never touch the `PartitionLog` behind it;
 only this module does (`Partition._log`).

@@ -1,6 +1,6 @@
 """Every benchmark of the `benchmarks` package runs end to end on a tiny workload, reports
 sane figures beside its peers and writes its JSON. Speed itself is never asserted
-(DESIGN §10): only that the numbers exist, are positive and are self-consistent."""
+(docs/benchmarks.md, Targets): only that the numbers exist, are positive and are self-consistent."""
 
 from __future__ import annotations
 

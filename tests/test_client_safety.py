@@ -342,7 +342,7 @@ def test_headers_given_as_a_dict_are_stored_as_pairs_and_other_shapes_are_named(
 
 @pytest.mark.parametrize("path", SEND_PATHS)
 def test_a_timestamp_that_looks_like_seconds_warns_at_the_callers_line(broker, path):
-    """DESIGN §6: send() with a timestamp below 10^11 ms (before 1973) warns with a
+    """docs/design.md §6: send() with a timestamp below 10^11 ms (before 1973) warns with a
     UserWarning pointing at the caller's send() and stores the record as given; a
     timestamp in milliseconds does not warn."""
     topic = broker.create_topic("t", 1)

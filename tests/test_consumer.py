@@ -227,7 +227,7 @@ def _strict_decode(data: bytes) -> str:
 
 
 def test_an_undecodable_record_stops_poll_there_until_seek_moves_past_it(broker):
-    """DESIGN §12 across partitions: poll() returns the records before an undecodable
+    """docs/design.md §11 across partitions: poll() returns the records before an undecodable
     one, then every poll raises SerializationError (topic, partition, offset, the
     deserializer's error as its cause) with the position left on it — commit() stores
     that position, pausing the partition lets the others flow — until seek() moves past;

@@ -472,7 +472,7 @@ class LogModel(RuleBasedStateMachine):
             expected = {TopicPartition(TOPIC, p): o for p, o in self.committed[group].items()}
             assert admin.committed() == expected, (group, admin.committed(), expected)
             # lag() covers every partition of a topic the group committed on; one
-            # without a commit counts from the log start (DESIGN §6).
+            # without a commit counts from the log start (docs/design.md §6).
             lag = {}
             if expected:
                 for p in range(PARTITIONS):

@@ -1,4 +1,4 @@
-"""The public seam between the storage and everything above it (DESIGN §6, §13):
+"""The public seam between the storage and everything above it (docs/design.md §6, §5):
 `Partition`'s methods, the whole-batch helpers (`BatchBuilder`, `stamp_producer`,
 `iter_segment_batches`), the broker's logging and the clients' declared types."""
 

@@ -1,4 +1,4 @@
-"""Failover with fencing (DESIGN §8, docs/replication.md "Leases and failover"): the
+"""Failover with fencing (docs/design.md §8, docs/replication.md "Leases and failover"): the
 leader's lease, a Broker fenced by a newer holder, promote() taking the lease by a
 conditional write (two racing processes: exactly one wins), automatic promotion of a
 running follower when the leader is SIGKILLed, and the old leader coming back: it

@@ -1,4 +1,4 @@
-"""The leader's side of replication (DESIGN §8, docs/replication.md): the replication
+"""The leader's side of replication (docs/design.md §8, docs/replication.md): the replication
 factor and the assigned replica set, the ISR by replica.lag.time.max.ms, the high
 watermark as the minimum log end over the ISR (what consumers, in this process or
 another, may read), and acks="all" waiting for it. Followers run in their own processes

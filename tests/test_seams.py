@@ -1,4 +1,4 @@
-"""The public seam (DESIGN §13): the Spark data source and the CLI use logkit only
+"""The public seam (docs/design.md §5): the Spark data source and the CLI use logkit only
 through what `logkit/__init__.py` exports (and the public submodules `logkit.serde`
 and `logkit.testing`), and never touch an underscore attribute of a logkit object.
 

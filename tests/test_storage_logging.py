@@ -1,4 +1,4 @@
-"""The storage modules log what they do to the data (DESIGN §13): a WARNING naming
+"""The storage modules log what they do to the data (docs/design.md §5): a WARNING naming
 `topic-partition` and the bytes cut when recovery cuts a torn tail, INFO for segments
 that retention deletes, DEBUG for rolls; and no module installs a handler."""
 

@@ -1,4 +1,4 @@
-"""The testing kit (DESIGN §14): the pytest plugin's fixtures, loaded through the
+"""The testing kit (docs/design.md §13): the pytest plugin's fixtures, loaded through the
 pytest11 entry point in a fresh pytest process as a user's project loads them, and the
 helpers of `logkit.testing` — each helper's success and its failure message."""
 

@@ -1,5 +1,5 @@
 """The leader's side of replication: the replica assignment, the ISR, the high
-watermark, and acks="all" (DESIGN §8, docs/replication.md).
+watermark, and acks="all" (docs/design.md §8, docs/replication.md).
 
 Owns, under the leader's root:
 

@@ -1,5 +1,5 @@
 """Kafka's wire protocol over an embedded broker: unmodified Kafka clients produce,
-consume and join groups on a logkit directory (DESIGN §11, docs/kafka-protocol.md).
+consume and join groups on a logkit directory (docs/design.md §10, docs/kafka-protocol.md).
 
 Layers, each its own module, each knowing only the one below it:
   schema.py    field types, Kafka's two encodings, one interpreter for message schemas

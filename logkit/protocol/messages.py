@@ -412,7 +412,7 @@ API_VERSIONS = (
                                    f("max_version", "int16")))),
         f("throttle_time_ms", "int32", "1+"),
         # Tagged fields 0-3 (features) are left out on purpose: older librdkafka
-        # releases mis-read them, and no client we serve needs them (DESIGN §11).
+        # releases mis-read them, and no client we serve needs them (docs/design.md §10).
     ))
 
 CREATE_TOPICS = (

@@ -1,4 +1,4 @@
-"""Replication: a file-shipping follower (DESIGN §8, docs/replication.md).
+"""Replication: a file-shipping follower (docs/design.md §8, docs/replication.md).
 
 Owns nothing itself; its modules own the parts: `source.py` the pluggable
 `ReplicaSource` contract, `directory.py` the `DirectorySource`, `epochs.py` Kafka's

@@ -1,5 +1,5 @@
 """Replication through an object store: the leader ships its files to any fsspec URL,
-followers and `logkit restore` read them back (DESIGN §8, docs/replication.md).
+followers and `logkit restore` read them back (docs/design.md §8, docs/replication.md).
 
 Owns: the layout under the URL, the `Shipper` behind `broker.ship(url)`, the
 `ObjectStoreSource` a `logkit.Follower` copies through, and `restore()` behind

@@ -36,7 +36,7 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
     private static final Logger LOG = LoggerFactory.getLogger("logkit.spark");
     static final int ROWS = 4096;                    // rows per columnar batch
     private static final int WINDOW = 4 << 20;       // bytes read from a file at a time
-    static final int HEADER = 61;                    // DESIGN §3
+    static final int HEADER = 61;                    // docs/design.md §3
     private static final int ATTR_CODEC = 0x07;
     private static final int ATTR_LOG_APPEND_TIME = 0x08;
     private static final int ATTR_CONTROL = 0x20;
