@@ -332,3 +332,19 @@ def test_bodies_held_one_byte_short_take_bounded_memory(served):
         holder.join()
     assert peak_rss_mib() - base_mib < 128, (base_mib, peak_rss_mib())
     assert call(served.registry_port, "GET", "/subjects")[0] == 200
+
+
+def test_a_check_of_many_names_against_many_patterns_is_bounded():
+    """5,000 new property names against a writer's 5,000 patternProperties would be 25
+    million searches inside the registry's write transaction; the check stops searching
+    after MAX_PATTERN_SEARCHES and reports the rest conservatively."""
+    from logkit import compat
+    count = 5000
+    writer = {"type": "object", "patternProperties": {f"^p{i}$": {} for i in range(count)}}
+    reader = {**writer, "properties": {f"q{i}": {"type": "string"} for i in range(count)}}
+    old, new = (compat.parse("JSON", json.dumps(s)) for s in (writer, reader))
+    started = time.monotonic()
+    problems = compat.check_compatibility(new, old)
+    assert time.monotonic() - started < 5
+    assert len(problems) == count                        # every new name, reported
+    assert {p.rule for p in problems} == {"PROPERTY_ADDED_TO_OPEN_CONTENT_MODEL"}

@@ -55,6 +55,7 @@ JSON_TYPES = ("null", "boolean", "object", "array", "number", "integer", "string
 # Keywords whose values are data, not schemas: a "pattern" key inside them is no regex.
 DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 PATTERN_CACHE_ENTRIES = 1024
+MAX_PATTERN_SEARCHES = 100_000          # per compatibility check (property name x pattern)
 RE2_MAX_MEM_BYTES = 8 << 20             # per compiled pattern (RE2's default is 8 MiB)
 # ECMA-262's \uXXXX, which RE2 spells \x{XXXX}; other escapes pass through as pairs.
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)", re.DOTALL)
@@ -208,12 +209,34 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+class _Searches:
+    """One check's pattern searches, shared by its walkers: each regex compiled once,
+    at most MAX_PATTERN_SEARCHES searches (property names times patterns could
+    otherwise reach billions, inside the registry's write transaction)."""
+
+    def __init__(self) -> None:
+        self.left = MAX_PATTERN_SEARCHES
+        self.programs: dict[str, Any] = {}
+
+    def found(self, pattern: str, name: str) -> bool:
+        """Whether `pattern` matches `name`; False when it cannot tell (no RE2, or the
+        searches are spent), the conservative answer for the check."""
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        if pattern not in self.programs:
+            self.programs[pattern] = compile_pattern(pattern)
+        program = self.programs[pattern]
+        return program is not None and program.search(name) is not None
+
+
 class _Walker:
     def __init__(self, reader_root: Any, writer_root: Any,
-                 out: list[Incompatibility]) -> None:
+                 out: list[Incompatibility], searches: _Searches | None = None) -> None:
         self.roots = (reader_root, writer_root)
         self.out = out
         self.seen: set[tuple[int, int]] = set()
+        self.searches = _Searches() if searches is None else searches
 
     def add(self, rule: str, path: str, message: str) -> None:
         self.out.append(Incompatibility(rule, path, message))
@@ -233,7 +256,7 @@ class _Walker:
         return schema
 
     def accepts_all(self, r: Any, w: Any, depth: int) -> bool:
-        probe = _Walker(*self.roots, [])
+        probe = _Walker(*self.roots, [], self.searches)
         probe.seen = set(self.seen)
         probe.compare(r, w, "", depth)
         return not probe.out
@@ -401,10 +424,11 @@ class _Walker:
 
     def covered_by_patterns(self, name: str, w: dict[str, Any]) -> bool:
         """Whether a writer's patternProperties regex matches `name` (RE2, linear time;
-        False, the conservative answer, when RE2 is not installed)."""
+        see _Searches for when it cannot tell)."""
         for pattern in w.get("patternProperties") or {}:
-            program = compile_pattern(pattern)
-            if program is not None and program.search(name):
+            if self.searches.left <= 0:
+                return False
+            if self.searches.found(pattern, name):
                 return True
         return False
 
