@@ -1049,14 +1049,15 @@ class Broker:
         self._check_open()
         return SchemaRegistry.for_broker(self)
 
-    def serve_schema_registry(self, host: str = "127.0.0.1", port: int = 0
-                              ) -> RegistryServer:
+    def serve_schema_registry(self, host: str = "127.0.0.1", port: int = 0,
+                              **options: Any) -> RegistryServer:
         """Serve the registry over the REST subset confluent-kafka's SchemaRegistryClient
         uses, on host:port (0: a free port). The handle has `.url`, `.host`, `.port`,
-        `close()`; it is closed with the broker."""
+        `close()`; it is closed with the broker. Options: `max_connections`,
+        `idle_timeout_ms`, `request_timeout_ms` (docs/security.md)."""
         from .registry_http import serve
         self._check_open()
-        server = serve(self.schema_registry(), host=host, port=port)
+        server = serve(self.schema_registry(), host=host, port=port, **options)
         self._clients.append(server)
         return server
 

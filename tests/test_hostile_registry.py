@@ -348,3 +348,13 @@ def test_a_check_of_many_names_against_many_patterns_is_bounded():
     assert time.monotonic() - started < 5
     assert len(problems) == count                        # every new name, reported
     assert {p.rule for p in problems} == {"PROPERTY_ADDED_TO_OPEN_CONTENT_MODEL"}
+
+
+def test_the_brokers_handle_takes_the_limits_and_refuses_nonsense(broker):
+    with broker.serve_schema_registry(idle_timeout_ms=500) as server:
+        with socket.create_connection((server.host, server.port)) as idle:
+            assert closed_by_server(idle, 5)
+    for bad in ({"max_connections": 0}, {"idle_timeout_ms": -1},
+                {"request_timeout_ms": 2.5}, {"max_connections": True}):
+        with pytest.raises(logkit.ConfigError):
+            broker.serve_schema_registry(**bad)
