@@ -54,9 +54,10 @@ UPPER_BOUNDS = {"maximum": "MAXIMUM", "exclusiveMaximum": "EXCLUSIVE_MAXIMUM",
 JSON_TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 # Keywords whose values are data, not schemas: a "pattern" key inside them is no regex.
 DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
-PATTERN_CACHE_ENTRIES = 1024
+PATTERN_CACHE_ENTRIES = 256             # compiled programs kept across checks
 MAX_PATTERN_SEARCHES = 100_000          # per compatibility check (property name x pattern)
-RE2_MAX_MEM_BYTES = 8 << 20             # per compiled pattern (RE2's default is 8 MiB)
+RE2_MAX_MEM_BYTES = 1 << 20             # per program and its DFA cache; RE2 falls back
+                                        # to its (still linear) NFA past it
 # ECMA-262's \uXXXX, which RE2 spells \x{XXXX}; other escapes pass through as pairs.
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)", re.DOTALL)
 
