@@ -54,6 +54,9 @@ UPPER_BOUNDS = {"maximum": "MAXIMUM", "exclusiveMaximum": "EXCLUSIVE_MAXIMUM",
 JSON_TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 # Keywords whose values are data, not schemas: a "pattern" key inside them is no regex.
 DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Keywords whose values map names (chosen by the schema's author) to schemas.
+NAME_MAPS = frozenset({"properties", "patternProperties", "definitions", "$defs",
+                       "dependentSchemas", "dependencies"})
 PATTERN_CACHE_ENTRIES = 256             # compiled programs kept across checks
 MAX_PATTERN_SEARCHES = 100_000          # per compatibility check (property name x pattern)
 RE2_MAX_MEM_BYTES = 1 << 20             # per program and its DFA cache; RE2 falls back
@@ -78,23 +81,24 @@ def parse(text: str, references: Sequence[ParsedSchema] = ()) -> ParsedSchema:
 
 def schema_patterns(document: Any) -> Iterator[str]:
     """Every `pattern` value and `patternProperties` key in the schema (not inside
-    `const`, `enum`, `default` or `examples`, which hold data)."""
-    stack = [document]
+    `const`, `enum`, `default` or `examples`, which hold data; a property *named*
+    "pattern" or "default" is a schema like any other)."""
+    stack: list[tuple[Any, bool]] = [(document, False)]    # (node, is a map of names)
     while stack:
-        node = stack.pop()
+        node, names = stack.pop()
         if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict):
-            continue
-        for key, value in node.items():
-            if key in DATA_KEYWORDS:
-                continue
-            if key == "pattern" and isinstance(value, str):
-                yield value
-            elif key == "patternProperties" and isinstance(value, dict):
-                yield from value
-            stack.append(value)
+            stack.extend((item, False) for item in node)
+        elif isinstance(node, dict) and names:
+            stack.extend((value, False) for value in node.values())
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in DATA_KEYWORDS:
+                    continue
+                if key == "pattern" and isinstance(value, str):
+                    yield value
+                elif key == "patternProperties" and isinstance(value, dict):
+                    yield from value
+                stack.append((value, key in NAME_MAPS))
 
 
 @functools.lru_cache(maxsize=PATTERN_CACHE_ENTRIES)
@@ -107,11 +111,8 @@ def compile_pattern(pattern: str) -> Any:
     options = _re2.Options()
     options.log_errors = False          # the error is raised, not printed to stderr
     options.max_mem = RE2_MAX_MEM_BYTES
-    translated = _ESCAPE.sub(lambda m: "\\x{" + m.group(1)[1:] + "}"
-                             if m.group(1)[0] == "u" and len(m.group(1)) == 5
-                             else m.group(0), pattern)
     try:
-        return _re2.compile(translated, options)
+        return _re2.compile(_ESCAPE.sub(_re2_escape, pattern), options)
     except _re2.error as exc:
         reason = exc.args[0].decode(errors="replace") if exc.args and \
             isinstance(exc.args[0], bytes) else str(exc)
@@ -119,6 +120,12 @@ def compile_pattern(pattern: str) -> Any:
             f"pattern {json.dumps(pattern[:200])} cannot be run in linear time ({reason}); "
             "the registry evaluates patterns with RE2, which has no backreferences or "
             "lookarounds", pattern=pattern) from None
+
+
+def _re2_escape(escape: re.Match[str]) -> str:
+    """One escape of an ECMA-262 regex in RE2's syntax: only \\uXXXX differs."""
+    code = escape.group(1)
+    return "\\x{" + code[1:] + "}" if len(code) == 5 else escape.group(0)
 
 
 @functools.cache
