@@ -145,6 +145,7 @@ def test_a_backtracking_pattern_stalls_neither_the_kafka_listener_nor_the_regist
 
 @pytest.mark.parametrize("pattern", [r"^(a)\1$", "^(?=a)b", "(?<!x)y"])
 def test_a_pattern_re2_cannot_run_is_refused_at_registration(broker, pattern):
+    pytest.importorskip("re2")                  # google-re2, in the schemas extra
     with serve(broker.schema_registry()) as server:
         status, body = call(server.port, "POST", "/subjects/s/versions",
                             json_schema({"type": "string", "pattern": pattern}))
@@ -163,6 +164,7 @@ def test_a_pattern_re2_cannot_run_is_refused_at_registration(broker, pattern):
 def test_patterns_re2_can_run_are_still_registered_and_matched(broker):
     """ECMA-262's \\uXXXX escape is translated; a value that looks like a pattern
     inside `default` or `enum` is data, not a regex."""
+    pytest.importorskip("re2")                  # google-re2, in the schemas extra
     registry = broker.schema_registry()
     writer = {"type": "object", "patternProperties": {"^x_\\u00e9+$": {"type": "string"}},
               "default": {"pattern": "(?=data)"}}
@@ -289,6 +291,7 @@ def test_a_serde_validates_a_backtracking_pattern_in_linear_time(broker):
     """A consumer validates every record with its writer's schema: a record built to
     make Python's `re` backtrack is refused in linear time, not after seconds."""
     pytest.importorskip("jsonschema")
+    pytest.importorskip("re2")                  # google-re2, in the schemas extra
     from logkit.serde import JsonSchemaSerde
     schema = {"type": "object", "additionalProperties": False,
               "properties": {"name": {"type": "string", "pattern": BACKTRACKING}},
