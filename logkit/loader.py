@@ -135,6 +135,12 @@ def clean_open(directory: str, tail_file: TailFile) -> tuple[Tail, list[int]] | 
     if tail is None or (tail.boot_id != BOOT_ID and not tail.clean):
         return None
     bases = matching_bases(directory, tail)
+    if bases is not None and tail.boot_id != BOOT_ID and os.stat(
+            f"{directory}/{tail.active_base_offset:020d}.log").st_size != tail.active_size:
+        # clean, but bytes past it: appends after the clean close whose tail stores an
+        # OS crash lost (the mark is cleared in the map only); their syncs may have made
+        # them durable, so recover them rather than cut them (docs/powercut.md)
+        return None
     return None if bases is None else (tail, bases)
 
 

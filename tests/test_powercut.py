@@ -250,3 +250,35 @@ def test_the_format_file_is_durable_before_anything_else_in_the_root(recorded):
                 pytest.fail(f"{workload}: {op.path} made before logkit.json's name "
                             "was synced")
         assert renamed is not None, workload
+
+
+def test_a_clean_mark_on_disk_does_not_hide_later_synced_records(tmp_path):
+    """A clean close msyncs a tail marked clean; a later open appends and clears the
+    mark in the map only. Records synced after that (flush.messages=1) are durable; a
+    power cut that leaves the clean tail on disk must not make the next boot skip
+    recovery and lose them (issue 36: found by the `twowriters` workload, where the
+    second writer's close marked the tail clean mid-run)."""
+    import logkit
+    root = str(tmp_path / "root")
+    broker = logkit.Broker(root, background=False)
+    broker.create_topic("t", 1, config={"flush.messages": 1})
+    broker.topic("t").partition(0).append([(b"k", b"before", None, None)])
+    broker.close()
+    tail_path = os.path.join(root, "t-0", "logkit.tail")
+    with open(tail_path, "rb") as f:
+        on_disk = f.read()                    # the tail as the clean close synced it
+    broker = logkit.Broker(root, background=False)
+    p = broker.topic("t").partition(0)
+    offset = p.append([(b"k", b"after", None, None)])    # synced before it returns
+    assert p._log.tail().recovery_point == offset + 1
+    broker.close()
+    # the power cut: the tail's later stores never reached the disk (the log's synced
+    # bytes did), and the next boot has another boot id
+    with open(tail_path, "r+b") as f:
+        f.write(on_disk[:16] + b"\xee" * 16 + on_disk[32:])
+    broker = logkit.Broker(root, background=False)
+    try:
+        got = [r.value for r in broker.topic("t").partition(0).read(0)]
+        assert got == [b"before", b"after"], got
+    finally:
+        broker.close()

@@ -7,7 +7,8 @@ harness's, tests/powercut/) is acks1 plus a `broker.flush()` after each group co
 ledgered as `{"kind": "synced"}`: everything acknowledged before it is durable; and
 after each flush of the producer, a roll seen (the active segment's base moved) is
 ledgered as `{"kind": "rolled", "topic", "partition", "below": base}`: a roll fsyncs
-the segment it seals, so every record below that base is durable.
+the segment it seals, so every record below that base is durable. `twowriterssync` is
+`acks1sync` with the second writer.
 
 Every acknowledged outcome is appended to LEDGER *after* the acknowledgement, as one JSON
 line: so the ledger is a subset of what was acknowledged, and the checker trusts only
@@ -116,7 +117,7 @@ def main_workload(root: str, variant: str, ledger_path: str) -> int:
     ledger = Ledger(ledger_path)
     run = Runner(ledger, "main")
     flush1 = variant == "flush1"
-    sync_points = variant == "acks1sync"
+    sync_points = variant in ("acks1sync", "twowriterssync")
     main_config = dict(MAIN_CONFIG, **({"flush.messages": 1} if flush1 else {}))
     ok, broker = run.guard("open", logkit.Broker, root, background=False)
     if not ok:
@@ -130,7 +131,7 @@ def main_workload(root: str, variant: str, ledger_path: str) -> int:
                       config=RETENTION_CONFIG)
     if ok:
         ledger.ack(kind="created", topic=RETENTION_TOPIC)
-    if variant == "twowriters":
+    if variant in ("twowriters", "twowriterssync"):
         writer2 = subprocess.Popen([sys.executable, "-m", "tests.crashpoints.workload",
                                     root, "writer2", ledger_path + ".2"])
     acks = "all" if flush1 else 1
@@ -245,6 +246,9 @@ def writer2_workload(root: str, ledger_path: str) -> int:
 
 def main(argv: list[str]) -> int:
     root, variant, ledger_path = argv
+    if os.environ.get("LOGKIT_POWERCUT_MARKS"):    # traced by tests/powercut: observe maps
+        from tests.powercut import traced
+        traced.install(os.environ["LOGKIT_POWERCUT_MARKS"])
     if variant == "writer2":
         return writer2_workload(root, ledger_path)
     return main_workload(root, variant, ledger_path)

@@ -8,7 +8,8 @@ exposes bytes that were never acknowledged), and phase 1 runs again.
 
 Durable, and so checked to be present: a record acknowledged by a `flush.messages=1`
 topic (`t` in the `flush1` workload); every record acknowledged before a `synced`
-(`broker.flush()` returned) or `closed` (`broker.close()` returned) entry; every
+(`broker.flush()` returned) or `closed` (`broker.close()` returned; the second
+writer's close, of the partitions of `t` it appended to) entry; every
 record of a partition below the base in a `rolled` entry (a roll synced it); group
 commits (an LMDB commit, synced before it returns); created and deleted topics
 (`create_topic` ends with a syncfs; a deletion is durable once it returned). Anything
@@ -45,6 +46,10 @@ def durable_entries(acks: list[dict], variant: str) -> list[dict]:
                 out.append(e)
             else:
                 unsynced.append(e)
+        elif e["kind"] == "closed" and e.get("who") == "writer2":
+            # the second writer's close synced the partitions it appended to: all of t's
+            out.extend(u for u in unsynced if u["topic"] == "t")
+            unsynced = [u for u in unsynced if u["topic"] != "t"]
         elif e["kind"] in ("synced", "closed"):
             out.extend(unsynced)
             unsynced = []

@@ -27,6 +27,8 @@ WORKLOADS = {
     "acks1": "acks1sync",
     # flush.messages=1 on topic t, acks="all": every append is synced before its ack
     "flush1": "flush1",
+    # acks1 with a second process appending to t's partitions meanwhile
+    "twowriters": "twowriterssync",
 }
 CHUNK = 20
 

@@ -29,7 +29,7 @@ STRACE = shutil.which("strace") or "/usr/bin/strace"
 SYSCALLS = ("openat", "open", "creat", "write", "writev", "pwrite64", "pwritev",
             "pwritev2", "fsync", "fdatasync", "syncfs", "sync", "truncate", "ftruncate",
             "fallocate", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir",
-            "mkdirat", "rmdir", "mmap", "lseek")
+            "mkdirat", "rmdir", "mmap", "lseek", "clone", "clone3", "fork", "vfork")
 O_CREAT, O_TRUNC, O_APPEND = "O_CREAT", "O_TRUNC", "O_APPEND"
 FALLOC_KEEP_SIZE, FALLOC_PUNCH = "FALLOC_FL_KEEP_SIZE", "FALLOC_FL_PUNCH_HOLE"
 DIR = "dir"
@@ -172,6 +172,9 @@ class Parser:
         self.marks = self.ledger + ".marks"
         self.ns: dict[str, object] = {self.root: DIR}      # live names: path -> ino | DIR
         self.sizes: dict[int, int] = {}
+        # descriptors are per process: keyed "tgid:fd" (threads share their process's)
+        self.tgid: dict[str, str] = {}                     # thread id -> process id
+        self.tid = ""
         self.fds: dict[str, tuple[int, str]] = {}          # fd -> (ino, path at open)
         self.pos: dict[str, int] = {}
         self.append_fd: set[str] = set()
@@ -197,7 +200,7 @@ class Parser:
         if path is None:
             return None
         if path.endswith(" (deleted)"):
-            got = self.fds.get(fd)
+            got = self.fds.get(self.key(fd))
             return got[0] if got else None
         node = self.ns.get(path)
         return node if isinstance(node, int) else None
@@ -218,14 +221,18 @@ class Parser:
             if fd in self.sync_fd:         # O_DSYNC: durable when the write returns
                 self.ops.append(Op("fsync", ino=ino))
 
+    def key(self, fd: str) -> str:
+        return f"{self.tgid.get(self.tid, self.tid)}:{fd}"
+
     def parse(self, trace_path: str) -> Trace:
-        for _tid, text in _lines(trace_path):
+        for tid, text in _lines(trace_path):
             m = _CALL.match(text)
             if not m:
                 continue
             name, args, ret = m.groups()
             if ret.startswith("-1") or ret.startswith("?"):
                 continue
+            self.tid = tid
             self.calls += 1
             handler = getattr(self, "on_" + name, None)
             if handler is not None:
@@ -246,6 +253,7 @@ class Parser:
             return
         if not self.under(path):
             return
+        fd = self.key(fd)
         node = self.ns.get(path)
         if node == DIR:
             return
@@ -315,6 +323,7 @@ class Parser:
 
     def on_write(self, a, ret):
         fd, path = _fd(a[0])
+        fd = self.key(fd)
         n = int(ret.split()[0])
         if path == self.marks:
             self.on_mark(_string(a[1])[:n])
@@ -327,15 +336,35 @@ class Parser:
         self.data(ino, offset, data, fd)
         self.pos[fd] = offset + n
 
+    def on_clone(self, a, ret):
+        child = ret.split()[0]
+        parent = self.tgid.get(self.tid, self.tid)
+        if "CLONE_THREAD" in ",".join(a):
+            self.tgid[child] = parent
+            for table in (self.fds, self.pos):        # calls it made before this line
+                for k in [k for k in table if k.startswith(child + ":")]:
+                    table[parent + k[len(child):]] = table.pop(k)
+        else:                                          # a process: a copy of the table
+            for table in (self.fds, self.pos):
+                for k in [k for k in table if k.startswith(parent + ":")]:
+                    table.setdefault(child + k[len(parent):], table[k])
+            for fds in (self.append_fd, self.sync_fd):
+                fds |= {child + k[len(parent):] for k in fds if k.startswith(parent + ":")}
+
+    on_clone3 = on_clone
+    on_fork = on_clone
+    on_vfork = on_clone
+
     def on_lseek(self, a, ret):
         fd, path = _fd(a[0])
         if path is not None and self.under(path):
-            self.pos[fd] = int(ret.split()[0])
+            self.pos[self.key(fd)] = int(ret.split()[0])
 
     def on_writev(self, a, ret):
         fd, path = _fd(a[0])
+        fd = self.key(fd)
         n = int(ret.split()[0])
-        if path == self.ledger:
+        if path in (self.ledger, self.ledger + ".2"):
             for line in _iov(a[1])[:n].splitlines():
                 self.ops.append(Op("ack", entry=json.loads(line)))
             return
@@ -349,12 +378,12 @@ class Parser:
     def on_pwrite64(self, a, ret):
         ino = self.ino_of(a[0])
         if ino is not None:
-            self.data(ino, int(a[3]), _string(a[1])[: int(ret.split()[0])], _fd(a[0])[0])
+            self.data(ino, int(a[3]), _string(a[1])[: int(ret.split()[0])], self.key(_fd(a[0])[0]))
 
     def on_pwritev(self, a, ret):
         ino = self.ino_of(a[0])
         if ino is not None:
-            self.data(ino, int(a[3]), _iov(a[1])[: int(ret.split()[0])], _fd(a[0])[0])
+            self.data(ino, int(a[3]), _iov(a[1])[: int(ret.split()[0])], self.key(_fd(a[0])[0]))
 
     on_pwritev2 = on_pwritev
 
