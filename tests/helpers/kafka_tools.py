@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from tests.helpers.kafka import (CLASSES_DIR, RESOLVED_STAMP, ROOT_DIR, TOOL_TIMEOUT_S, TOOLS,
@@ -83,9 +84,24 @@ def run_scenario(*args: object, timeout_s: float = SCENARIO_TIMEOUT_S
     """Run ClientScenarios (compiled when its source is newer) with `args` in a quick
     JVM; returns the finished process whatever its exit status (0 done, 2 a deadline
     passed, 3 an exception: the scenario prints which on stdout)."""
-    classes = compile_java(SCENARIOS)
-    return _quick(java_command(SCENARIOS, *map(str, args), extra_classpath=classes),
+    return _quick(java_command(SCENARIOS, *map(str, args), extra_classpath=_scenarios_jar()),
                   SCENARIOS, timeout_s=timeout_s, input_text=None)
+
+
+def _scenarios_jar() -> Path:
+    """ClientScenarios' classes as a jar (a class-data archive cannot be written with a
+    non-empty directory on the classpath), written again when the classes are newer."""
+    classes = compile_java(SCENARIOS)
+    built = sorted(classes.glob(f"{SCENARIOS}*.class"))
+    ARCHIVE_DIR.mkdir(parents=True, exist_ok=True)
+    jar = ARCHIVE_DIR / f"{SCENARIOS}.jar"
+    if not jar.exists() or jar.stat().st_mtime < max(c.stat().st_mtime for c in built):
+        writing = jar.with_name(f"{SCENARIOS}.{os.getpid()}.jar.tmp")
+        with zipfile.ZipFile(writing, "w") as archive:
+            for path in built:
+                archive.write(path, path.name)
+        os.replace(writing, jar)
+    return jar
 
 
 def scenario_lines(proc: subprocess.CompletedProcess[str], tag: str) -> list[list[str]]:

@@ -6,15 +6,17 @@
 //       a KafkaProducer with nothing set but the serializers (so enable.idempotence=true,
 //       acks=all); keys "key-" + (i % 10), values "value-" + i; prints
 //       "SENT partition offset" per record in send order.
-//   group BOOTSTRAP TOPIC GROUP PROTOCOL ASSIGNOR MEMBERS EXPECTED [static]
+//   group BOOTSTRAP TOPIC GROUP PROTOCOL ASSIGNOR MEMBERS EXPECTED [static|static-restart]
 //       MEMBERS consumers of group GROUP (PROTOCOL classic or consumer; ASSIGNOR range,
 //       cooperative-sticky or "-" for the default), started one after another, each once
 //       the one before has an assignment; each polls until the group together has read
 //       EXPECTED records and every member holds partitions. Prints per member
 //       "MEMBER i assigned=[..] revoked=[[..],..] generation=G", then "CONSUMED n" (distinct
-//       records), commits, and with "static" (group.instance.id "static-i") restarts the
-//       last member under the same instance id and prints "RESTART generation_before=G
-//       generation_after=G revoked_after=[..] assigned=[..]" for member 0.
+//       records) and commits. "static": members have group.instance.id "static-i";
+//       "static-restart" then restarts the last member under the same instance id and
+//       prints "RESTART generation_before=G generation_after=G restarted_generation=G
+//       revoked_after=[..] assigned_before=[..] assigned_after=[..]" (member 0's
+//       generation and revocations, the restarted member's partitions).
 // Any exception: "ERROR <class>: <message>" and exit 3; a deadline passed: "TIMEOUT ..." and
 // exit 2.
 
@@ -22,6 +24,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.List;
+import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
 import java.util.TreeSet;
@@ -54,7 +57,7 @@ public final class ClientScenarios {
                 produce(args[1], args[2], Integer.parseInt(args[3]));
             } else if (args[0].equals("group")) {
                 group(args[1], args[2], args[3], args[4], args[5], Integer.parseInt(args[6]),
-                      Integer.parseInt(args[7]), args.length > 8 && args[8].equals("static"));
+                      Integer.parseInt(args[7]), args.length > 8 ? args[8] : "");
             } else {
                 throw new IllegalArgumentException("unknown scenario " + args[0]);
             }
@@ -147,7 +150,7 @@ public final class ClientScenarios {
                     assigned.set(consumer.assignment().stream().map(TopicPartition::partition)
                                  .collect(Collectors.toCollection(TreeSet::new)));
                     generation = consumer.groupMetadata().generationId();
-                    if (commit.get() && !committed.get()) {
+                    if (commit.get() && !committed.get() && caughtUp()) {
                         consumer.commitSync();
                         committed.set(true);
                     }
@@ -157,6 +160,20 @@ public final class ClientScenarios {
             } finally {
                 consumer.close(Duration.ofSeconds(5));
             }
+        }
+
+        /** Every assigned partition read to its end, so a commit commits the ends (a
+         *  partition just assigned may have no position yet, and commitSync() would
+         *  leave it out). */
+        boolean caughtUp() {
+            Set<TopicPartition> held = consumer.assignment();
+            Map<TopicPartition, Long> ends = consumer.endOffsets(held);
+            for (TopicPartition tp : held) {
+                if (consumer.position(tp) < ends.get(tp)) {
+                    return false;
+                }
+            }
+            return true;
         }
 
         String revokedText() {
@@ -209,8 +226,9 @@ public final class ClientScenarios {
     }
 
     static void group(String bootstrap, String topic, String group, String protocol,
-                      String assignor, int count, int expected, boolean isStatic)
+                      String assignor, int count, int expected, String membership)
             throws Exception {
+        boolean isStatic = membership.startsWith("static");
         long deadline = System.currentTimeMillis() + DEADLINE_MS;
         Set<String> seen = ConcurrentHashMap.newKeySet();
         List<Member> members = new ArrayList<>();
@@ -253,7 +271,7 @@ public final class ClientScenarios {
             waitFor("offsets committed", deadline,
                     () -> members.stream().allMatch(m -> m.committed.get()), members);
             System.out.println("COMMITTED");
-            if (isStatic) {
+            if (membership.equals("static-restart")) {
                 restartLast(bootstrap, topic, group, protocol, assignor, members, seen,
                             System.currentTimeMillis() + RESTART_DEADLINE_MS);
             }
