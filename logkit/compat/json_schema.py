@@ -179,9 +179,10 @@ def _additional_keyword(validator: Any, additional: Any, instance: Any, schema: 
     elif additional is False and extras:
         from jsonschema.exceptions import ValidationError
         listed = ", ".join(repr(name) for name in sorted(extras))
-        yield ValidationError(f"additional properties are not allowed ({listed})" +
-                              (f"; none matches the patterns {sorted(patterns)!r}"
-                               if patterns else ""))
+        verb = "was" if len(extras) == 1 else "were"       # jsonschema's own wording
+        yield ValidationError(f"Additional properties are not allowed ({listed} {verb} "
+                              "unexpected)" + (f"; none matches the patterns "
+                                               f"{sorted(patterns)!r}" if patterns else ""))
 
 
 def _check_schema(document: Any) -> None:
