@@ -25,12 +25,12 @@ malformed, gets a 500 unless logkit itself failed (then it is logged).
 
 Bounded (docs/security.md): at most `max_connections` open connections, each one
 thread; a new connection at the cap closes the connection idle the longest, or, when
-none is idle, is answered 503 and closed. Bodies being read or handled hold at most
-`MAX_INFLIGHT_BODY_BYTES` together (a request waits for room until its deadline, then
-gets 503). A connection waits at most `idle_timeout_ms`
+none is idle, is answered 503 and closed. A connection waits at most `idle_timeout_ms`
 for a request's first byte; from that byte, the whole request (line, headers, body) and
 its answer get `request_timeout_ms` in total, however slowly the bytes trickle: the
-deadline is per request, not per read (`_Deadlines`). Loopback by default.
+deadline is per request, not per read (`_Deadlines`). Bodies being read or handled
+hold at most `MAX_INFLIGHT_BODY_BYTES` together (a request waits for room until its
+deadline, then gets 503). Loopback by default.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ from .errors import (ClosedError, CodecUnavailableError, ConfigError, LogkitErro
 from .schema_registry import RegisteredSchema, Schema, SchemaRegistry, check_version
 
 __all__ = ["RegistryServer", "serve", "handle", "ROUTES", "MAX_BODY_BYTES",
-           "MAX_BODY_DEPTH", "MAX_CONNECTIONS", "IDLE_TIMEOUT_MS", "REQUEST_TIMEOUT_MS"]
+           "MAX_BODY_DEPTH", "MAX_CONNECTIONS", "IDLE_TIMEOUT_MS", "REQUEST_TIMEOUT_MS",
+           "MAX_INFLIGHT_BODY_BYTES"]
 
 log = logging.getLogger(__name__)
 
