@@ -270,7 +270,8 @@ def test_a_flipped_byte_in_a_batch_a_seek_reads_raises_with_its_position(batched
 def test_a_bent_length_after_the_batch_a_seek_reads_raises_and_never_spins(batched_log):
     """The batch after the one a seek wants has its length field bent to -12, so its
     "end" is its own start. A read wanting more than one batch must still end — with
-    CorruptRecordError at that batch's position, from the map path — where the pread
+    the records before that batch, then CorruptRecordError at its position on the next
+    read, from the map path — where the pread
     window once walked the batch ends in place for ever. Run in a child process so a
     spin fails the test (bounded) instead of hanging the suite."""
     broker, partition, bases = batched_log
@@ -287,13 +288,20 @@ def test_a_bent_length_after_the_batch_a_seek_reads_raises_and_never_spins(batch
         import logkit
         from logkit.errors import CorruptRecordError
         broker = logkit.Broker({broker.path!r}, background=False)
+        p = broker.topic("t").partition(0)
+        # The good records before the bad batch come first (issue 38); the read after
+        # them starts at the bad batch and raises at its position.
+        good = p.read({sealed + 5 * 3 + 1}, max_records=500)
+        print("returned", [r.offset for r in good])
         try:
-            broker.topic("t").partition(0).read({sealed + 5 * 3 + 1}, max_records=500)
+            p.read(good[-1].offset + 1, max_records=500)
         except CorruptRecordError as exc:
             print("raised", exc.position)
         else:
-            print("returned")
+            print("returned again")
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, cwd=CHECKOUT)
-    assert done.stdout.split() == ["raised", str(at)], (done.stdout, done.stderr)
+    good = str([sealed + offset for offset in range(16, 20)]).split()
+    assert done.stdout.split() == ["returned", *good, "raised", str(at)], (
+        done.stdout, done.stderr)
