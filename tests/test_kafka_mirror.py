@@ -201,3 +201,29 @@ def test_mirror_from_kafka_pulls_a_topic_into_a_logkit_directory(kafka, tmp_path
             translated = committed[logkit.TopicPartition(topic, p)]
             after = [row for o, row in source[p] if o >= offset]
             assert [row for _, row in got[p][translated:]] == after
+
+
+def _produce_error(bootstrap, topic, timestamp_ms):
+    """The error a produce of one record stamped `timestamp_ms` gets, or None."""
+    from confluent_kafka import Producer
+    errors = []
+    producer = Producer({"bootstrap.servers": bootstrap, "message.send.max.retries": 0})
+    producer.produce(topic, b"v", timestamp=timestamp_ms,
+                     on_delivery=lambda error, message: errors.append(error))
+    producer.flush(30)
+    assert len(errors) == 1
+    return errors[0].name() if errors[0] is not None else None
+
+
+@pytest.mark.xfail(strict=True, reason="docs/kafka-protocol.md, Differences from Apache "
+                   "Kafka: message.timestamp.after.max.ms is not enforced, so a record "
+                   "logkit took cannot be mirrored into Kafka")
+def test_a_record_stamped_two_hours_ahead_is_refused_as_kafka_refuses_it(kafka, tmp_path):
+    """Kafka 4 refuses a record stamped more than message.timestamp.after.max.ms (1 h)
+    ahead of its clock; logkit takes it, and `logkit mirror` then fails on it."""
+    ahead = int(time.time() * 1000) + 2 * 3_600_000
+    topic = unique("ahead")
+    kafka_error = _produce_error(kafka.bootstrap_servers, topic, ahead)
+    assert kafka_error is not None
+    with logkit.Broker(tmp_path / "data") as broker, broker.serve() as server:
+        assert _produce_error(server.bootstrap_servers, topic, ahead) == kafka_error
