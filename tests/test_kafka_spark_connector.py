@@ -4,15 +4,15 @@ writes logkit topics through logkit's listener: a batch read, a batch write, and
 Structured Streaming query (kafka → kafka) stopped and restarted from its checkpoint;
 every row equals what the `logkit` source reads from the same directory.
 
-The suite's shared `spark` session cannot take the connector: `spark.jars` is read when
-a session starts. So the Spark side runs in a second local session, in a subprocess
-(`main` below), while this process owns the broker and its listener."""
+The connector's jars join the suite's shared `spark` session (tests/conftest.py, built by
+`pyspark_logkit.local_session()`) at run time with `ADD JAR`: `spark.jars` is read only
+when a session starts, and a second session in a subprocess costs its own JVM start
+(20 s here). Only the connector, its token provider, kafka-clients 3.9.2 and
+commons-pool2 are added: PySpark already carries the rest of tools/kafka/spark-lib
+(Scala, Hadoop, lz4, snappy, slf4j) at other versions."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -48,9 +48,11 @@ pytestmark = pytest.mark.skipif(_reason() is not None, reason=str(_reason()))
 
 
 @pytest.fixture(scope="module")
-def connector_run(tmp_path_factory):
-    """One run of `main` against a served broker (a Spark session is the slow part, so
-    both tests below read this one run): (summary, the broker's directory)."""
+def connector_run(spark, tmp_path_factory):
+    """One run of `_exercise` against a served broker (both tests below read it):
+    (summary, the source's (key, value) per partition, the streamed copy's)."""
+    for jar in connector_jars():
+        spark.sql(f"ADD JAR '{jar}'")
     tmp_path = tmp_path_factory.mktemp("spark-kafka")
     with logkit.Broker(tmp_path / "data") as broker, broker.serve() as server:
         broker.create_topic("events", 3)
@@ -62,15 +64,9 @@ def connector_run(tmp_path_factory):
         producer.close()
         for name in ("upper", "copy"):
             broker.create_topic(name, 3)
-        jars = ",".join(connector_jars())
         began = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-c", "import sys; from tests.test_kafka_spark_connector "
-             "import main; main(sys.argv[1:])", server.bootstrap_servers,
-             str(tmp_path / "data"), str(tmp_path / "checkpoint"), jars],
-            cwd=ROOT_DIR, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        summary = _exercise(spark, server.bootstrap_servers, str(tmp_path / "data"),
+                            str(tmp_path / "checkpoint"))
         summary["seconds"] = round(time.monotonic() - began, 1)
         source = [[(r.key, r.value) for r in p.read(0, max_records=10 ** 6)]
                   for p in broker.topic("events").partitions]
@@ -100,7 +96,7 @@ def test_a_record_without_headers_reads_as_null_as_in_sparks_kafka_source(connec
     assert summary["rows_headers_empty_not_null"] == 0
 
 
-# ---- the Spark side, in its own process -------------------------------------------------
+# ---- the Spark side ---------------------------------------------------------------------
 
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType",
            "headers")
@@ -110,15 +106,14 @@ def _rows(df):
     return sorted(tuple(row) for row in df.select(*COLUMNS).collect())
 
 
-HEADERS_APART = [0]    # rows whose headers are null via Spark's source, [] via logkit's
-
-
-def _same(via_kafka, via_logkit, what):
+def _same(via_kafka, via_logkit, what, summary):
+    """The two sources' rows equal but for null/[] headers (counted in the summary)."""
     def null_headers(row):
         return row[:-1] + (row[-1] or None,)
     if len(via_kafka) == len(via_logkit):
-        HEADERS_APART[0] += sum(a != b and null_headers(a) == null_headers(b)
-                                for a, b in zip(via_kafka, via_logkit))
+        summary["rows_headers_empty_not_null"] += sum(
+            a != b and null_headers(a) == null_headers(b)
+            for a, b in zip(via_kafka, via_logkit))
     via_kafka = [null_headers(r) for r in via_kafka]
     via_logkit = [null_headers(r) for r in via_logkit]
     if via_kafka != via_logkit:
@@ -128,13 +123,9 @@ def _same(via_kafka, via_logkit, what):
                              f"(kafka, logkit): {diff}")
 
 
-def main(argv: list[str]) -> None:
-    bootstrap, directory, checkpoint, jars = argv
-    from pyspark_logkit import jar_path, local_session
-    spark = local_session("logkit-kafka-connector",
-                          **{"spark.jars": ",".join(filter(None, [jar_path(), jars])),
-                             "spark.driver.memory": "1g"})
-
+def _exercise(spark, bootstrap, directory, checkpoint):
+    """Spark's Kafka connector through the listener at `bootstrap`, each result checked
+    against the `logkit` source reading `directory`; returns the counts."""
     def kafka(topic):
         return (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
                 .option("subscribe", topic).option("includeHeaders", "true")
@@ -145,21 +136,21 @@ def main(argv: list[str]) -> None:
                 .option("subscribe", topic).option("includeHeaders", "true")
                 .option("startingOffsets", "earliest").load())
 
-    summary = {}
+    summary = {"rows_headers_empty_not_null": 0}
     # 1. batch read: the connector's rows are the logkit source's rows
     via_kafka = _rows(kafka("events"))
-    _same(via_kafka, _rows(logkit_source("events")), "batch read")
+    _same(via_kafka, _rows(logkit_source("events")), "batch read", summary)
     summary["read"] = len(via_kafka)
 
-    # 2. batch write through the listener, read back by both sources
+    # 2. batch write through the listener (partitions and headers given), read back
     (kafka("events").selectExpr("key", "upper(cast(value as string)) as value",
                                 "partition", "headers")
      .write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
      .option("topic", "upper").option("includeHeaders", "true").save())
-    written = _rows(kafka("upper"))
-    _same(written, _rows(logkit_source("upper")), "batch-written topic")
-    assert sorted((r[0], r[1]) for r in written) == sorted(
-        (r[0], r[1].upper()) for r in via_kafka), "batch write lost or changed rows"
+    written = _rows(logkit_source("upper"))
+    assert sorted((r[0], r[1], r[3], r[7]) for r in written) == sorted(
+        (r[0], r[1].upper(), r[3], r[7]) for r in via_kafka), \
+        "batch write lost or changed rows"
     summary["written"] = len(written)
 
     # 3. a streaming query kafka → kafka, stopped, more input, restarted on its checkpoint
@@ -186,12 +177,6 @@ def main(argv: list[str]) -> None:
      .option("topic", "events").save())
     summary["streamed_second"] = run_stream()
     copied = _rows(kafka("copy"))
-    _same(copied, _rows(logkit_source("copy")), "streamed topic")
+    _same(copied, _rows(logkit_source("copy")), "streamed topic", summary)
     summary["copy"] = len(copied)
-    summary["rows_headers_empty_not_null"] = HEADERS_APART[0]
-    spark.stop()
-    print(json.dumps(summary))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    return summary
