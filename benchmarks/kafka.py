@@ -5,21 +5,23 @@ side on 127.0.0.1 for the whole run: `logkit serve` in a child process over a fr
 directory (tests/helpers/kafka_tools.LogkitServe) and a single-node KRaft Apache Kafka
 (tests/helpers/kafka.KafkaBroker, the broker the Kafka tests start, from `make kafka`'s
 classpath). Every workload is Kafka's own tool, run the same way at both, the two runs
-back to back (which goes first alternates), so the machine's load falls on both alike:
+back to back (which goes first alternates), three rounds in the full form with the median
+kept, so the machine's load falls on both alike:
 
   produce      kafka-producer-perf-test (the Java producer with Kafka 4's defaults:
                idempotent, linger.ms 5, batch.size 16384; acks as the case says),
                record sizes 100 B and 1 KiB x 1 and 6 partitions x acks 1 and all
   consume      kafka-consumer-perf-test over what the acks=1 case wrote
   latency      the end-to-end latency tool (a send, then a poll that returns it), 100 B,
-               1 partition, acks 1 and all: p50 and p99 in ms
+               1 partition, acks 1 and all: p50 and p99 in ms (the tool prints whole ms)
   embedded     logkit's in-process `producer.send` (unkeyed, as the perf test sends;
                linger_ms 5, batch_size 16384, the case's acks) beside the Java producer
                into Kafka (the produce case's Kafka figure)
   ready        process start -> the first Metadata answer that lists a broker, on a
                fresh directory (Kafka's includes `kafka-storage format`, which a new
                Kafka needs) and again on the same directory after a clean stop
-  RSS          each server process's resident set after the workloads, and its peak
+  RSS          each server process's resident set after the workloads (and split into
+               anonymous memory and mapped files' pages), and its peak
 
 Ratios are logkit ÷ Kafka for rates and Kafka ÷ logkit for times and memory, so > 1
 always means logkit does better. `--quick` runs one case of each (100 B, 1 partition,
@@ -35,6 +37,7 @@ import datetime
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -73,11 +76,12 @@ class Plan:
         self.records = {100: 20_000, 1024: 5_000} if quick else {100: 300_000, 1024: 100_000}
         self.latency_records = 300 if quick else 3_000
         self.restart = not quick
+        self.repeats = 1 if quick else 3
 
     def as_dict(self) -> dict[str, Any]:
         return {"quick": self.quick, "sizes": self.sizes, "partitions": self.partitions,
                 "acks": self.acks, "records": self.records,
-                "latency_records": self.latency_records}
+                "latency_records": self.latency_records, "repeats": self.repeats}
 
 
 def _progress(text: str) -> None:
@@ -151,11 +155,22 @@ def _create(bootstrap: str, topic: str, partitions: int) -> None:
              "--partitions", str(partitions), "--replication-factor", "1")
 
 
-def _both(order: int, fn: Callable[[str, str], dict[str, float]], targets: dict[str, str]
-          ) -> dict[str, dict[str, float]]:
-    """fn(name, bootstrap) at each server, logkit first when `order` is even."""
-    names = ["logkit", "kafka"] if order % 2 == 0 else ["kafka", "logkit"]
-    return {name: fn(name, targets[name]) for name in names}
+def _both(order: int, fn: Callable[[str, str], dict[str, float]], targets: dict[str, str],
+          repeats: int = 1) -> dict[str, dict[str, Any]]:
+    """fn(name, bootstrap) at each server `repeats` times, the two alternating (logkit
+    first in even rounds); each figure is the median of the rounds, and every round's
+    figures are kept under "rounds"."""
+    runs: dict[str, list[dict[str, float]]] = {"logkit": [], "kafka": []}
+    for round_ in range(repeats):
+        names = ["logkit", "kafka"] if (order + round_) % 2 == 0 else ["kafka", "logkit"]
+        for name in names:
+            runs[name].append(fn(name, targets[name]))
+    out: dict[str, dict[str, Any]] = {}
+    for name, rounds in runs.items():
+        out[name] = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+        if repeats > 1:
+            out[name]["rounds"] = rounds
+    return out
 
 
 def _produce(topic: str, size: int, records: int, acks: str
@@ -233,17 +248,22 @@ def run(plan: Plan) -> dict[str, Any]:
                     topic = f"perf-{size}b-{partitions}p-acks{acks}"
                     for bootstrap in targets.values():
                         _create(bootstrap, topic, partitions)
-                    _progress(f"produce {topic} ({records:,} records)")
-                    produce = _both(order, _produce(topic, size, records, acks), targets)
+                    _progress(f"produce {topic} ({records:,} records x {plan.repeats})")
+                    produce = _both(order, _produce(topic, size, records, acks), targets,
+                                    plan.repeats)
                     order += 1
                     _progress(f"embedded producer.send {topic}")
-                    embedded = _embedded(size, partitions, records, acks)
+                    embedded_rounds = [_embedded(size, partitions, records, acks)
+                                       for _ in range(plan.repeats)]
+                    embedded = {key: statistics.median(r[key] for r in embedded_rounds)
+                                for key in embedded_rounds[0]}
                     case: dict[str, Any] = {
                         "size_bytes": size, "partitions": partitions, "acks": acks,
                         "records": records, "produce": produce, "embedded": embedded}
                     if acks == plan.acks[0]:
                         _progress(f"consume {topic}")
-                        case["consume"] = _both(order, _consume(topic, records), targets)
+                        case["consume"] = _both(order, _consume(topic, records), targets,
+                                                plan.repeats)
                         order += 1
                     cases.append(case)
         latency = []
@@ -254,7 +274,7 @@ def run(plan: Plan) -> dict[str, Any]:
             _progress(f"end-to-end latency, acks={acks}")
             latency.append({"acks": acks, "records": plan.latency_records, "size_bytes": 100,
                             **_both(order, _latency(topic, plan.latency_records, acks),
-                                    targets)})
+                                    targets, plan.repeats)})
             order += 1
         serving_rss = servers.rss()
     finally:

@@ -164,14 +164,20 @@ def parse_e2e_latency(stdout: str) -> dict[str, float]:
             "latency_ms_p999": float(found.group(3))}
 
 
+_STATUS_FIELDS = {"VmRSS:": "rss_mb", "VmHWM:": "peak_rss_mb", "RssAnon:": "anon_rss_mb",
+                  "RssFile:": "file_rss_mb", "RssShmem:": "shmem_rss_mb"}
+
+
 def rss_mb(pid: int) -> dict[str, float]:
-    """A live process's resident set now (VmRSS) and at its peak (VmHWM), in MiB."""
+    """A live process's resident set now (VmRSS), at its peak (VmHWM), and now split
+    into anonymous memory (heap, stacks) and mapped files' pages (RssFile: the segments
+    and indexes a process maps count here while they are in the page cache), in MiB."""
     out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                out["rss_mb" if line.startswith("VmRSS") else "peak_rss_mb"] = (
-                    int(line.split()[1]) / 1024)
+            name = _STATUS_FIELDS.get(line.split(":", 1)[0] + ":")
+            if name is not None:
+                out[name] = int(line.split()[1]) / 1024
     return out
 
 
