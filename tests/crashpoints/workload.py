@@ -4,7 +4,8 @@ VARIANT is `acks1` (acks=1, the default flush policy), `flush1` (flush.messages=
 acks="all") or `twowriters` (acks1 plus a second writer process on the same root,
 `python -m tests.crashpoints.workload ROOT writer2 LEDGER.2`). `acks1sync` (the power-cut
 harness's, tests/powercut/) is acks1 plus a `broker.flush()` after each group commit,
-ledgered as `{"kind": "synced"}`: everything acknowledged before it is durable; and
+between a `{"kind": "syncing"}` and a `{"kind": "synced"}` entry: everything
+acknowledged before the first is durable once the second is written; and
 after each flush of the producer, a roll seen (the active segment's base moved) is
 ledgered as `{"kind": "rolled", "topic", "partition", "below": base}`: a roll fsyncs
 the segment it seals, so every record below that base is durable. `twowriterssync` is
@@ -166,6 +167,7 @@ def main_workload(root: str, variant: str, ledger_path: str) -> int:
                     ledger.ack(kind="commit", group=GROUP, topic=tp.topic,
                                partition=tp.partition, offset=offset)
             if sync_points:
+                ledger.ack(kind="syncing")      # covers what was acknowledged before it
                 ok, _ = run.guard("flush", broker.flush)
                 if ok:
                     ledger.ack(kind="synced")
@@ -238,6 +240,7 @@ def writer2_workload(root: str, ledger_path: str) -> int:
                 for i in range(3):
                     ledger.ack(kind="record", topic=MAIN_TOPIC, partition=p,
                                offset=base + i, key=f"w{n}", value=f"w2:{n * 3 + i}")
+    ledger.ack(kind="closing", who="writer2")   # its close syncs what was acked before
     ok, _ = run.guard("close", broker.close)
     if ok:
         ledger.ack(kind="closed", who="writer2")

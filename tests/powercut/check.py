@@ -7,9 +7,10 @@ probe record, in a new Broker (a roll seals the active segment up to its size, w
 exposes bytes that were never acknowledged), and phase 1 runs again.
 
 Durable, and so checked to be present: a record acknowledged by a `flush.messages=1`
-topic (`t` in the `flush1` workload); every record acknowledged before a `synced`
-(`broker.flush()` returned) or `closed` (`broker.close()` returned; the second
-writer's close, of the partitions of `t` it appended to) entry; every
+topic (`t` in the `flush1` workload); every record acknowledged before a
+`broker.flush()` started, once it returned (`syncing`, then `synced`), or before a
+`close()` started, once it returned (the main close; the second writer's `closing`,
+then `closed`, for the partitions of `t` it appended to); every
 record of a partition below the base in a `rolled` entry (a roll synced it); group
 commits (an LMDB commit, synced before it returns); created and deleted topics
 (`create_topic` ends with a syncfs; a deletion is durable once it returned). Anything
@@ -38,22 +39,29 @@ _LOST = ("topic missing", "is gone", "acknowledged offset", "was acknowledged",
 
 
 def durable_entries(acks: list[dict], variant: str) -> list[dict]:
-    """The acknowledgements a power cut must not take back, in ledger order."""
+    """The acknowledgements a power cut must not take back, in ledger order. A sync
+    covers what was acknowledged before it started (its `syncing`/`closing` entry):
+    another process's appends acknowledged while it ran may be after it."""
     out, unsynced = [], []
+    covering: dict[str, list[dict]] = {}       # a sync under way -> what it covers
     for e in acks:
-        if e["kind"] == "record":
+        kind, who = e["kind"], e.get("who", "main")
+        if kind == "record":
             if variant == "flush1" and e["topic"] == "t":
                 out.append(e)
             else:
                 unsynced.append(e)
-        elif e["kind"] == "closed" and e.get("who") == "writer2":
-            # the second writer's close synced the partitions it appended to: all of t's
-            out.extend(u for u in unsynced if u["topic"] == "t")
-            unsynced = [u for u in unsynced if u["topic"] != "t"]
-        elif e["kind"] in ("synced", "closed"):
+        elif kind in ("syncing", "closing"):
+            # the second writer's close syncs the partitions it appended to: t's
+            covering[who] = [u for u in unsynced if who == "main" or u["topic"] == "t"]
+        elif kind == "synced" or (kind == "closed" and who == "writer2"):
+            done = covering.pop(who, [])
+            out.extend(done)
+            unsynced = [u for u in unsynced if u not in done]
+        elif kind == "closed":                 # the main close, after the writer exited
             out.extend(unsynced)
             unsynced = []
-        elif e["kind"] == "rolled":
+        elif kind == "rolled":
             below = [u for u in unsynced if (u["topic"], u["partition"]) == (
                 e["topic"], e["partition"]) and u["offset"] < e["below"]]
             out.extend(below)
