@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
+from ._clock import now_ms as _now_ms
 from .segment import (LogSegment, SegmentRecovery, parse_segment_name, retire_segment,
                       segment_file_name, unlink_segment)
 from .tail import BOOT_ID, Tail, TailFile
@@ -42,9 +43,6 @@ class RecoveryReport(NamedTuple):
     bytes_truncated: int
     seconds: float
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def live_bases(names: Iterable[str], tail: Tail) -> list[int]:

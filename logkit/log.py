@@ -1,6 +1,13 @@
 """The partition log: the sorted segments of one `<topic>-<partition>` directory, and
 appends, rolls, reads, retention and the flush policy over them.
 
+`PartitionLog` is put together from its jobs, one module each (as Kafka splits LocalLog,
+UnifiedLog and the log manager): `partition_lock.py` the append lock across threads and
+processes, `segment_cache.py` the open and parked segments, `group_commit.py` syncs and
+group commit, `log_read.py` every read, `log_trim.py` retention and truncation. This
+module keeps opening and recovery, the three append tiers, rolls, replicated appends
+and close.
+
 Owns: the live log. Its neighbours own the rest of the directory's story: `tail.py` the
 shared tail state and its seqlock, `loader.py` the open-time checks and recovery (the
 partition log calls them), `segment.py` one segment's files, `records.py` every batch
@@ -51,31 +58,47 @@ segments retention deletes; WARNING when bytes past the committed size are cut.
 
 from __future__ import annotations
 
-import bisect
-import fcntl
 import logging
 import os
 import threading
-import time
-from contextlib import contextmanager
-from typing import Any, Callable, Container, Iterator, Mapping, NamedTuple, TypeVar
+from typing import Any, Container, Mapping
 
 from . import _fork, loader
+from ._clock import now_ms as _now_ms
+from ._files import check_directory, open_file
 from ._native import shortio
 from .compression import CODEC_NAMES, TOPIC_COMPRESSION_TYPE
-from .errors import (ClosedError, CorruptRecordError, IllegalStateError, LogkitError,
-                     LogkitTimeoutError,
-                     OffsetOutOfRangeError, ReadOnlyError, RecordTooLargeError, StorageError,
-                     UnknownTopicError, UnsupportedCompressionTypeError,
-                     storage_error)
+from .errors import (
+    ClosedError,
+    CorruptRecordError,
+    IllegalStateError,
+    LogkitTimeoutError,
+    RecordTooLargeError,
+    StorageError,
+    UnknownTopicError,
+    UnsupportedCompressionTypeError,
+    storage_error,
+)
+from .group_commit import SyncTicket, _GroupCommit
 from .loader import RecoveryReport, leftovers, live_bases
+from .log_read import BATCHES_SINCE_MAX_BYTES, MAX_FETCH_BYTES, _LogReads
+from .log_trim import _LogTrim
 from .notify import change_offset, change_slot
-from .records import (ATTR_CONTROL, RECORDS_OFFSET, BatchHeader, Record, check_records,
-                      decode_batch, encode_batch, iter_batches, read_header,
-                      stamp_base_offset, stamp_log_append_time, validate_batch)
-from .segment import (DELETED_SUFFIX, LogSegment, parse_segment_name, retire_segment,
-                      segment_file_name, unlink_segment)
-from ._files import check_directory, open_file
+from .partition_lock import LOCK_TIMEOUT_S, _PartitionLock
+from .records import (
+    RECORDS_OFFSET,
+    BatchHeader,
+    check_records,
+    decode_batch,
+    encode_batch,
+    iter_batches,
+    read_header,
+    stamp_base_offset,
+    stamp_log_append_time,
+    validate_batch,
+)
+from .segment import DELETED_SUFFIX, LogSegment, parse_segment_name, unlink_segment
+from .segment_cache import _PARK_BUDGET, _SegmentCache
 from .tail import BOOT_ID, TAIL_FILE, Tail, TailFile
 
 # Names other modules import from here (broker.py, topic.py, tests): they moved to
@@ -86,74 +109,15 @@ __all__ = ["PartitionLog", "Tail", "TailFile", "RecoveryReport", "check_director
 
 log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT_S = 30.0                 # default bound on waiting for the append lock
-MAX_OPEN_SEGMENTS = 2                 # per partition: the active one and one sealed
-PARKED_SEGMENTS = 64                  # per partition: sealed ones kept without a descriptor
-_LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tries
-# A try for the flock and its release that keep the GIL (logkit/_shortio.c): each
-# GIL hand-over around a system call costs two context switches when another thread
-# of the process is busy, as a producer's sender thread is.
-_flock_now = fcntl.flock if shortio is None else shortio.flock
 # The common append under the lock in one C call (logkit/_shortio.c, `_append_fast`).
 _append_common = None if shortio is None else shortio.append_common
 # ... and the whole uncontended append, locks and doorbell included (`_arm`).
 _Appender = None if shortio is None else shortio.Appender
-MAX_FETCH_BYTES = 52428800            # Kafka's fetch.max.bytes default: one read's bound
-BATCHES_SINCE_MAX_BYTES = 1 << 20     # batches_since() bound (one batch at least)
-READ_RETRIES = 100                    # a retention run may pull segments from a read
-SYNC_WAIT_S = 0.05                    # a group-commit waiter re-checks at least this often
-SYNC_FAILURES_KEPT = 16               # failed syncs remembered for their waiters
 
-_T = TypeVar("_T")
-
-
-class SyncTicket(NamedTuple):
-    """A durable append waiting for its sync (`PartitionLog.append_batch_nowait`): the
-    log end it needs synced, the segment-list version it was appended under, and the
-    batch's base offset and CRC (to find it again when the segment list changed)."""
-
-    end: int
-    version: int
-    base_offset: int
-    crc: int
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class _ParkBudget:
-    """How many segments this process may keep parked, over all its partitions: each
-    keeps up to two index maps, and the kernel bounds a process's maps
-    (vm.max_map_count, 65530 by default). A forked child starts with the whole
-    budget (its parent's partitions are unusable there)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._used = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            if self._used >= self.limit:
-                return False
-            self._used += 1
-            return True
-
-    def give_back(self) -> None:
-        with self._lock:
-            self._used = max(0, self._used - 1)
-
-    def reset(self) -> None:
-        self._used = 0
-        self._lock = threading.Lock()
-
-
-_PARK_BUDGET = _ParkBudget(8192)
 _fork.at_fork_in_child(_PARK_BUDGET.reset)
 
 
-class PartitionLog:
+class PartitionLog(_PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogTrim):
     """One partition directory. Thread-safe; process-safe through the tail file."""
 
     def __init__(self, directory: str, topic: str, partition: int,
@@ -229,139 +193,6 @@ class PartitionLog:
             raise ClosedError(f"partition {self.name} is closed")
         if self._tail_file.deleted():
             raise UnknownTopicError(f"topic {self.topic!r} was deleted")
-
-    def _acquire(self, timeout_s: float | None) -> None:
-        """Take the append lock: this process's appenders queue on `_append_lock`, then
-        the flock excludes other processes, then `_thread_lock` excludes our readers for
-        the (short) mutation. Waits at most `timeout_s` (None: no bound) in all, then
-        raises LogkitTimeoutError; the deleted flag is checked once the lock is held.
-        On any error nothing stays held. `_release` undoes it."""
-        self._check_usable()
-        if self.read_only:
-            raise ReadOnlyError(f"partition {self.name} is open read-only")
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if not self._append_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
-            raise self._lock_timeout(timeout_s)
-        try:
-            self._flock(deadline, timeout_s)
-            try:
-                self._thread_lock.acquire()
-                try:
-                    self._check_usable()
-                except BaseException:
-                    self._thread_lock.release()
-                    raise
-            except BaseException:
-                self._funlock()
-                raise
-        except BaseException:
-            self._append_lock.release()
-            raise
-
-    def _release(self) -> None:
-        """Release what `_acquire` took, innermost first."""
-        try:
-            self._thread_lock.release()
-            self._funlock()
-        finally:
-            self._append_lock.release()
-
-    @contextmanager
-    def _locked(self, timeout_s: float | None = LOCK_TIMEOUT_S) -> Iterator[None]:
-        """The append lock alone (recovery and opening use it; every other mutation
-        uses `_locked_tail`)."""
-        self._acquire(timeout_s)
-        try:
-            yield
-        finally:
-            self._release()
-
-    @contextmanager
-    def _locked_tail(self, operation: str,
-                     timeout_s: float | None = LOCK_TIMEOUT_S) -> Iterator[Tail]:
-        """The append lock, with the current tail (repaired first if torn) and the
-        segment list refreshed to it: the prelude of every mutation. An I/O error in
-        the prelude raises StorageError naming `operation`. (The append takes the
-        prelude without this generator, which costs it a microsecond per batch.)"""
-        tail = self._lock_tail(operation, timeout_s)
-        try:
-            yield tail
-        finally:
-            self._release()
-
-    def _lock_tail(self, operation: str, timeout_s: float | None) -> Tail:
-        """`_locked_tail`'s prelude: the lock taken, the tail read and the segment list
-        refreshed; the caller `_release`s. On any error nothing stays held."""
-        self._acquire(timeout_s)
-        try:
-            tail = self._tail_under_lock()
-            self._refresh(tail)
-        except BaseException as exc:
-            self._release()
-            if isinstance(exc, OSError):
-                raise storage_error(exc, operation, self.directory) from exc
-            raise
-        return tail
-
-    def _tail_under_lock(self) -> Tail:
-        """The tail, read under the lock. No live writer can be mid-update, so a torn or
-        invalid tail was left by a writer that died: recovery repairs it (the one way a
-        torn tail is handled, whichever path meets it)."""
-        tail = self._tail_file.read_locked()
-        if tail is None:
-            self._recover(full=not self._tail_file.valid())
-            tail = self._tail_file.read_locked()
-            if tail is None:    # recovery just published it, and we hold the lock
-                raise StorageError(f"the tail state of {self.name} stays torn after "
-                                   "recovery", operation="recover",
-                                   path=self._tail_file.path)
-        return tail
-
-    def _lock_timeout(self, timeout_s: float | None) -> LogkitTimeoutError:
-        return LogkitTimeoutError(f"the append lock of {self.name} was not free within "
-                                  f"{timeout_s} s (another process holds it: "
-                                  f"{self._tail_file.path})")
-
-    def _flock(self, deadline: float | None, timeout_s: float | None) -> None:
-        fd = self._tail_file.fd
-        try:
-            sleep_s = _LOCK_POLL_S[0]
-            while True:
-                try:
-                    _flock_now(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # first: the common case
-                    return
-                except BlockingIOError:
-                    pass
-                if deadline is None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)                  # waits, GIL released
-                    return
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._lock_timeout(timeout_s) from None
-                time.sleep(min(sleep_s, left))
-                sleep_s = min(sleep_s * 2, _LOCK_POLL_S[1])
-        except LogkitTimeoutError:
-            raise                         # a TimeoutError is an OSError: not an I/O fault
-        except OSError as exc:
-            raise storage_error(exc, "lock", self._tail_file.path) from exc
-
-    def _funlock(self) -> None:
-        """Release the flock. What was done under it is done: a failing unlock must not
-        turn a stored append into an error, so fall back to closing the descriptor,
-        which releases the lock with it, and reopen the tail file."""
-        try:
-            _flock_now(self._tail_file.fd, fcntl.LOCK_UN)
-        except OSError as exc:
-            log.warning("unlock of %s failed (%s); reopening it to release the lock",
-                        self._tail_file.path, exc)
-            old = self._tail_file
-            self._arm(None)                   # it names the old handle
-            try:
-                self._tail_file = TailFile(old.path)
-            except OSError:
-                log.error("could not reopen %s; the partition is closed", old.path)
-                self._closed = True
-            old.close()
 
     def tail(self) -> Tail:
         """The current tail, lock-free; repairs a tail left torn by a writer that died
@@ -469,91 +300,6 @@ class PartitionLog:
             self._close_parked(base)
         self._bases = bases
         self._segments_version = tail.segments_version
-
-    def _segment(self, base: int) -> LogSegment:
-        """The open segment at `base` (of the listed segments), opening it if needed."""
-        segment = self._segments.get(base)
-        if segment is None:
-            listed = self._listed
-            if listed is None:
-                raise ClosedError(f"partition {self.name} has no segment list")
-            active = base == listed.active_base_offset
-            segment = self._unpark(base) if self._parked and not active else None
-            if segment is None:
-                segment = LogSegment(self.directory, base, active=active,
-                                     index_entries=listed.index_entries if active else None,
-                                     timeindex_entries=listed.timeindex_entries if active
-                                     else None, read_only=self.read_only)
-            segments = self._segments
-            if len(segments) >= MAX_OPEN_SEGMENTS:
-                # Sealed segments are opened on demand and closed first-in first-out, so
-                # a long log does not hold a descriptor per segment (Kafka maps its
-                # indexes lazily for the same reason); a closed one is parked, so a
-                # random reader does not pay for re-mapping its indexes each time.
-                for old in list(segments):
-                    if not segments[old].active:
-                        log.debug("%s: closing segment %d (more than %d open)", self.name,
-                                  old, MAX_OPEN_SEGMENTS)
-                        self._park(segments.pop(old))
-                        break
-            segments[base] = segment
-        return segment
-
-    def _park(self, segment: LogSegment) -> None:
-        """Keep a sealed segment evicted from the open ones parked (no descriptor, its
-        index maps kept), within PARKED_SEGMENTS and the process's budget; else close
-        it. The oldest parked one makes room."""
-        parked = self._parked
-        if len(parked) >= PARKED_SEGMENTS:
-            self._close_parked(next(iter(parked)))
-        if not _PARK_BUDGET.take():
-            segment.close()
-            return
-        try:
-            segment.park()
-        except BaseException:
-            _PARK_BUDGET.give_back()
-            segment.close()
-            raise
-        parked[segment.base_offset] = segment
-
-    def _unpark(self, base: int) -> LogSegment | None:
-        """The parked segment at `base` with its `.log` open again, or None (it was not
-        parked, or its file was replaced: then it is closed)."""
-        segment = self._parked.pop(base, None)
-        if segment is None:
-            return None
-        _PARK_BUDGET.give_back()
-        try:
-            if segment.unpark():
-                return segment
-        except BaseException:
-            segment.close()
-            raise
-        return None
-
-    def _close_parked(self, base: int) -> None:
-        self._parked.pop(base).close()
-        _PARK_BUDGET.give_back()
-
-    def _sized(self, base: int, tail: Tail) -> tuple[LogSegment, int]:
-        """The segment at `base` and its committed size; the active one adopts the
-        tail's index entry counts (another process may have added entries)."""
-        segment = self._segment(base)
-        if segment.active:
-            segment.set_index_entries(tail.index_entries, tail.timeindex_entries)
-            return segment, tail.active_size
-        return segment, segment.sealed_size
-
-    def _close_segments(self) -> None:
-        self._arm(None)
-        for segment in self._segments.values():
-            segment.close()
-        self._segments.clear()
-        for base in list(self._parked):
-            self._close_parked(base)
-        self._bases = []
-        self._segments_version = -1
 
     # ---- offsets ---------------------------------------------------------------------
 
@@ -936,98 +682,6 @@ class PartitionLog:
             self._doorbell.ring(self._change_slot)
         return tail.log_end_offset
 
-    def truncate_to(self, offset: int) -> int:
-        """Cut the log back to end at `offset` (Kafka's truncateTo, for a follower whose
-        tail diverged from its leader's): the batch holding `offset` and all after it
-        go, so the log ends at `offset` when it is a batch boundary, else at the base of
-        the batch holding it. Returns the new log end; a no-op at or past the log end;
-        OffsetOutOfRangeError below the log start. Logs a WARNING.
-
-        Nothing is cut in place, so readers in other processes keep their mapped files:
-        the segments from the cut on are renamed `.deleted`, the kept prefix of the cut
-        one is copied back under its name, and recovery rebuilds its indexes and
-        publishes the tail. Until then the tail reads as torn (`publish_torn`), so
-        another process's appender recovers before it appends instead of writing to
-        the swapped segment through its cached descriptor, and its readers wait. A
-        kill at any step leaves a prefix of the old log that the next open, or the next
-        lock holder, recovers."""
-        with self._locked_tail("truncate") as tail:
-            return self._truncate_locked(tail, offset, "truncate")
-
-    def _truncate_locked(self, tail: Tail, offset: int, operation: str) -> int:
-        """truncate_to's work, under the lock."""
-        end = tail.log_end_offset
-        if offset >= end:
-            return end
-        self._check_in_range(offset, tail, end)
-        bases = list(self._bases)
-        i = self._first_segment(offset, end)
-        segment, size = self._sized(bases[i], tail)
-        cut = segment.find(offset, size)
-        try:
-            # Torn until recovery publishes the new list: another process that has the
-            # active segment open must not append to it once it is swapped (it recovers
-            # first, also when we die mid-way).
-            self._tail_file.publish_torn(tail._replace(
-                recovery_point=min(tail.recovery_point, bases[i]), clean=0))
-            self._tail_file.sync()
-            self._close_segments()
-            for base in reversed(bases[i:]):
-                retire_segment(self.directory, base)
-            _copy_prefix(os.path.join(self.directory, segment_file_name(
-                bases[i], ".log")), cut)
-            self._recover(full=False)
-            new_end = self._tail_under_lock().log_end_offset
-        except OSError as exc:
-            raise storage_error(exc, operation, self.directory) from exc
-        log.warning("%s: truncated the log from end offset %d to %d (%d segment(s) "
-                    "rewritten or removed)", self.name, end, new_end, len(bases) - i)
-        return new_end
-
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        """Drop every segment and start an empty log at `offset` (Kafka's
-        truncateFullyAndStartAt: a follower whose log ends below its leader's log start,
-        or is empty while the leader's first batch starts below it). Files are renamed
-        `.deleted` first, as retention does; logs a WARNING."""
-        if offset < 0:
-            raise OffsetOutOfRangeError(f"{self.name}: cannot start the log at {offset}")
-        with self._locked_tail("truncate") as tail:
-            try:
-                self._tail_file.publish(tail._replace(
-                    log_start_offset=offset, log_end_offset=offset, high_watermark=offset,
-                    active_base_offset=offset, active_size=0, index_entries=0,
-                    timeindex_entries=0, segments_version=tail.segments_version + 1,
-                    max_timestamp=-1, max_timestamp_offset=-1, recovery_point=offset,
-                    roll_time_ms=-1, clean=0, unflushed_messages=0, first_unflushed_ms=-1))
-                self._tail_file.sync()
-                self._close_segments()
-                for name in os.listdir(self.directory):
-                    base = parse_segment_name(name)
-                    if base is not None:
-                        retire_segment(self.directory, base)
-                self._recover(full=True)
-            except OSError as exc:
-                raise storage_error(exc, "truncate", self.directory) from exc
-        log.warning("%s: dropped the whole log (end offset was %d); it starts again at "
-                    "offset %d", self.name, tail.log_end_offset, offset)
-
-    def increase_log_start_offset(self, offset: int) -> int:
-        """Move the log start up to `offset` (at most the log end), retiring the
-        segments wholly below it (Kafka's maybeIncrementLogStartOffset: a follower
-        applying its leader's retention). Returns the segments retired."""
-        with self._locked_tail("retention") as tail:
-            offset = min(offset, tail.log_end_offset)
-            if offset <= tail.log_start_offset:
-                return 0
-            bases = self._bases
-            ends = bases[1:] + [tail.log_end_offset if tail.active_size else offset + 1]
-            doomed = sum(1 for end in ends if end <= offset)
-            try:
-                self._delete_front(tail, doomed, offset)
-            except OSError as exc:
-                raise storage_error(exc, "retention", self.directory) from exc
-            return doomed
-
     def _recompress(self, batch: bytearray, header: BatchHeader) -> bytearray:
         """Re-encode with the topic's compression.type (Kafka's broker-side override)."""
         records = decode_batch(batch, 0, header, self.topic, self.partition, verify=False)
@@ -1040,518 +694,11 @@ class PartitionLog:
 
     # ---- flush -----------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """fsync everything appended so far and advance the recovery point."""
-        with self._locked_tail("flush") as tail:
-            if tail.unflushed_messages or tail.recovery_point < tail.log_end_offset:
-                try:
-                    self._segment(tail.active_base_offset).flush()
-                    self._sync_directory_once(tail.active_base_offset)
-                    self._tail_file.publish(tail._replace(
-                        recovery_point=tail.log_end_offset, unflushed_messages=0,
-                        first_unflushed_ms=-1,
-                        high_watermark=max(tail.high_watermark, tail.log_end_offset)))
-                    self._tail_file.sync()
-                except OSError as exc:
-                    raise storage_error(exc, "flush", self.directory) from exc
-
-    def _sync_directory_once(self, base: int) -> None:
-        """fsync the partition directory once per active segment (per process), so the
-        segment file's own entry is durable before anything in it is acknowledged as
-        synced: fdatasync and fsync of a file do not promise its directory entry."""
-        if base == self._dir_synced_base:
-            return
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._dir_synced_base = base
-
     # ---- group commit (module docstring) ------------------------------------------------
-
-    def wait_synced(self, ticket: SyncTicket) -> None:
-        """Return once a sync covering the ticket's batch is done and published (by this
-        process or another): its records are then readable and may be acknowledged.
-        Raises StorageError when the sync that covered it failed, or when the batch was
-        cut after a failed sync (its records are not stored)."""
-        end, version, base_offset, crc = ticket
-        cond = self._sync_cond
-        while True:
-            with cond:
-                for failed_end, failed_version, error in self._sync_failures:
-                    if failed_end >= end and failed_version == version:
-                        raise error
-            tail = self.tail()
-            if tail.segments_version != version:      # a roll, retention or a cut
-                if not self._still_stored(tail, base_offset, crc):
-                    raise self._cut_error(base_offset)
-                version = tail.segments_version
-            if tail.recovery_point >= end:
-                return
-            with cond:
-                if self._syncing:
-                    cond.wait(SYNC_WAIT_S)
-                    continue
-                self._syncing = True
-            try:
-                self._sync_round()
-            finally:
-                with cond:
-                    self._syncing = False
-                    cond.notify_all()
-
-    def _sync_round(self) -> None:
-        """The flusher's round: fdatasync the active `.log` up to the log end read now,
-        outside every lock (appends go on meanwhile and wait for the next round), then
-        publish that end as the recovery point and high watermark. A failed sync is
-        recorded for the waiters it covered, and the unsynced batches are cut."""
-        tail = self.tail()
-        target, version, base = (tail.log_end_offset, tail.segments_version,
-                                 tail.active_base_offset)
-        if tail.recovery_point >= target:
-            return
-        try:
-            with self._thread_lock:
-                self._refresh(tail)
-                fd = self._segment(base).dup_log_fd()
-        except OSError as exc:
-            if self.tail().segments_version != version:
-                return                   # rolled or cut meanwhile: the caller looks again
-            raise storage_error(exc, "fsync", self.directory) from exc
-        try:
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            self._sync_directory_once(base)
-        except OSError as exc:
-            self._sync_failed(target, version, exc)
-            return
-        self.sync_count += 1
-        with self._locked_tail("fsync") as now:
-            if now.segments_version == version and \
-                    now.recovery_point < target <= now.log_end_offset:
-                done = target == now.log_end_offset
-                self._tail_file.publish(now._replace(
-                    recovery_point=target,
-                    high_watermark=max(now.high_watermark, target),
-                    unflushed_messages=0 if done else now.unflushed_messages,
-                    first_unflushed_ms=-1 if done else now.first_unflushed_ms))
-        if self._doorbell is not None:
-            self._doorbell.ring(self._change_slot)
-
-    def _sync_failed(self, target: int, version: int, exc: OSError) -> None:
-        """A failed sync: its error goes to every waiter whose batch ends at or below
-        `target`, and every batch above the recovery point is cut — the page cache may
-        have dropped them already, and they must never be read, sealed or acknowledged
-        (a later sync could report success without them)."""
-        error = storage_error(exc, "fsync", self.directory)
-        error.__cause__ = exc
-        with self._sync_cond:
-            self._sync_failures = self._sync_failures[-(SYNC_FAILURES_KEPT - 1):] + [
-                (target, version, error)]
-        log.warning("%s: fdatasync failed (%s); cutting the batches above the recovery "
-                    "point", self.name, exc)
-        try:
-            with self._locked_tail("fsync") as tail:
-                if tail.recovery_point < tail.log_end_offset:
-                    self._truncate_locked(tail, tail.recovery_point, "fsync")
-        except LogkitError as cut:
-            # The batches stay past the recovery point, unacknowledged and below no
-            # reader's high watermark; the next open after a crash cuts them.
-            log.warning("%s: could not cut the unsynced batches: %s", self.name, cut)
-
-    def _still_stored(self, tail: Tail, base_offset: int, crc: int) -> bool:
-        """Whether the batch at `base_offset` with `crc` is still in the log (asked when
-        the segment list changed while it waited for its sync)."""
-        if base_offset < tail.log_start_offset:
-            return True               # retention took its sealed (so synced) segment
-        if base_offset >= tail.log_end_offset:
-            return False
-        try:
-            headers = self._with_tail(self._batch_headers, base_offset)
-        except (CorruptRecordError, OffsetOutOfRangeError):
-            return False
-        return bool(headers) and headers[0].base_offset == base_offset \
-            and headers[0].crc == crc
-
-    def _cut_error(self, base_offset: int) -> StorageError:
-        with self._sync_cond:
-            cause = self._sync_failures[-1][2] if self._sync_failures else None
-        error = StorageError(f"{self.name}: the batch at offset {base_offset} was cut "
-                             "before it was synced (a sync failed)", operation="fsync",
-                             path=self.directory)
-        error.__cause__ = cause
-        return error
-
-    def maybe_flush(self, now_ms: int | None = None) -> bool:
-        """The flush.ms policy: fsync if the oldest unflushed append is old enough."""
-        tail = self.tail()
-        if tail.first_unflushed_ms < 0:
-            return False
-        now_ms = _now_ms() if now_ms is None else now_ms
-        if now_ms - tail.first_unflushed_ms < self.config["flush.ms"]:
-            return False
-        self.flush()
-        return True
 
     # ---- read ------------------------------------------------------------------------
 
-    def _with_tail(self, reader: Callable[..., _T], *args: Any) -> _T:
-        """`reader(tail, *args)` under the thread lock, with a fresh tail: the prelude of
-        every read. A segment file that retention renames away meanwhile makes the read
-        start over with a new segment list; other I/O errors raise StorageError."""
-        for _ in range(READ_RETRIES):
-            tail = self.tail()            # may take the lock: never under _thread_lock
-            with self._thread_lock:       # segments and their maps are shared by threads
-                # closed meanwhile (under this lock) or forked: the full check raises;
-                # the deleted flag was read with the tail, a moment ago
-                if self._closed or self._pid != _fork._pid:
-                    self._check_usable()
-                try:
-                    return reader(tail, *args)
-                except FileNotFoundError:
-                    self._segments_version = -1
-                except OSError as exc:
-                    raise storage_error(exc, "read", self.directory) from exc
-        raise LogkitTimeoutError(f"{self.name}: segments kept vanishing under a read")
-
-    def read(self, offset: int, *, max_records: int = 500, max_bytes: int = MAX_FETCH_BYTES,
-             stop_offset: int | None = None) -> list[Record]:
-        """Records from `offset` below the high watermark and below `stop_offset` (None:
-        up to the high watermark).
-
-        Raises OffsetOutOfRangeError outside [log_start_offset, high_watermark]; returns
-        [] at the high watermark. Always returns at least one batch's records if any
-        are available, even when that batch is bigger than `max_bytes`."""
-        if max_records <= 0:
-            raise ValueError("max_records must be positive")
-        return self._with_tail(self._read, offset, max_records, max_bytes, stop_offset)
-
-    def fetch(self, offset: int, *, max_records: int = 500,
-              max_bytes: int = MAX_FETCH_BYTES) -> tuple[list[Record], int]:
-        """`read(offset)` and the high watermark it read below, from one tail snapshot
-        (a Kafka fetch response carries the partition's high watermark the same way):
-        a reader whose position reached it has read everything there was."""
-        if max_records <= 0:
-            raise ValueError("max_records must be positive")
-        return self._with_tail(self._fetch, offset, max_records, max_bytes)
-
-    def _fetch(self, tail: Tail, offset: int, max_records: int,
-               max_bytes: int) -> tuple[list[Record], int]:
-        return self._read(tail, offset, max_records, max_bytes, None), tail.high_watermark
-
-    def _check_in_range(self, offset: int, tail: Tail, last: int) -> None:
-        """OffsetOutOfRangeError unless log_start_offset <= offset <= last."""
-        if offset < tail.log_start_offset or offset > last:
-            raise OffsetOutOfRangeError(f"offset {offset} is outside "
-                                        f"[{tail.log_start_offset}, {last}] of {self.name}")
-
-    def _first_segment(self, offset: int, end: int) -> int:
-        """Index in the segment list of the segment holding `offset`; when there is
-        something to read (offset < end), that segment must exist."""
-        bases = self._bases
-        i = max(0, bisect.bisect_right(bases, offset) - 1)
-        if offset < end and (not bases or bases[i] > offset):
-            first = bases[i] if bases else None
-            raise CorruptRecordError(
-                f"{self.name}: offset {offset} is in no segment (the first segment starts "
-                f"at {first}); segment files are missing",
-                path=self.directory, position=0, expected=offset, actual=first)
-        return i
-
-    def _next_base(self, segment: LogSegment, size: int, segment_end: int | None,
-                   next_base: int) -> int:
-        """Leaving `segment`, read to its end (`segment_end`: the offset after its last
-        batch, None when the walk saw none): it must end where the next segment
-        begins, or a missing or truncated segment would be a silent gap."""
-        if segment_end is None:
-            segment_end = segment.end_offset(size)
-        if segment_end != next_base:
-            raise CorruptRecordError(
-                "segment ends before the next segment begins (missing or truncated "
-                "segment)", path=segment.path, position=size, expected=next_base,
-                actual=segment_end)
-        return next_base
-
-    def _read(self, tail: Tail, offset: int, max_records: int, max_bytes: int,
-              stop_offset: int | None) -> list[Record]:
-        if tail.segments_version != self._segments_version:
-            self._refresh(tail)
-        end = tail.high_watermark if stop_offset is None else min(stop_offset,
-                                                                  tail.high_watermark)
-        self._check_in_range(offset, tail, tail.high_watermark)
-        bases = self._bases
-        i = self._first_segment(offset, end)
-        out: list[Record] = []
-        while offset < end and i < len(bases) and len(out) < max_records and max_bytes > 0:
-            segment, size = self._sized(bases[i], tail)
-            try:
-                records, used = segment.read(offset, size, self.topic, self.partition,
-                                             max_records=max_records - len(out),
-                                             max_bytes=max_bytes, stop_offset=end)
-            except CorruptRecordError:
-                if out:          # the good records first; the next read starts there
-                    break
-                raise
-            if records:
-                if not out:
-                    out = records
-                else:
-                    out.extend(records)
-                offset = records[-1].offset + 1
-            max_bytes -= used
-            if len(out) >= max_records or max_bytes <= 0 or not segment.scanned_to_end:
-                break
-            i += 1
-            if i < len(bases):
-                offset = max(offset, self._next_base(segment, size, segment.scan_end_offset,
-                                                     bases[i]))
-        return out
-
-    def batches_since(self, offset: int, upto: int | None = None, *,
-                      max_bytes: int = BATCHES_SINCE_MAX_BYTES) -> bytes:
-        """The stored bytes of whole batches, from the batch holding `offset` up to the
-        high watermark (or up to `upto`, at most the log end: a replica fetch passes
-        upto=log_end_offset), byte-identical to the segment files.
-
-        Batches are whole: the walk stops before the first batch whose base offset is
-        >= the limit, and after about `max_bytes` (always at least one batch). Returns
-        b"" at the limit; raises OffsetOutOfRangeError below the log start or above the
-        log end."""
-        return self._with_tail(self._batches_since, offset, upto, max_bytes)
-
-    def _batches_since(self, tail: Tail, offset: int, upto: int | None,
-                       max_bytes: int) -> bytes:
-        return b"".join(bytes(segment.view(size)[start:stop]) for segment, size, start, stop
-                        in self._batch_spans(tail, offset, upto, max_bytes))
-
-    def batch_file_ranges(self, offset: int, upto: int | None = None, *,
-                          max_bytes: int = BATCHES_SINCE_MAX_BYTES
-                          ) -> list[tuple[str, int, int]]:
-        """Where the bytes `batches_since` would return lie: (segment file path,
-        position, length) per segment touched, in order, each a run of whole batches
-        below the segment's committed size (for shipping them with sendfile)."""
-        return self._with_tail(self._batch_file_ranges, offset, upto, max_bytes)
-
-    def _batch_file_ranges(self, tail: Tail, offset: int, upto: int | None,
-                           max_bytes: int) -> list[tuple[str, int, int]]:
-        return [(segment.path, start, stop - start) for segment, _, start, stop
-                in self._batch_spans(tail, offset, upto, max_bytes)]
-
-    def _batch_spans(self, tail: Tail, offset: int, upto: int | None,
-                     max_bytes: int) -> Iterator[tuple[LogSegment, int, int, int]]:
-        """(segment, committed size, start, stop) of the runs of whole batches that
-        batches_since() and batch_file_ranges() cover, one segment at a time: the
-        caller takes what it needs from a span before the next segment is opened,
-        because opening one may close another (MAX_OPEN_SEGMENTS)."""
-        self._refresh(tail)
-        self._check_in_range(offset, tail, tail.log_end_offset)
-        end = tail.high_watermark if upto is None else min(upto, tail.log_end_offset)
-        if offset >= end:
-            return
-        bases = list(self._bases)
-        i = self._first_segment(offset, end)
-        spans = 0
-        budget = max_bytes
-        while i < len(bases):
-            segment, size = self._sized(bases[i], tail)
-            start = stop = segment.find(offset, size)
-            segment_end = None
-            full = False
-            for pos, header in segment.headers(start, size):
-                if header.base_offset >= end or (header.size > budget
-                                                 and (spans or stop > start)):
-                    full = True
-                    break
-                budget -= header.size
-                stop = pos + header.size
-                segment_end = header.last_offset + 1
-            i += 1
-            last = full or i == len(bases) or (segment_end is not None
-                                               and segment_end >= end)
-            following = None if last else self._next_base(segment, size, segment_end,
-                                                          bases[i])
-            if stop > start:
-                spans += 1
-                yield segment, size, start, stop
-            if last:
-                break
-            offset = following
-
-    def read_columns(self, offset: int, columns: Any, *, stop_offset: int,
-                     max_records: int) -> int:
-        """Decode records from `offset` (below stop_offset and the high watermark) into
-        `columns` (a columns.Columns), adding at least one batch's records and about
-        max_records; returns the next offset to read. Raises OffsetOutOfRangeError like
-        read()."""
-        return self._with_tail(self._read_columns, offset, columns, stop_offset,
-                               max_records)
-
-    def _read_columns(self, tail: Tail, offset: int, columns: Any, stop_offset: int,
-                      max_records: int) -> int:
-        self._refresh(tail)
-        self._check_in_range(offset, tail, tail.high_watermark)
-        end = min(stop_offset, tail.high_watermark)
-        bases = list(self._bases)
-        i = self._first_segment(offset, end)
-        target = columns.count + max_records
-        while offset < end and i < len(bases) and columns.count < target:
-            segment, size = self._sized(bases[i], tail)
-            buf = segment.view(size)
-            segment_end = None
-            for pos, header in segment.headers(segment.find(offset, size), size):
-                if header.base_offset >= end:
-                    break
-                if not header.attributes & ATTR_CONTROL:
-                    columns.add_batch(buf, pos, header, min_offset=offset,
-                                      stop_offset=end, path=segment.path)
-                segment_end = header.last_offset + 1
-                offset = min(segment_end, end)
-                if columns.count >= target or offset >= end:
-                    return offset              # stopped inside this segment
-            i += 1                             # this segment is done: the next one
-            if i < len(bases):
-                offset = max(offset, self._next_base(segment, size, segment_end, bases[i]))
-        return offset
-
-    def batch_headers(self, start_offset: int) -> list[BatchHeader]:
-        """Headers of the committed batches whose last offset >= start_offset (CRC not
-        checked). For idempotence checks that look for a producer's batches."""
-        return self._with_tail(self._batch_headers, start_offset)
-
-    def _batch_headers(self, tail: Tail, start_offset: int) -> list[BatchHeader]:
-        self._refresh(tail)
-        bases = list(self._bases)
-        out = []
-        for i, base in enumerate(bases):
-            if i + 1 < len(bases) and bases[i + 1] <= start_offset:
-                continue                      # wholly below start_offset
-            segment, size = self._sized(base, tail)
-            start = segment.find(start_offset, size)
-            out.extend(header for _, header in segment.headers(start, size))
-        return out
-
-    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
-        """Earliest offset whose timestamp >= timestamp_ms, None if there is none."""
-        return self._with_tail(self._offset_for_timestamp, timestamp_ms)
-
-    def _offset_for_timestamp(self, tail: Tail, timestamp_ms: int) -> int | None:
-        self._refresh(tail)
-        for base in list(self._bases):
-            segment, size = self._sized(base, tail)
-            max_ts = tail.max_timestamp if segment.active else \
-                segment.largest_timestamp(size)
-            if max_ts < timestamp_ms and not segment.active:
-                continue
-            found = segment.offset_for_timestamp(timestamp_ms, size)
-            if found is not None and found < tail.high_watermark:
-                return max(found, tail.log_start_offset)
-        return None
-
     # ---- retention -------------------------------------------------------------------
-
-    def enforce_retention(self, now_ms: int | None = None) -> int:
-        """Delete whole segments past retention.ms / retention.bytes; returns how many.
-
-        Order, for a crash or an error at any step: the new log start is published (and
-        synced) first, then the files are renamed `.deleted` and unlinked after
-        file.delete.delay.ms, so a reader holding one open keeps reading. Files left
-        below the published start by an interrupted run are swept at the next open."""
-        now_ms = _now_ms() if now_ms is None else now_ms
-        config = self.config
-        retention_ms, retention_bytes = config["retention.ms"], config["retention.bytes"]
-        if retention_ms < 0 and retention_bytes < 0:
-            with self._thread_lock:
-                self._check_usable()
-                self._unlink_deleted()
-            return 0
-        with self._locked_tail("retention") as tail:
-            try:
-                return self._enforce_retention(tail, now_ms, retention_ms, retention_bytes)
-            except OSError as exc:
-                raise storage_error(exc, "retention", self.directory) from exc
-
-    def _enforce_retention(self, tail: Tail, now_ms: int, retention_ms: int,
-                           retention_bytes: int) -> int:
-        bases = self._bases
-        sizes = [self._sealed_size(b) for b in bases[:-1]]
-        sizes.append(tail.active_size)
-        excess = sum(sizes) - retention_bytes if retention_bytes >= 0 else 0
-        doomed = 0
-        for i, base in enumerate(bases):
-            if i == len(bases) - 1:
-                newest = tail.max_timestamp
-                if sizes[i] == 0:
-                    break
-            else:
-                newest = self._sealed_max_timestamp(base)
-            by_time = retention_ms >= 0 and newest < now_ms - retention_ms
-            by_size = excess > 0 and excess - sizes[i] >= 0
-            if not (by_time or by_size):
-                break
-            excess -= sizes[i]
-            doomed += 1
-        if doomed:
-            self._delete_front(tail, doomed, None)
-        self._unlink_deleted()
-        return doomed
-
-    def _delete_front(self, tail: Tail, doomed: int, log_start: int | None) -> Tail:
-        """Publish a new log start (`log_start`, or the base of the first segment kept)
-        and retire the first `doomed` segments after it (rolling first when they are all
-        of them). Caller holds the lock; retention and a follower's log start use it."""
-        bases = self._bases
-        if doomed == len(bases):                  # the active segment too: roll first
-            tail = self._roll(tail)
-            bases = self._bases
-        tail = tail._replace(log_start_offset=bases[doomed] if log_start is None
-                             else log_start, segments_version=tail.segments_version + 1)
-        self._tail_file.publish(tail)
-        self._tail_file.sync()
-        for base in bases[:doomed]:
-            segment = self._segments.pop(base, None)
-            if segment is not None:
-                segment.close()
-            if base in self._parked:
-                self._close_parked(base)
-            self._sealed_sizes.pop(base, None)
-            retire_segment(self.directory, base)
-            log.debug("%s: retention retired segment %d", self.name, base)
-        if doomed:
-            log.warning("%s: retention deleted %d segment(s) below offset %d (the new log "
-                        "start)", self.name, doomed, tail.log_start_offset)
-        self._refresh(tail)
-        return tail
-
-    def _sealed_size(self, base: int) -> int:
-        """A sealed segment's size, without keeping its file open."""
-        size = self._sealed_sizes.get(base)
-        if size is None:
-            segment = self._segments.get(base) or self._parked.get(base)
-            size = segment.sealed_size if segment is not None else os.stat(
-                os.path.join(self.directory, segment_file_name(base, ".log"))).st_size
-            self._sealed_sizes[base] = size
-        return size
-
-    def _sealed_max_timestamp(self, base: int) -> int:
-        """A sealed segment's largest timestamp: its time index's last entry."""
-        segment = self._segments.get(base) or self._parked.get(base)
-        if segment is not None:
-            return segment.time_index.last_timestamp()
-        return LogSegment.read_last_timestamp(self.directory, base)
-
-    def _unlink_deleted(self) -> None:
-        delay_s = self.config["file.delete.delay.ms"] / 1000
-        for name in os.listdir(self.directory):
-            if name.endswith(DELETED_SUFFIX):
-                path = os.path.join(self.directory, name)
-                try:
-                    if time.time() - os.stat(path).st_ctime >= delay_s:
-                        os.unlink(path)
-                except FileNotFoundError:
-                    pass
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -1633,25 +780,6 @@ class PartitionLog:
                 "the log does not end at the log end offset", path=segment.path
                 if segment is not None else self.directory, position=size,
                 expected=tail.log_end_offset, actual=expected)
-
-
-def _copy_prefix(path: str, size: int) -> None:
-    """Write the first `size` bytes of `path + DELETED_SUFFIX` to a new file at `path`
-    (a temporary name, fsync, rename), so a reader mapping the old file keeps it."""
-    tmp = path + ".truncating"
-    with open(path + DELETED_SUFFIX, "rb") as src:
-        fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            copied = 0
-            while copied < size:
-                done = os.copy_file_range(src.fileno(), fd, size - copied, copied, copied)
-                if done <= 0:
-                    raise OSError(f"{path}: short copy ({copied} of {size} bytes)")
-                copied += done
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    os.replace(tmp, path)
 
 
 class _Pieces:

@@ -17,7 +17,7 @@ import pytest
 
 import logkit
 from logkit import index as index_module
-from logkit import log as log_module
+from logkit import segment_cache as log_module
 from logkit import segment as segment_module
 from logkit.errors import CorruptRecordError
 

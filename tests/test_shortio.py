@@ -71,16 +71,16 @@ def test_flock_is_fcntl_flock_without_waiting(tmp_path):
 
 
 def test_the_log_takes_its_lock_and_writes_through_it():
-    from logkit import log, segment
-    assert log._flock_now is shortio.flock
+    from logkit import partition_lock, segment
+    assert partition_lock._flock_now is shortio.flock
     assert segment._pwrite is shortio.pwrite
 
 
 def test_pure_python_appends_without_it(tmp_path):
     script = textwrap.dedent(f"""
         import fcntl, os
-        from logkit import Broker, log, segment
-        assert log._flock_now is fcntl.flock and segment._pwrite is os.pwrite
+        from logkit import Broker, log, partition_lock, segment
+        assert partition_lock._flock_now is fcntl.flock and segment._pwrite is os.pwrite
         assert log._append_common is None
         with Broker({str(tmp_path / "data")!r}) as broker:
             topic = broker.create_topic("t", 1)
@@ -101,7 +101,7 @@ def test_a_contended_append_retries_without_waiting_in_the_lock_call(tmp_path, m
     """Every try for a partition lock held elsewhere is a non-blocking one through the
     GIL-keeping call, and the append gives up at its bound (the first try used to be
     repeated at once through fcntl.flock, outside it)."""
-    from logkit import Broker, LogkitTimeoutError, log
+    from logkit import Broker, LogkitTimeoutError, partition_lock
     tries = []
 
     def counting(fd, operation):
@@ -113,7 +113,7 @@ def test_a_contended_append_retries_without_waiting_in_the_lock_call(tmp_path, m
         holder = os.open(os.path.join(partition.directory, "logkit.tail"), os.O_RDWR)
         try:
             fcntl.flock(holder, fcntl.LOCK_EX)          # another open file holds it
-            monkeypatch.setattr(log, "_flock_now", counting)
+            monkeypatch.setattr(partition_lock, "_flock_now", counting)
             with pytest.raises(LogkitTimeoutError):
                 partition.append_batch_nowait(one_record_batch(), lock_timeout_s=0.05)
         finally:

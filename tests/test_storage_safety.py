@@ -479,12 +479,12 @@ def test_a_truncation_killed_after_its_copy_does_not_lose_another_processes_appe
         fill(p, 10)                         # this process now appends through its cache
         result = run_python("""
             import os, sys, logkit
-            from logkit import log
-            copy = log._copy_prefix
+            from logkit import log_trim
+            copy = log_trim._copy_prefix
             def copy_then_die(path, size):
                 copy(path, size)
                 os._exit(9)                 # SIGKILL's effect: no cleanup, lock released
-            log._copy_prefix = copy_then_die
+            log_trim._copy_prefix = copy_then_die
             with logkit.Broker(sys.argv[1]) as b:
                 b.topic("t").partition(0).truncate_to(6)
         """, str(tmp_path))

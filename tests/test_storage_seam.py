@@ -206,7 +206,7 @@ def test_batches_since_across_more_segments_than_stay_open(broker):
     """One answer that spans more segments than a partition keeps open, with the early
     segments already open (so opening a later one closes the oldest): every byte comes
     back, none from a closed file (found by a follower fetch: Bad file descriptor)."""
-    from logkit.log import MAX_OPEN_SEGMENTS
+    from logkit.segment_cache import MAX_OPEN_SEGMENTS
     p = broker.create_topic("t", 1, config={"segment.bytes": 2048}).partition(0)
     fill(p, 40)
     logs = [n for n in os.listdir(p.directory) if n.endswith(".log")]
