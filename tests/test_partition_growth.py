@@ -149,7 +149,7 @@ KILLER = """
                 die()
         logkit.broker.write_topic_id = write_then_maybe_die
     elif point == "in-transaction":
-        logkit.group.rebalance_subscribers = die
+        logkit.broker.rebalance_subscribers = die     # where the broker calls it
     elif point == "after-commit":
         logkit.notify.Doorbell.metadata_changed = die
     broker = logkit.Broker(root)
