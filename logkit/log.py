@@ -61,43 +61,30 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Container, Mapping
+from typing import Any, Mapping
 
 from . import _fork, loader
-from ._clock import now_ms as _now_ms
 from ._files import check_directory, open_file
-from ._native import shortio
-from .compression import CODEC_NAMES, TOPIC_COMPRESSION_TYPE
 from .errors import (
     ClosedError,
     CorruptRecordError,
     IllegalStateError,
     LogkitTimeoutError,
-    RecordTooLargeError,
     StorageError,
     UnknownTopicError,
-    UnsupportedCompressionTypeError,
     storage_error,
 )
 from .group_commit import SyncTicket, _GroupCommit
 from .loader import RecoveryReport, leftovers, live_bases
+from .log_append import _LogAppends
 from .log_read import BATCHES_SINCE_MAX_BYTES, MAX_FETCH_BYTES, _LogReads
 from .log_trim import _LogTrim
-from .notify import change_offset, change_slot
+from .notify import change_slot
 from .partition_lock import LOCK_TIMEOUT_S, _PartitionLock
 from .records import (
-    RECORDS_OFFSET,
-    BatchHeader,
     check_records,
-    decode_batch,
-    encode_batch,
-    iter_batches,
-    read_header,
-    stamp_base_offset,
-    stamp_log_append_time,
-    validate_batch,
 )
-from .segment import DELETED_SUFFIX, LogSegment, parse_segment_name, unlink_segment
+from .segment import DELETED_SUFFIX, LogSegment
 from .segment_cache import _PARK_BUDGET, _SegmentCache
 from .tail import BOOT_ID, TAIL_FILE, Tail, TailFile
 
@@ -109,15 +96,10 @@ __all__ = ["PartitionLog", "Tail", "TailFile", "RecoveryReport", "check_director
 
 log = logging.getLogger(__name__)
 
-# The common append under the lock in one C call (logkit/_shortio.c, `_append_fast`).
-_append_common = None if shortio is None else shortio.append_common
-# ... and the whole uncontended append, locks and doorbell included (`_arm`).
-_Appender = None if shortio is None else shortio.Appender
-
 _fork.at_fork_in_child(_PARK_BUDGET.reset)
 
 
-class PartitionLog(_PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogTrim):
+class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogTrim):
     """One partition directory. Thread-safe; process-safe through the tail file."""
 
     def __init__(self, directory: str, topic: str, partition: int,
@@ -324,312 +306,6 @@ class PartitionLog(_PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogT
 
     # ---- append ----------------------------------------------------------------------
 
-    def append_records(self, records: list[tuple], *, codec: int = 0, **batch_fields: Any) -> int:
-        """Encode records as one batch and append it; returns its base offset."""
-        return self.append_batch(encode_batch(records, codec=codec, **batch_fields))
-
-    def append_batch(self, batch: bytearray, *, verify: bool = False,
-                     lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> int:
-        """Append one encoded batch (baseOffset is stamped here); returns base offset.
-        When `flush.messages` makes it durable, returns once a sync covers it
-        (`append_batch_nowait` + `wait_synced`).
-
-        `verify` checks the batch first as Kafka's broker checks a client's
-        (`records.validate_batch`: CRC, every record's framing, recordsCount and
-        lastOffsetDelta against the records, decompression, timestamps), for batches
-        that did not come from our own encoder. Raises CorruptRecordError when the
-        length field does not match the bytes or the check fails (InvalidRecordError,
-        UnsupportedCompressionTypeError: its subclasses, for contents that lie and for
-        codecs 5-7, the latter also unverified), RecordTooLargeError above
-        max.message.bytes, LogkitTimeoutError when the append lock is not free within
-        `lock_timeout_s`, StorageError (with the OSError as its cause) when a write or
-        fsync fails — and then nothing of the batch is
-        stored: the file is cut back to the published end before the lock is released,
-        and a later roll never seals bytes past that end either."""
-        base_offset, ticket = self.append_batch_nowait(batch, verify=verify,
-                                                       lock_timeout_s=lock_timeout_s)
-        if ticket is not None:
-            self.wait_synced(ticket)
-        return base_offset
-
-    def append_batch_nowait(self, batch: bytearray, *, verify: bool = False,
-                            lock_timeout_s: float | None = LOCK_TIMEOUT_S
-                            ) -> tuple[int, SyncTicket | None]:
-        """`append_batch` without the wait for its sync: (base offset, None) when the
-        batch needs no sync, else (base offset, ticket) — the batch is stored but not
-        readable, and not acknowledged, until `wait_synced(ticket)` returns (which any
-        thread may call; the producer's SyncWaiter does).
-
-        `batch` may also be a list of buffers that together hold one batch, the first a
-        bytearray with the whole header (records.encode_batch_parts: a large value is
-        then written from where it is, by one pwritev, never copied into a batch); when
-        the batch is to be verified or rewritten, the pieces are joined first."""
-        appender = self._appender
-        if appender is not None and not verify:
-            # The whole append in one C call when nothing stands in the way (`_arm`);
-            # -1: it changed nothing, and the append below decides.
-            try:
-                base_offset = appender.append(batch)
-            except OSError as exc:          # cut back under the lock (`_cut_back_fast`)
-                raise storage_error(exc, "append", self.directory) from exc
-            if base_offset >= 0:
-                return base_offset, None
-        config = self.config
-        if type(batch) is list:
-            batch = _pieces(batch)
-        header = _whole_batch_header(batch)
-        size = header.size
-        if size > config["max.message.bytes"]:      # the whole batch, as Kafka counts it
-            raise RecordTooLargeError(
-                f"record batch of {size} bytes exceeds max.message.bytes="
-                f"{config['max.message.bytes']} of topic {self.topic!r}; a batch this "
-                f"large needs both that topic setting and the producer's "
-                f"max_request_size (max.request.size) raised")
-        recompress = config["compression.type"] not in ("producer",
-                                                        TOPIC_COMPRESSION_TYPE[header.codec])
-        append_time = config["message.timestamp.type"] == "LogAppendTime"
-        if type(batch) is _Pieces and (verify or recompress or append_time):
-            batch = bytearray(b"".join(batch.pieces))    # checked or rewritten whole
-        if verify:
-            validate_batch(batch, 0, header)   # CRC, records, timestamps: before any lock
-        if recompress:
-            batch = self._recompress(batch, header)
-            header = _whole_batch_header(batch)
-            size = header.size
-        if append_time:
-            stamp_log_append_time(batch, _now_ms())
-            header = _whole_batch_header(batch)
-        count = header.last_offset_delta + 1
-        self._acquire(lock_timeout_s)
-        try:
-            try:
-                base_offset = -1
-                if self._fast_segment is not None and type(batch) is bytearray:
-                    base_offset = self._append_fast(batch)
-                if base_offset < 0:
-                    # `_locked_tail`'s prelude, then the general append
-                    tail = self._tail_under_lock()
-                    self._refresh(tail)
-                    base_offset = self._append_locked(batch, header, size, count, tail)
-            except OSError as exc:
-                raise storage_error(exc, "append", self.directory) from exc
-            deferred, self._deferred = self._deferred, None
-        finally:
-            self._release()
-        if deferred is not None:
-            return base_offset, SyncTicket(deferred[0], deferred[1], base_offset,
-                                           header.crc)
-        if self._doorbell is not None:
-            self._doorbell.ring(self._change_slot)
-        return base_offset, None
-
-    def _append_fast(self, batch: bytearray) -> int:
-        """The common append in one C call (`shortio.append_common`, the twin of
-        `_append_locked` for an append that needs no roll, sync, index reservation or
-        repair): the base offset, or -1 with nothing changed when `_append_locked` must
-        decide. Called under the lock, only after a general append of this process
-        (`_dirty`) set `_fast_segment`; the C call checks that the tail still names
-        that segment and segment list. A failed write is cut back, as `_append_locked`
-        does."""
-        segment = self._fast_segment
-        files = segment.append_files()
-        if files is None:
-            return -1
-        config = self.config
-        try:
-            return _append_common(
-                self._tail_file.mm, batch, *files, segment.base_offset,
-                self._segments_version, BOOT_ID, config["segment.bytes"],
-                config["segment.ms"], config["index.interval.bytes"],
-                config["flush.messages"])
-        except OSError:
-            tail = self._tail_file.read_locked()       # unchanged: nothing was published
-            if tail is not None:
-                self._cut_back(segment, tail.active_size)
-            raise
-
-    def _arm(self, segment: LogSegment | None) -> None:
-        """Set the segment the next append may take in one C call (None: none). The
-        C appender (shortio.Appender) takes the locks without waiting, appends as
-        `_append_fast` does, releases and rings, or changes nothing and hands the
-        append back. It is made here, after a general append, with the handles and
-        index reservations of that moment, and dropped with the segment. A topic that
-        rewrites batches (LogAppendTime) gets none, nor one whose every append syncs
-        (flush.messages=1: each would be handed back)."""
-        self._fast_segment = segment
-        self._appender = None
-        if segment is None or _Appender is None:
-            return
-        files = segment.append_files()
-        config = self.config
-        if files is None or config["message.timestamp.type"] == "LogAppendTime" \
-                or config["flush.messages"] <= 1:
-            return
-        codec = config["compression.type"]
-        tail_file = self._tail_file
-        doorbell = self._doorbell
-        self._appender = _Appender(
-            self._pid, self._append_lock, self._thread_lock, tail_file.fd, tail_file.mm,
-            *files, segment.base_offset, self._segments_version, BOOT_ID,
-            config["segment.bytes"], config["segment.ms"], config["index.interval.bytes"],
-            config["flush.messages"], config["max.message.bytes"],
-            -1 if codec == "producer" else CODEC_NAMES[codec], doorbell,
-            change_offset(self._change_slot), self._cut_back_fast, self._funlock)
-
-    def _cut_back_fast(self, position: int) -> None:
-        """The C appender's write failed at `position`: cut back (under the lock)."""
-        segment = self._fast_segment
-        if segment is not None:
-            self._cut_back(segment, position)
-
-    def _append_locked(self, batch: bytearray, header: BatchHeader, size: int, count: int,
-                       tail: Tail, shipped_roll: bool | None = None) -> int:
-        config = self.config
-        # Another process may have added index entries since this one last
-        # appended: take the published counts, or we would overwrite theirs.
-        self._segment(tail.active_base_offset).set_index_entries(
-            tail.index_entries, tail.timeindex_entries)
-        now = _now_ms()
-        if shipped_roll is None:
-            if self._must_roll(tail, size, count, now):
-                tail = self._roll(tail)
-        elif shipped_roll and tail.active_size:     # a replica rolls where its leader did
-            tail = self._roll(tail)
-        segment = self._segment(tail.active_base_offset)
-        if not self._dirty:               # this process's first append: a dead writer
-            self._cut_unpublished(segment, tail)    # may have left bytes past the end
-        base_offset = tail.log_end_offset
-        stamp_base_offset(batch.pieces[0] if type(batch) is _Pieces else batch, base_offset,
-                          tail.leader_epoch)
-        position = tail.active_size
-        last_offset = base_offset + count - 1
-        flush = tail.unflushed_messages + count >= config["flush.messages"]
-        # Our own appends that must be durable sync after the lock (group commit, see
-        # the module docstring); a replica's batches still sync here.
-        deferred = flush and shipped_roll is None
-        if deferred:
-            flush = False
-        try:
-            segment.write(batch.pieces if type(batch) is _Pieces else batch, position)
-            if flush:
-                # The log file only: the active segment's indexes are derived data that
-                # recovery rebuilds after an OS crash, and an fsync of each (dirty) index
-                # map would triple the device flushes per durable append.
-                segment.flush_log()
-                self._sync_directory_once(tail.active_base_offset)
-        except OSError:
-            self._cut_back(segment, position)
-            raise
-        max_ts, max_ts_offset = tail.max_timestamp, tail.max_timestamp_offset
-        if header.max_timestamp > max_ts:
-            max_ts, max_ts_offset = header.max_timestamp, last_offset
-        segment.index_batch(last_offset, position, config["index.interval.bytes"],
-                            max_ts, max_ts_offset)
-        entries, time_entries = segment.index_entry_counts()
-        # Every field, in Tail's order (one construction: `_replace` with eleven
-        # keywords costs more than the write it describes)
-        tail = Tail(
-            tail.boot_id, tail.log_start_offset, last_offset + 1,
-            tail.active_base_offset, position + size, entries, time_entries,
-            tail.segments_version,
-            tail.high_watermark if deferred else last_offset + 1,     # high_watermark
-            max_ts, max_ts_offset,
-            last_offset + 1 if flush else tail.recovery_point,        # recovery_point
-            now if tail.roll_time_ms < 0 else tail.roll_time_ms,      # roll_time_ms
-            0,                                                        # clean
-            0 if flush else tail.unflushed_messages + count,          # unflushed_messages
-            -1 if flush else now if tail.first_unflushed_ms < 0
-            else tail.first_unflushed_ms,                             # first_unflushed_ms
-            tail.leader_epoch, tail.deleted)
-        self._tail_file.publish(tail)
-        self._dirty = True
-        if _append_common is not None:
-            self._arm(segment)
-        if deferred:
-            self._deferred = (last_offset + 1, tail.segments_version)
-        return base_offset
-
-    def _cut_back(self, segment: LogSegment, position: int) -> None:
-        """After a failed write or fsync, cut the file back to the published end so the
-        failed batch can never be sealed or recovered as data. If even that fails, the
-        bytes stay past the committed size, where no reader looks and the next roll or
-        append cuts them."""
-        try:
-            segment.truncate(position)
-        except OSError as exc:
-            log.warning("%s: could not cut %s back to %d after a failed append: %s",
-                        self.name, segment.path, position, exc)
-
-    def _cut_unpublished(self, segment: LogSegment, tail: Tail) -> None:
-        """Cut bytes past the committed size: never acknowledged (a writer died between
-        its write and its publish, or its write failed). Appends write at the committed
-        end and a sealed segment is read to its file size, so they must go first."""
-        file_size = segment.file_size()
-        if file_size > tail.active_size:
-            log.warning("%s: cutting %d unpublished bytes past the committed end %d of %s "
-                        "(a writer died mid-append)", self.name,
-                        file_size - tail.active_size, tail.active_size, segment.path)
-            segment.truncate(tail.active_size)
-
-    def _must_roll(self, tail: Tail, size: int, count: int, now: int) -> bool:
-        if tail.active_size == 0:
-            return False
-        config = self.config
-        segment = self._segment(tail.active_base_offset)
-        return (tail.active_size + size > config["segment.bytes"]
-                or segment.offset_index.is_full or segment.time_index.is_full
-                or now - tail.roll_time_ms > config["segment.ms"]
-                or tail.log_end_offset + count - tail.active_base_offset >= 2**31)
-
-    def _roll(self, tail: Tail) -> Tail:
-        """Seal the active segment (fsync it, trim its indexes) and start a new one.
-
-        The order survives a SIGKILL at any step, with other processes still using the
-        partition: the final time entry and the fsync come first; a new segment's files
-        are created (after removing any a killed roller left) before the tail names
-        them; the old indexes are trimmed only after that, when no process appends to
-        them any more (a sealed index left untrimmed reads as its non-zero entries)."""
-        sealed = tail
-        old = self._segment(tail.active_base_offset)
-        self._cut_unpublished(old, tail)
-        old.set_index_entries(tail.index_entries, tail.timeindex_entries)
-        old.time_index.append(tail.max_timestamp, tail.max_timestamp_offset)
-        old.flush()
-        # its name too: the recovery point is about to pass it (fsync does not make a
-        # file's directory entry durable; docs/storage.md "The directory entry")
-        self._sync_directory_once(tail.active_base_offset)
-        new_base = tail.log_end_offset
-        for name in os.listdir(self.directory):       # never published: a dead roller's
-            base = parse_segment_name(name)
-            if base is not None and base > tail.active_base_offset:
-                unlink_segment(self.directory, base)
-        LogSegment(self.directory, new_base, active=True,
-                   create_index_bytes=self.config["segment.index.bytes"]).close()
-        tail = tail._replace(active_base_offset=new_base, active_size=0, index_entries=0,
-                             timeindex_entries=0,
-                             segments_version=tail.segments_version + 1,
-                             max_timestamp=-1, max_timestamp_offset=-1, roll_time_ms=-1,
-                             recovery_point=new_base, unflushed_messages=0,
-                             first_unflushed_ms=-1,        # the old segment was fsynced
-                             high_watermark=max(tail.high_watermark, new_base))
-        self._tail_file.publish(tail)
-        old.seal(sealed.max_timestamp, sealed.max_timestamp_offset, sealed.active_size)
-        self._segments.pop(sealed.active_base_offset, None)   # a reader reopens it:
-        old.close()                                # appenders hold no sealed segment
-        self._refresh(tail)
-        log.debug("%s: rolled segment %d (%d bytes) to a new one at offset %d", self.name,
-                  sealed.active_base_offset, sealed.active_size, new_base)
-        return tail
-
-    def roll(self) -> None:
-        """Start a new segment now (Kafka's forced roll), unless the active one is empty."""
-        with self._locked_tail("roll") as tail:
-            if tail.active_size:
-                try:
-                    self._roll(tail)
-                except OSError as exc:
-                    raise storage_error(exc, "roll", self.directory) from exc
-
     # ---- a follower's log (logkit/replication) --------------------------------------
 
     def segment_bases(self) -> list[int]:
@@ -654,43 +330,6 @@ class PartitionLog(_PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogT
             if epoch != tail.leader_epoch:
                 self._tail_file.publish(tail._replace(leader_epoch=epoch))
                 self._tail_file.sync()
-
-    def append_replicated(self, data: Any, *, segment_bases: Container[int] = (),
-                          lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> int:
-        """Append whole batches as a leader stored them (a follower's append): base
-        offsets and partitionLeaderEpoch kept, nothing rewritten, and a new segment
-        started before each batch whose base offset is in `segment_bases` (where the
-        leader started one), so the segment files come out byte-identical to the
-        leader's. Every batch is checked before any is written — whole, CRC-valid, the
-        first starting at the log end, the rest contiguous — else CorruptRecordError
-        and nothing is written. The tail's leader epoch follows the batches. Returns
-        the new log end offset."""
-        size = len(data)
-        with self._locked_tail("replicate", lock_timeout_s) as tail:
-            batches = list(iter_batches(data, 0, size, f"batches shipped to {self.name}",
-                                        first_offset=tail.log_end_offset, verify=True))
-            try:
-                for pos, header in batches:
-                    self._append_locked(bytearray(data[pos:pos + header.size]), header,
-                                        header.size, header.last_offset_delta + 1,
-                                        tail._replace(leader_epoch=header.leader_epoch),
-                                        shipped_roll=header.base_offset in segment_bases)
-                    tail = self._tail_under_lock()
-            except OSError as exc:
-                raise storage_error(exc, "replicate", self.directory) from exc
-        if batches and self._doorbell is not None:
-            self._doorbell.ring(self._change_slot)
-        return tail.log_end_offset
-
-    def _recompress(self, batch: bytearray, header: BatchHeader) -> bytearray:
-        """Re-encode with the topic's compression.type (Kafka's broker-side override)."""
-        records = decode_batch(batch, 0, header, self.topic, self.partition, verify=False)
-        from .compression import codec_id
-        codec = codec_id(self.config["compression.type"])
-        return encode_batch([(r.key, r.value, r.headers, r.timestamp) for r in records],
-                            codec=codec, producer_id=header.producer_id,
-                            producer_epoch=header.producer_epoch,
-                            base_sequence=header.base_sequence)
 
     # ---- flush -----------------------------------------------------------------------
 
@@ -782,43 +421,3 @@ class PartitionLog(_PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogT
                 expected=tail.log_end_offset, actual=expected)
 
 
-class _Pieces:
-    """A batch in pieces (see `append_batch_nowait`): `len()` is the batch's size, the
-    stamps go into the first piece (which holds the header), `LogSegment.write` writes
-    the list with one pwritev."""
-
-    __slots__ = ("pieces", "size")
-
-    def __init__(self, pieces: list[Any]) -> None:
-        self.pieces = pieces
-        self.size = sum(map(len, pieces))
-
-    def __len__(self) -> int:
-        return self.size
-
-
-def _pieces(pieces: list[Any]) -> Any:
-    """A batch given as a list of buffers: `_Pieces` when the first holds the whole
-    header in a bytearray (where the stamps go), else the buffers joined."""
-    head = pieces[0] if pieces else None
-    if type(head) is bytearray and len(head) >= RECORDS_OFFSET:
-        return _Pieces(pieces)
-    return bytearray(b"".join(pieces))
-
-
-def _whole_batch_header(batch: Any) -> BatchHeader:
-    """The header of a batch given as its exact bytes, else CorruptRecordError (its
-    subclass UnsupportedCompressionTypeError for a codec Kafka does not define)."""
-    size = len(batch)
-    # in pieces, the header is all in the first one (`_pieces` checked)
-    header = read_header(batch.pieces[0] if type(batch) is _Pieces else batch, 0, size)
-    if header is None or header.size != size:
-        raise CorruptRecordError("append of a batch whose length field does not match "
-                                 "its bytes", expected=size,
-                                 actual=None if header is None else header.size)
-    if header.codec not in TOPIC_COMPRESSION_TYPE:
-        raise UnsupportedCompressionTypeError(
-            f"append of a batch with compression codec {header.codec}: Kafka defines "
-            f"{min(TOPIC_COMPRESSION_TYPE)}-{max(TOPIC_COMPRESSION_TYPE)}",
-            expected=sorted(TOPIC_COMPRESSION_TYPE), actual=header.codec)
-    return header

@@ -17,7 +17,7 @@ import threading
 import pytest
 
 import logkit
-from logkit import log as partition_log
+from logkit import log_append as partition_log
 from logkit.records import encode_batch
 from logkit.tail import TAIL_FILE, TailFile
 from tests.crashpoints import driver
@@ -102,7 +102,7 @@ def c_appends(monkeypatch) -> None:
 COUNTING_PREAMBLES = {
     "under the lock": """
         import logkit
-        from logkit import log
+        from logkit import log_append as log
         from logkit._shortio import append_common
         calls = []
         def counting(*args):
@@ -113,7 +113,7 @@ COUNTING_PREAMBLES = {
     """,
     "in one call": """
         import logkit
-        from logkit import log
+        from logkit import log_append as log
         from logkit._shortio import Appender, append_common
         calls = []
         class counting:

@@ -79,9 +79,9 @@ def test_the_log_takes_its_lock_and_writes_through_it():
 def test_pure_python_appends_without_it(tmp_path):
     script = textwrap.dedent(f"""
         import fcntl, os
-        from logkit import Broker, log, partition_lock, segment
+        from logkit import Broker, log_append, partition_lock, segment
         assert partition_lock._flock_now is fcntl.flock and segment._pwrite is os.pwrite
-        assert log._append_common is None
+        assert log_append._append_common is None
         with Broker({str(tmp_path / "data")!r}) as broker:
             topic = broker.create_topic("t", 1)
             with broker.producer() as producer:
