@@ -3,10 +3,10 @@ appends, rolls, reads, retention and the flush policy over them.
 
 `PartitionLog` is put together from its jobs, one module each (as Kafka splits LocalLog,
 UnifiedLog and the log manager): `partition_lock.py` the append lock across threads and
-processes, `segment_cache.py` the open and parked segments, `group_commit.py` syncs and
-group commit, `log_read.py` every read, `log_trim.py` retention and truncation. This
-module keeps opening and recovery, the three append tiers, rolls, replicated appends
-and close.
+processes, `segment_cache.py` the open and parked segments, `log_append.py` the three
+append tiers and rolls, `group_commit.py` syncs and group commit, `log_read.py` every
+read, `log_trim.py` retention and truncation. This module keeps opening and recovery,
+the tail, leader epochs, close and `check()`.
 
 Owns: the live log. Its neighbours own the rest of the directory's story: `tail.py` the
 shared tail state and its seqlock, `loader.py` the open-time checks and recovery (the
