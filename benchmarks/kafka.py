@@ -139,6 +139,12 @@ class Servers:
         assert self.logkit is not None
         return {"logkit": self.logkit.bootstrap_servers, "kafka": self.kafka.bootstrap_servers}
 
+    @property
+    def pids(self) -> dict[str, int]:
+        assert self.logkit is not None and self.logkit.proc is not None
+        assert self.kafka.proc is not None
+        return {"logkit": self.logkit.proc.pid, "kafka": self.kafka.proc.pid}
+
     def rss(self) -> dict[str, dict[str, float]]:
         assert self.logkit is not None and self.logkit.proc is not None
         assert self.kafka.proc is not None
@@ -155,16 +161,29 @@ def _create(bootstrap: str, topic: str, partitions: int) -> None:
              "--partitions", str(partitions), "--replication-factor", "1")
 
 
-def _both(order: int, fn: Callable[[str, str], dict[str, float]], targets: dict[str, str],
+def cpu_seconds(pid: int) -> float:
+    """A live process's CPU time so far, user + system, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _both(order: int, fn: Callable[[str, str], dict[str, float]], servers: Servers,
           repeats: int = 1) -> dict[str, dict[str, Any]]:
     """fn(name, bootstrap) at each server `repeats` times, the two alternating (logkit
-    first in even rounds); each figure is the median of the rounds, and every round's
-    figures are kept under "rounds"."""
+    first in even rounds), each run's figures with the CPU seconds the server process
+    spent meanwhile (`server_cpu_s`: on 2 shared cores, the server's CPU is taken from
+    the tool's); each figure is the median of the rounds, and every round's figures are
+    kept under "rounds"."""
+    targets, pids = servers.targets, servers.pids
     runs: dict[str, list[dict[str, float]]] = {"logkit": [], "kafka": []}
     for round_ in range(repeats):
         names = ["logkit", "kafka"] if (order + round_) % 2 == 0 else ["kafka", "logkit"]
         for name in names:
-            runs[name].append(fn(name, targets[name]))
+            before = cpu_seconds(pids[name])
+            figures = fn(name, targets[name])
+            figures["server_cpu_s"] = cpu_seconds(pids[name]) - before
+            runs[name].append(figures)
     out: dict[str, dict[str, Any]] = {}
     for name, rounds in runs.items():
         out[name] = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
@@ -249,7 +268,7 @@ def run(plan: Plan) -> dict[str, Any]:
                     for bootstrap in targets.values():
                         _create(bootstrap, topic, partitions)
                     _progress(f"produce {topic} ({records:,} records x {plan.repeats})")
-                    produce = _both(order, _produce(topic, size, records, acks), targets,
+                    produce = _both(order, _produce(topic, size, records, acks), servers,
                                     plan.repeats)
                     order += 1
                     _progress(f"embedded producer.send {topic}")
@@ -262,7 +281,7 @@ def run(plan: Plan) -> dict[str, Any]:
                         "records": records, "produce": produce, "embedded": embedded}
                     if acks == plan.acks[0]:
                         _progress(f"consume {topic}")
-                        case["consume"] = _both(order, _consume(topic, records), targets,
+                        case["consume"] = _both(order, _consume(topic, records), servers,
                                                 plan.repeats)
                         order += 1
                     cases.append(case)
@@ -274,7 +293,7 @@ def run(plan: Plan) -> dict[str, Any]:
             _progress(f"end-to-end latency, acks={acks}")
             latency.append({"acks": acks, "records": plan.latency_records, "size_bytes": 100,
                             **_both(order, _latency(topic, plan.latency_records, acks),
-                                    targets, plan.repeats)})
+                                    servers, plan.repeats)})
             order += 1
         serving_rss = servers.rss()
     finally:
@@ -324,6 +343,9 @@ def figures(doc: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"embedded producer.send ÷ the Java producer into Kafka, {label}", "records/s",
             em, kf_rate(case), em / kf_rate(case), "embedded_vs_kafka")
     for row in doc["latency"]:
+        lk, kf = row["logkit"]["latency_ms_avg"], row["kafka"]["latency_ms_avg"]
+        add(f"end-to-end latency average, acks={row['acks']}", "ms", lk, kf, kf / lk,
+            "latency_vs_kafka")
         for q in ("p50", "p99"):
             lk, kf = row["logkit"][f"latency_ms_{q}"], row["kafka"][f"latency_ms_{q}"]
             # the tool prints whole milliseconds: 0 ms counts as 0.5 ms for the ratio
@@ -336,6 +358,10 @@ def figures(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "s", lk, kf, kf / lk, "ready_vs_kafka")
     lk, kf = doc["rss_serving_mb"]["logkit"]["rss_mb"], doc["rss_serving_mb"]["kafka"]["rss_mb"]
     add("RSS while serving (after the workloads)", "MiB", lk, kf, kf / lk, "rss_vs_kafka")
+    lk = doc["rss_serving_mb"]["logkit"]["anon_rss_mb"]
+    kf = doc["rss_serving_mb"]["kafka"]["anon_rss_mb"]
+    add("RSS while serving, anonymous memory alone (no mapped files' pages)", "MiB", lk, kf,
+        kf / lk, "rss_vs_kafka")
     lk = doc["rss_serving_mb"]["logkit"]["peak_rss_mb"]
     kf = doc["rss_serving_mb"]["kafka"]["peak_rss_mb"]
     add("peak RSS over the run", "MiB", lk, kf, kf / lk, "rss_vs_kafka")
