@@ -36,7 +36,7 @@ setup(cmdclass={"build_py": BuildPyWithJar}, ext_modules=[
     # The append path's short system calls with the GIL kept, and its common case in
     # one call (logkit/log.py and logkit/segment.py fall back to fcntl.flock, os.pwrite
     # and the Python append without it).
-    Extension("logkit._shortio", sources=["logkit/_shortio.c"],
+    Extension("logkit._appendpath", sources=["logkit/_appendpath.c"],
               depends=["logkit/_batch.h"], optional=True,
               extra_compile_args=["-O2", "-std=gnu99"]),
     # The doorbell's futex wait/wake (logkit/notify.py falls back to ctypes without it).

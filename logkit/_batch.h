@@ -1,5 +1,5 @@
 /* The record batch v2 header (records.py holds the table; docs/design.md §3), for the C
- * extensions that read or stamp it (_shortio's appends, _speedups' read walk):
+ * extensions that read or stamp it (_appendpath's appends, _speedups' read walk):
  * big-endian fields at fixed offsets, and the loads and stores of them. */
 #ifndef LOGKIT_BATCH_H
 #define LOGKIT_BATCH_H

@@ -3,7 +3,7 @@
 Owns: importing the optional C extensions once, MarkupSafe's way (`try: from . import
 _speedups ... except ImportError`): `speedups` is `logkit._speedups` (record codec,
 column decoder, murmur2), `sendpath` is `logkit._sendpath` (Producer.send's common
-case), `shortio` is `logkit._shortio` (the append path's flock and pwrite with the GIL
+case), `appendpath` is `logkit._appendpath` (the append path's flock and pwrite with the GIL
 kept, its common case under the lock in one call, and the whole uncontended append) and
 `doorbell` is `logkit._doorbell` (the doorbell's futex calls; logkit/notify.py also
 checks the futex is there), each None when it was not built or when the environment
@@ -28,7 +28,7 @@ import os
 from types import ModuleType
 
 __all__ = ["PURE_PYTHON_ENV", "FORCED_PURE_PYTHON", "EXTENSIONS", "MISSING", "speedups",
-           "sendpath", "shortio", "doorbell"]
+           "sendpath", "appendpath", "doorbell"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ FORCED_PURE_PYTHON = bool(os.environ.get(PURE_PYTHON_ENV))
 EXTENSIONS = {
     "_speedups": "record encoding and decoding",
     "_sendpath": "Producer.send",
-    "_shortio": "each append's locking and write",
+    "_appendpath": "each append's locking and write",
     "_doorbell": "waking waiting consumers",
 }
 
@@ -58,7 +58,7 @@ MISSING: tuple[str, ...] = tuple(f"logkit.{name}" for name, module in _loaded.it
 
 speedups: ModuleType | None = _loaded.get("_speedups")
 sendpath: ModuleType | None = _loaded.get("_sendpath")
-shortio: ModuleType | None = _loaded.get("_shortio")
+appendpath: ModuleType | None = _loaded.get("_appendpath")
 doorbell: ModuleType | None = _loaded.get("_doorbell")
 
 if FORCED_PURE_PYTHON:

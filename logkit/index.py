@@ -229,7 +229,7 @@ class _Index:
 
     def store(self) -> tuple[Any, int] | None:
         """(the map, the bytes from its start with real blocks) of a mapped index, for
-        the append path in C (logkit/_shortio.c), which stores entries below the
+        the append path in C (logkit/_appendpath.c), which stores entries below the
         reserved end only; None when it is not mapped."""
         return None if self._mmap is None else (self._mmap, self._reserved)
 

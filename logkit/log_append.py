@@ -22,7 +22,7 @@ import os
 from typing import Any, Container
 
 from ._clock import now_ms as _now_ms
-from ._native import shortio
+from ._native import appendpath
 from .compression import CODEC_NAMES, TOPIC_COMPRESSION_TYPE
 from .errors import (
     CorruptRecordError,
@@ -49,10 +49,10 @@ from .tail import BOOT_ID, Tail
 
 log = logging.getLogger("logkit.log")
 
-# The common append under the lock in one C call (logkit/_shortio.c, `_append_fast`).
-_append_common = None if shortio is None else shortio.append_common
+# The common append under the lock in one C call (logkit/_appendpath.c, `_append_fast`).
+_append_common = None if appendpath is None else appendpath.append_common
 # ... and the whole uncontended append, locks and doorbell included (`_arm`).
-_Appender = None if shortio is None else shortio.Appender
+_Appender = None if appendpath is None else appendpath.Appender
 
 class _Pieces:
     """A batch in pieces (see `append_batch_nowait`): `len()` is the batch's size, the
@@ -199,7 +199,7 @@ class _LogAppends:
         return base_offset, None
 
     def _append_fast(self, batch: bytearray) -> int:
-        """The common append in one C call (`shortio.append_common`, the twin of
+        """The common append in one C call (`appendpath.append_common`, the twin of
         `_append_locked` for an append that needs no roll, sync, index reservation or
         repair): the base offset, or -1 with nothing changed when `_append_locked` must
         decide. Called under the lock, only after a general append of this process
@@ -225,7 +225,7 @@ class _LogAppends:
 
     def _arm(self, segment: LogSegment | None) -> None:
         """Set the segment the next append may take in one C call (None: none). The
-        C appender (shortio.Appender) takes the locks without waiting, appends as
+        C appender (appendpath.Appender) takes the locks without waiting, appends as
         `_append_fast` does, releases and rings, or changes nothing and hands the
         append back. It is made here, after a general append, with the handles and
         index reservations of that moment, and dropped with the segment. A topic that

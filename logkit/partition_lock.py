@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from ._native import shortio
+from ._native import appendpath
 from .errors import LogkitTimeoutError, ReadOnlyError, StorageError, storage_error
 from .tail import Tail, TailFile
 
@@ -27,10 +27,10 @@ log = logging.getLogger("logkit.log")
 
 LOCK_TIMEOUT_S = 30.0                 # default bound on waiting for the append lock
 _LOCK_POLL_S = (0.00005, 0.005)       # first and longest sleep between flock tries
-# A try for the flock and its release that keep the GIL (logkit/_shortio.c): each
+# A try for the flock and its release that keep the GIL (logkit/_appendpath.c): each
 # GIL hand-over around a system call costs two context switches when another thread
 # of the process is busy, as a producer's sender thread is.
-_flock_now = fcntl.flock if shortio is None else shortio.flock
+_flock_now = fcntl.flock if appendpath is None else appendpath.flock
 
 
 class _PartitionLock:

@@ -29,7 +29,7 @@ import mmap
 import os
 from typing import Any, Iterator, NamedTuple
 
-from ._native import shortio
+from ._native import appendpath
 from .errors import CorruptRecordError
 from .index import OffsetIndex, TimeIndex
 from .records import (ATTR_CONTROL, FIELD_BASE_OFFSET, FIELD_BATCH_LENGTH,
@@ -61,8 +61,8 @@ _unpack_header = _HEADER.unpack_from
 _make_header = BatchHeader._make
 
 
-# A batch's pwrite keeps the GIL up to 256 KiB (logkit/_shortio.c; see log.py's flock).
-_pwrite = os.pwrite if shortio is None else shortio.pwrite
+# A batch's pwrite keeps the GIL up to 256 KiB (logkit/_appendpath.c; see log.py's flock).
+_pwrite = os.pwrite if appendpath is None else appendpath.pwrite
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -302,7 +302,7 @@ class LogSegment:
                           self.path)
 
     def append_files(self) -> tuple[int, Any, int, Any, int] | None:
-        """What `shortio.append_common` writes through, for an open active segment whose
+        """What `appendpath.append_common` writes through, for an open active segment whose
         index maps are open: (the `.log` descriptor, the offset index's map and its
         reserved bytes, the time index's map and its reserved bytes); else None."""
         if not self.active or self._fd < 0 or self._offset_index is None \

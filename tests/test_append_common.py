@@ -1,5 +1,5 @@
-"""The append in C — under the lock (`shortio.append_common`, used by
-`PartitionLog._append_fast`) and whole, locks and doorbell included (`shortio.Appender`,
+"""The append in C — under the lock (`appendpath.append_common`, used by
+`PartitionLog._append_fast`) and whole, locks and doorbell included (`appendpath.Appender`,
 `PartitionLog._arm`) — is the twin of the Python append for the cases it takes: the
 same bytes in every file and the same tail, whatever mix of index entries, index
 reservations, full indexes, rolls and timestamps the appends go through; it hands back
@@ -22,7 +22,7 @@ from logkit.records import encode_batch
 from logkit.tail import TAIL_FILE, TailFile
 from tests.crashpoints import driver
 
-shortio = pytest.importorskip("logkit._shortio",
+appendpath = pytest.importorskip("logkit._appendpath",
                               reason="the optional C extension is not built here")
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,13 +31,13 @@ CLOCK_FIELDS = ("boot_id", "roll_time_ms", "first_unflushed_ms")
 
 
 class Counting:
-    """shortio.append_common, counting the appends it made and the ones it handed back."""
+    """appendpath.append_common, counting the appends it made and the ones it handed back."""
 
     def __init__(self) -> None:
         self.appended = self.handed_back = 0
 
     def __call__(self, *args):
-        result = shortio.append_common(*args)
+        result = appendpath.append_common(*args)
         if result < 0:
             self.handed_back += 1
         else:
@@ -46,14 +46,14 @@ class Counting:
 
 
 class CountingAppenders:
-    """Stands in for shortio.Appender in logkit.log: makes real ones and counts, over
+    """Stands in for appendpath.Appender in logkit.log: makes real ones and counts, over
     all of them, the appends they made and the ones they handed back."""
 
     def __init__(self) -> None:
         self.appended = self.handed_back = 0
 
     def __call__(self, *args):
-        return _CountedAppender(self, shortio.Appender(*args))
+        return _CountedAppender(self, appendpath.Appender(*args))
 
 
 class _CountedAppender:
@@ -83,7 +83,7 @@ def c_path(monkeypatch, path: str) -> Counting | CountingAppenders | None:
         monkeypatch.setattr(partition_log, "_append_common", counting)
         return counting
     counting = CountingAppenders()
-    monkeypatch.setattr(partition_log, "_append_common", shortio.append_common)
+    monkeypatch.setattr(partition_log, "_append_common", appendpath.append_common)
     monkeypatch.setattr(partition_log, "_Appender", counting)
     return counting
 
@@ -95,15 +95,15 @@ C_PATHS = ("under the lock", "in one call")
 def c_appends(monkeypatch) -> None:
     """Both C appends on, as a build with the extension has them (also when the suite
     runs with LOGKIT_PURE_PYTHON=1)."""
-    monkeypatch.setattr(partition_log, "_append_common", shortio.append_common)
-    monkeypatch.setattr(partition_log, "_Appender", shortio.Appender)
+    monkeypatch.setattr(partition_log, "_append_common", appendpath.append_common)
+    monkeypatch.setattr(partition_log, "_Appender", appendpath.Appender)
 
 # A child process's preamble for each C path: it counts its calls in `calls`.
 COUNTING_PREAMBLES = {
     "under the lock": """
         import logkit
         from logkit import log_append as log
-        from logkit._shortio import append_common
+        from logkit._appendpath import append_common
         calls = []
         def counting(*args):
             calls.append(1)
@@ -114,7 +114,7 @@ COUNTING_PREAMBLES = {
     "in one call": """
         import logkit
         from logkit import log_append as log
-        from logkit._shortio import Appender, append_common
+        from logkit._appendpath import Appender, append_common
         calls = []
         class counting:
             def __init__(self, *args):
@@ -290,7 +290,7 @@ def test_what_the_c_append_hands_back_it_leaves_untouched(tmp_path, c_appends):
             args = dict(index_reserved=index_reserved, timeindex_reserved=timeindex_reserved,
                         version=log._segments_version, flush=config["flush.messages"])
             args.update(change)
-            return shortio.append_common(
+            return appendpath.append_common(
                 tail_map, encode_batch([(None, b"x", [], 4_000_000_000_000)]), fd, index,
                 args["index_reserved"], timeindex, args["timeindex_reserved"],
                 segment.base_offset, args["version"], partition_log.BOOT_ID,
@@ -351,7 +351,7 @@ def test_a_short_write_through_the_c_append_is_a_full_disk_and_is_cut_back(tmp_p
 
 
 def test_the_whole_c_append_hands_back_what_stands_in_its_way(tmp_path, c_appends):
-    """The one-call append (shortio.Appender) takes no lock that is not free at once
+    """The one-call append (appendpath.Appender) takes no lock that is not free at once
     and no batch the Python append would refuse, rewrite or name as corrupt: each such
     call comes back as -1 with nothing written, nothing published and no lock held."""
     with logkit.Broker(tmp_path) as broker:

@@ -35,7 +35,7 @@ def test_every_c_extension_is_built():
     """A compile that failed (setup.py builds them optional=True) fails here instead of
     skipping the compiled-path tests; `make test` names the compiler's error."""
     assert _native.MISSING == ()
-    assert None not in (_native.speedups, _native.sendpath, _native.shortio,
+    assert None not in (_native.speedups, _native.sendpath, _native.appendpath,
                         _native.doorbell)
 
 
@@ -62,13 +62,13 @@ def _import_with_blocked(*names, pure=False):
 def test_an_install_without_an_extension_says_so_once_at_import():
     """The pure-Python path is several times slower: a user who got it because the
     compile failed is told once, with the missing extensions and what runs in Python."""
-    missing, lines = _import_with_blocked("_speedups", "_shortio")
-    assert missing == "('logkit._speedups', 'logkit._shortio')"
+    missing, lines = _import_with_blocked("_speedups", "_appendpath")
+    assert missing == "('logkit._speedups', 'logkit._appendpath')"
     warnings = [line for line in lines if line[0] == "WARNING"]
     assert len(warnings) == 1, lines
     level, name, message = warnings[0]
     assert name == "logkit._native"
-    assert "logkit._speedups" in message and "logkit._shortio" in message
+    assert "logkit._speedups" in message and "logkit._appendpath" in message
     assert "logkit._sendpath" not in message and "slower" in message
     assert _native.PURE_PYTHON_ENV in message
 
@@ -80,7 +80,7 @@ def test_asking_for_pure_python_gives_no_warning():
     assert [line for line in lines if line[0] == "WARNING"] == []
 
 
-@pytest.mark.parametrize("source", ["_speedups", "_sendpath", "_shortio", "_doorbell"])
+@pytest.mark.parametrize("source", ["_speedups", "_sendpath", "_appendpath", "_doorbell"])
 def test_each_c_extension_compiles_on_a_posix_system_other_than_linux(source):
     """Linux-only calls (the futex) sit behind `#if defined(__linux__)`, and nothing
     else does: each file compiles with __linux__ undefined, as on macOS or a BSD."""

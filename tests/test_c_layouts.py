@@ -1,7 +1,7 @@
 """The C extensions restate layouts and one rule that Python owns (docs/design.md §2):
-the batch header (`records.py` → `_batch.h`), the tail file (`tail.py` → `_shortio.c`),
-the index entry sizes (`index.py` → `_shortio.c`) and the segment-roll rule
-(`PartitionLog._must_roll` → `_shortio.c`'s `append_locked`). These tests read the C
+the batch header (`records.py` → `_batch.h`), the tail file (`tail.py` → `_appendpath.c`),
+the index entry sizes (`index.py` → `_appendpath.c`) and the segment-roll rule
+(`PartitionLog._must_roll` → `_appendpath.c`'s `append_locked`). These tests read the C
 sources and compare every shared constant with the Python definition, and run the roll
 rule through both paths, so a change made on one side only fails here."""
 
@@ -54,8 +54,8 @@ def test_the_batch_header_in_c_is_records_py_s_table():
 
 
 def test_the_tail_file_in_c_is_tail_py_s_layout():
-    source = (LOGKIT / "_shortio.c").read_text()
-    c = c_defines("_shortio.c")
+    source = (LOGKIT / "_appendpath.c").read_text()
+    c = c_defines("_appendpath.c")
     # The enum of 64-bit fields, in order, must name Tail's fields after the boot id.
     enum = re.search(r"enum\s*\{([^}]*)\}", source[source.index("#define TAIL_FIELD"):])
     names = [n.strip() for n in enum.group(1).split(",") if n.strip()]
@@ -77,7 +77,7 @@ def test_the_tail_file_in_c_is_tail_py_s_layout():
 
 
 def test_index_entry_sizes_in_c_are_index_py_s():
-    c = c_defines("_shortio.c")
+    c = c_defines("_appendpath.c")
     assert c["OFFSET_ENTRY"] == index.OffsetIndex.ENTRY.size
     assert c["TIME_ENTRY"] == index.TimeIndex.ENTRY.size
 
@@ -97,7 +97,7 @@ with logkit.Broker(sys.argv[1]) as broker:
     bases = sorted(int(n[:20]) for n in __import__("os").listdir(sys.argv[1] + "/t-0")
                    if n.endswith(".log"))
     print(json.dumps({"bases": bases, "end": p.log_end_offset,
-                      "native": logkit._native.shortio is not None}))
+                      "native": logkit._native.appendpath is not None}))
 """
 
 
@@ -115,8 +115,8 @@ def test_both_append_paths_roll_at_the_same_offsets(tmp_path):
     """Size rolls and full-index rolls: the C path and the Python path cut segments at
     the same offsets for the same appends."""
     import logkit._native as native
-    if native.shortio is None:
-        pytest.skip("logkit._shortio is not built (LOGKIT_PURE_PYTHON=1 or no compiler): "
+    if native.appendpath is None:
+        pytest.skip("logkit._appendpath is not built (LOGKIT_PURE_PYTHON=1 or no compiler): "
                     "there is no C roll rule to compare")
     compiled = _rolls(tmp_path / "c", pure=False)
     python = _rolls(tmp_path / "py", pure=True)

@@ -1,4 +1,4 @@
-"""logkit._shortio (the append path's flock and pwrite with the GIL kept) behaves as
+"""logkit._appendpath (the append path's flock and pwrite with the GIL kept) behaves as
 fcntl.flock and os.pwrite do, and the log uses it when it is built; without it (pure
 Python) appends still lock and write."""
 
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-shortio = pytest.importorskip("logkit._shortio",
+appendpath = pytest.importorskip("logkit._appendpath",
                               reason="the optional C extension is not built here")
 
 
@@ -21,11 +21,11 @@ def test_pwrite_writes_where_os_pwrite_does(tmp_path):
     path = tmp_path / "f"
     fd = os.open(path, os.O_RDWR | os.O_CREAT)
     try:
-        assert shortio.pwrite(fd, b"hello", 0) == 5
-        assert shortio.pwrite(fd, bytearray(b"XY"), 1) == 2
-        assert shortio.pwrite(fd, memoryview(b"--tail--")[2:6], 10) == 4
-        big = os.urandom(shortio.HELD_WRITE_MAX + 1)          # released-GIL branch
-        assert shortio.pwrite(fd, big, 20) == len(big)
+        assert appendpath.pwrite(fd, b"hello", 0) == 5
+        assert appendpath.pwrite(fd, bytearray(b"XY"), 1) == 2
+        assert appendpath.pwrite(fd, memoryview(b"--tail--")[2:6], 10) == 4
+        big = os.urandom(appendpath.HELD_WRITE_MAX + 1)          # released-GIL branch
+        assert appendpath.pwrite(fd, big, 20) == len(big)
     finally:
         os.close(fd)
     data = path.read_bytes()
@@ -36,15 +36,15 @@ def test_pwrite_errors_are_oserrors_with_errno(tmp_path):
     fd = os.open(tmp_path / "f", os.O_RDONLY | os.O_CREAT)
     try:
         with pytest.raises(OSError) as caught:
-            shortio.pwrite(fd, b"x", 0)
+            appendpath.pwrite(fd, b"x", 0)
         assert caught.value.errno == errno.EBADF
         with pytest.raises(OSError) as caught:
-            shortio.pwrite(fd, b"x", -1)
+            appendpath.pwrite(fd, b"x", -1)
         assert caught.value.errno == errno.EINVAL
     finally:
         os.close(fd)
     with pytest.raises(TypeError):
-        shortio.pwrite(0, "text", 0)
+        appendpath.pwrite(0, "text", 0)
 
 
 def test_flock_is_fcntl_flock_without_waiting(tmp_path):
@@ -52,18 +52,18 @@ def test_flock_is_fcntl_flock_without_waiting(tmp_path):
     mine = os.open(path, os.O_RDWR | os.O_CREAT)
     other = os.open(path, os.O_RDWR)             # another open file: another owner
     try:
-        shortio.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        appendpath.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(BlockingIOError):
-            shortio.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            appendpath.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        shortio.flock(mine, fcntl.LOCK_UN)
-        shortio.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free now
-        shortio.flock(other, fcntl.LOCK_UN)
+        appendpath.flock(mine, fcntl.LOCK_UN)
+        appendpath.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free now
+        appendpath.flock(other, fcntl.LOCK_UN)
         with pytest.raises(ValueError, match="non-blocking"):
-            shortio.flock(mine, fcntl.LOCK_EX)               # a wait would hold the GIL
+            appendpath.flock(mine, fcntl.LOCK_EX)               # a wait would hold the GIL
         with pytest.raises(OSError) as caught:
-            shortio.flock(-1, fcntl.LOCK_UN)
+            appendpath.flock(-1, fcntl.LOCK_UN)
         assert caught.value.errno == errno.EBADF
     finally:
         os.close(mine)
@@ -72,8 +72,8 @@ def test_flock_is_fcntl_flock_without_waiting(tmp_path):
 
 def test_the_log_takes_its_lock_and_writes_through_it():
     from logkit import partition_lock, segment
-    assert partition_lock._flock_now is shortio.flock
-    assert segment._pwrite is shortio.pwrite
+    assert partition_lock._flock_now is appendpath.flock
+    assert segment._pwrite is appendpath.pwrite
 
 
 def test_pure_python_appends_without_it(tmp_path):
@@ -106,7 +106,7 @@ def test_a_contended_append_retries_without_waiting_in_the_lock_call(tmp_path, m
 
     def counting(fd, operation):
         tries.append(operation)
-        return shortio.flock(fd, operation)
+        return appendpath.flock(fd, operation)
 
     with Broker(tmp_path / "data", background=False) as broker:
         partition = broker.create_topic("t", 1).partition(0)

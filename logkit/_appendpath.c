@@ -1,4 +1,4 @@
-/* logkit._shortio: the append path in C — its short system calls made without releasing
+/* logkit._appendpath: the append path in C — its short system calls made without releasing
  * the GIL, and the common append under the partition lock in one call (logkit/log.py
  * and logkit/segment.py fall back to fcntl.flock, os.pwrite and their Python append
  * when this is not built).
@@ -14,7 +14,7 @@
  * append_common() is the partition log's append after the lock is taken, for the case
  * that needs no decision (no roll, no sync, no index reservation, no repair): read the
  * tail, stamp the batch, write it, add its index entries, publish the new tail. It is
- * the twin of PartitionLog._append_locked (logkit/log.py) for that case and returns -1,
+ * the twin of PartitionLog._append_locked (logkit/log_append.py) for that case and returns -1,
  * having changed nothing, for every other case, which the Python code then handles.
  * Its layouts are tail.py's (the tail file), index.py's (the two indexes) and
  * records.py's (the batch header); tests/test_append_common.py holds the two paths to
@@ -22,7 +22,7 @@
  *
  * Appender.append() is that append with the locks around it, for the case where no
  * lock is held by anyone: the process's append lock, the flock and the thread lock
- * taken without waiting (PartitionLog._acquire's order), append_common's append, the
+ * taken without waiting (PartitionLog._acquire's order, logkit/partition_lock.py), append_common's append, the
  * locks released, the doorbell rung — one call instead of some forty Python steps. Any
  * lock not free at once, any batch the Python append would refuse, rewrite or name as
  * corrupt, a forked child: -1 with nothing taken or changed, and the Python append
@@ -67,7 +67,7 @@ PyDoc_STRVAR(pwrite_doc,
 "os.pwrite; the GIL is kept for writes of at most 256 KiB.");
 
 static PyObject *
-shortio_pwrite(PyObject *self, PyObject *args)
+appendpath_pwrite(PyObject *self, PyObject *args)
 {
     int fd;
     Py_buffer data;
@@ -107,7 +107,7 @@ PyDoc_STRVAR(flock_doc,
 "is kept. A blocking lock request raises ValueError.");
 
 static PyObject *
-shortio_flock(PyObject *self, PyObject *args)
+appendpath_flock(PyObject *self, PyObject *args)
 {
     int fd, operation;
     if (!PyArg_ParseTuple(args, "ii:flock", &fd, &operation))
@@ -315,7 +315,7 @@ PyDoc_STRVAR(append_common_doc,
 "OSError when the write fails or is short, with nothing published.");
 
 static PyObject *
-shortio_append_common(PyObject *self, PyObject *args)
+appendpath_append_common(PyObject *self, PyObject *args)
 {
     Py_buffer tail, batch, oidx, tidx;
     int fd;
@@ -723,7 +723,7 @@ PyDoc_STRVAR(appender_doc,
 
 static PyTypeObject AppenderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "logkit._shortio.Appender",
+    .tp_name = "logkit._appendpath.Appender",
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = appender_doc,
@@ -737,20 +737,20 @@ static PyTypeObject AppenderType = {
 };
 
 static PyMethodDef methods[] = {
-    {"pwrite", shortio_pwrite, METH_VARARGS, pwrite_doc},
-    {"flock", shortio_flock, METH_VARARGS, flock_doc},
-    {"append_common", shortio_append_common, METH_VARARGS, append_common_doc},
+    {"pwrite", appendpath_pwrite, METH_VARARGS, pwrite_doc},
+    {"flock", appendpath_flock, METH_VARARGS, flock_doc},
+    {"append_common", appendpath_append_common, METH_VARARGS, append_common_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "logkit._shortio",
+    PyModuleDef_HEAD_INIT, "logkit._appendpath",
     "The append path in C: its short system calls with the GIL kept, the common "
     "append under the partition lock, and the whole uncontended append.", -1, methods,
 };
 
 PyMODINIT_FUNC
-PyInit__shortio(void)
+PyInit__appendpath(void)
 {
     str_acquire = PyUnicode_InternFromString("acquire");
     str_release = PyUnicode_InternFromString("release");

@@ -1,4 +1,4 @@
-"""Type stub of the optional C extension `logkit._shortio` (logkit/_shortio.c): the
+"""Type stub of the optional C extension `logkit._appendpath` (logkit/_appendpath.c): the
 append path's short system calls, made without releasing the GIL, its common case
 under the partition lock in one call, and the whole uncontended append (`Appender`).
 Import it through `logkit._native`, which chooses once."""
