@@ -28,7 +28,28 @@ ACK_MIN_GAP_S = 0.0005                    # ... and at most this often (each loo
                                           # GIL from the producer's threads)
 
 
-class SyncWaiter:
+class _WaiterThread:
+    """One daemon thread and the condition its callers and it share; `close()` wakes the
+    thread, which finishes what is queued and ends (safe twice; never joins itself)."""
+
+    def __init__(self, name: str, what: str) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        start_thread(self._thread, what)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+
+class SyncWaiter(_WaiterThread):
     """Durable batches already appended (`append_batch_nowait`) waiting for their syncs
     off the appending thread, so the appender goes on building and appending batches
     while a sync runs: the producer's pipelining (group commit then covers all of them
@@ -46,12 +67,9 @@ class SyncWaiter:
                  limit: int = 64, name: str = "logkit-sync") -> None:
         self._done = done
         self._limit = limit
-        self._cond = threading.Condition()
         self._queue: list[tuple[Any, Any, Any]] = []       # token, partition, SyncTicket
         self._busy = 0                    # entries the thread took and has not done yet
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        start_thread(self._thread, f"the {name} thread")
+        super().__init__(name, f"the {name} thread")
 
     def add(self, token: Any, partition: Any, ticket: Any) -> None:
         """Queue `token` until `partition.wait_synced(ticket)` returns or raises."""
@@ -73,13 +91,6 @@ class SyncWaiter:
                     raise LogkitTimeoutError("flush: durable batches still wait for "
                                              "their sync")
                 self._cond.wait(left)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
 
     def _run(self) -> None:
         cond = self._cond
@@ -115,7 +126,7 @@ class _Waiting(NamedTuple):
     min_insync: int
 
 
-class AckWaiter:
+class AckWaiter(_WaiterThread):
     """acks="all": batches already stored, waiting for the high watermark to pass
     them. One daemon thread per producer; many batches wait at once (pipelined).
 
@@ -127,11 +138,8 @@ class AckWaiter:
     def __init__(self, doorbell: Any, resolve: Callable[[Any], None]) -> None:
         self._doorbell = doorbell
         self._resolve = resolve
-        self._cond = threading.Condition()
         self._waiting: list[_Waiting] = []
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="logkit-acks", daemon=True)
-        start_thread(self._thread, "the acks=all waiter thread")
+        super().__init__("logkit-acks", "the acks=all waiter thread")
 
     def add(self, batch: Any, partition: Any, target: int,
             timeout_s: float, min_insync: int) -> None:
@@ -149,13 +157,6 @@ class AckWaiter:
                     raise LogkitTimeoutError("flush: acks='all' batches still wait for "
                                              "the in-sync replicas")
                 self._cond.wait(ACK_POLL_S if left is None else min(left, ACK_POLL_S))
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
 
     def _run(self) -> None:
         doorbell = self._doorbell
