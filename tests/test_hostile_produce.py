@@ -8,7 +8,6 @@ records from it on; a Fetch listing one partition 72 times with max_bytes=-1 get
 bounded answer. confluent-kafka and kafka-python still produce and consume every codec."""
 
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -23,39 +22,10 @@ from logkit.crc import crc32c
 from logkit.errors import (CorruptRecordError, InvalidRecordError,
                            UnsupportedCompressionTypeError)
 from logkit.protocol import errors as E
-from logkit.protocol.frame import encode_request, parse_response
+from tests.helpers.raw_kafka import Raw
 
 NOW = 1_700_000_000_000
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Raw:
-    """One request at a time on one socket, our codec on the client side."""
-
-    def __init__(self, server, timeout_s=30.0):
-        self.sock = socket.create_connection((server.host, server.port), timeout=timeout_s)
-        self.correlation = 0
-
-    def call(self, api_key, version, body):
-        self.correlation += 1
-        self.sock.sendall(encode_request(api_key, version, self.correlation, body))
-        size = struct.unpack(">i", self._exactly(4))[0]
-        correlation, answer = parse_response(api_key, version, self._exactly(size))
-        assert correlation == self.correlation
-        return answer, size
-
-    def _exactly(self, size):
-        parts, got = [], 0
-        while got < size:
-            chunk = self.sock.recv(min(size - got, 1 << 20))
-            if not chunk:
-                raise ConnectionError("closed by the listener")
-            parts.append(chunk)
-            got += len(chunk)
-        return b"".join(parts)
-
-    def close(self):
-        self.sock.close()
 
 
 @pytest.fixture
@@ -106,7 +76,7 @@ def _produce(raw, topic, parts, acks=-1, version=9):
     body = {"transactional_id": None, "acks": acks, "timeout_ms": 5000,
             "topic_data": [{"name": topic, "partition_data": [
                 {"index": index, "records": records} for index, records in parts.items()]}]}
-    answer, _ = raw.call(0, version, body)
+    answer, _ = raw.call_sized(0, version, body)
     return {p["index"]: p for p in answer["responses"][0]["partition_responses"]}
 
 
@@ -309,7 +279,7 @@ def _fetch(raw, topic, partitions, *, max_bytes=-1, partition_max_bytes=2**31 - 
                  "last_fetched_epoch": -1, "log_start_offset": -1,
                  "partition_max_bytes": partition_max_bytes} for p in partitions]}],
             "forgotten_topics_data": [], "rack_id": ""}
-    return raw.call(1, version, body)
+    return raw.call_sized(1, version, body)
 
 
 def _fill(partition, mib, value_bytes=256 * 1024):
@@ -340,7 +310,7 @@ def test_repeated_partitions_merge_and_the_last_listing_wins(broker, raw):
                  "partition_max_bytes": 1 << 20}
                 for p, offset in ((1, 0), (0, 0), (1, 5))]}],
             "forgotten_topics_data": [], "rack_id": ""}
-    answer, _ = raw.call(1, 11, body)
+    answer, _ = raw.call_sized(1, 11, body)
     parts = answer["responses"][0]["partitions"]
     assert [p["partition_index"] for p in parts] == [1, 0]     # first-seen order
     assert parts[0]["records"] == b"" and parts[0]["high_watermark"] == 5

@@ -13,42 +13,8 @@ import pytest
 
 import logkit
 from logkit.protocol import errors as E
-from logkit.protocol.frame import encode_request, parse_response
+from tests.helpers.raw_kafka import Raw
 from tests.helpers.waits import wait_for_doorbell_wait
-
-
-class Raw:
-    """A minimal Kafka client: one request at a time on one socket."""
-
-    def __init__(self, server, timeout_s=20.0):
-        self.sock = socket.create_connection((server.host, server.port), timeout=timeout_s)
-        self.correlation = 0
-
-    def send(self, api_key, version, body):
-        self.correlation += 1
-        self.sock.sendall(encode_request(api_key, version, self.correlation, body))
-
-    def receive(self, api_key, version):
-        size = struct.unpack(">i", self._exactly(4))[0]
-        correlation, body = parse_response(api_key, version, self._exactly(size))
-        assert correlation == self.correlation
-        return body
-
-    def call(self, api_key, version, body):
-        self.send(api_key, version, body)
-        return self.receive(api_key, version)
-
-    def _exactly(self, size):
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("closed by the listener")
-            data += chunk
-        return data
-
-    def close(self):
-        self.sock.close()
 
 
 @pytest.fixture
