@@ -17,24 +17,24 @@ JAVA_FILES := $(shell find spark/jvm/src spark/jvm/resources -type f) \
 	$(wildcard spark/jvm/pom.xml) spark/jvm/build_jar.py
 
 $(STAMP): $(PIP_STAMP) $(C_FILES) $(JAVA_FILES)
-	# A compile that fails leaves no extension behind (not the last one that built,
-	# here or in build/), so the `extensions` check below sees it.
+	@# A compile that fails leaves no extension behind (not the last one that built,
+	@# here or in build/), so the `extensions` check below sees it.
 	rm -rf logkit/_*.so build/lib.*
 	$(PY) setup.py build_ext --inplace --force
-	# The Spark JVM reader's jar, when javac is here (else the Python source reads).
+	@# The Spark JVM reader's jar, when javac is here (else the Python source reads).
 	$(if $(filter-out $(C_FILES),$?),$(PY) spark/jvm/build_jar.py || true)
 	touch $(STAMP)
 
 $(PIP_STAMP): $(SETUP_FILES)
-	# strace drives the crash-point enumeration (tests/test_crashpoints.py); as root on
-	# Debian it is installed when missing, elsewhere those tests say why they skip.
+	@# strace drives the crash-point enumeration (tests/test_crashpoints.py); as root on
+	@# Debian it is installed when missing, elsewhere those tests say why they skip.
 	command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && (apt-get update -qq && apt-get install -y -qq strace) >/dev/null 2>&1 || true; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[all]"
-	# An editable install hides pyspark_logkit from pkgutil.iter_modules, which is how
-	# PySpark discovers data sources: put spark/ itself on the venv's path too.
+	@# An editable install hides pyspark_logkit from pkgutil.iter_modules, which is how
+	@# PySpark discovers data sources: put spark/ itself on the venv's path too.
 	$(PY) -c "import site, sys; open(site.getsitepackages()[0] + '/logkit-spark-source.pth', 'w').write(sys.argv[1] + '\n')" "$(abspath spark)"
 	touch $(PIP_STAMP)
 

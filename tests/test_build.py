@@ -195,3 +195,13 @@ def test_a_session_without_the_jar_says_once_that_python_reads(spark, tmp_path,
             assert pyspark_logkit.local_session("logkit-tests") is not None
     [record] = [r for r in caplog.records if r.name == "pyspark_logkit"]
     assert record.levelno == logging.WARNING and "no JVM reader jar" in record.getMessage()
+
+
+def test_make_prints_no_recipe_comments_and_no_licence_banner():
+    """`make demo` and `make test` echo every recipe line they run: a comment in a recipe
+    must start with `@#` to stay quiet, and the licence is an SPDX string (a TOML table
+    makes setuptools print a deprecation banner at every build)."""
+    makefile = open(os.path.join(ROOT, "Makefile")).read()
+    echoed = [line for line in makefile.splitlines() if line.startswith("\t#")]
+    assert echoed == []
+    assert "\nlicense = \"Apache-2.0\"\n" in open(os.path.join(ROOT, "pyproject.toml")).read()
