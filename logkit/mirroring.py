@@ -88,8 +88,8 @@ def mirror(broker: Any, to: str, *, topics: Iterable[str] | None = None,
             for partition in broker.topic(name).partitions:
                 key = f"{name}/{partition.partition}"
                 if key not in state:
-                    _, high = probe.get_watermark_offsets(
-                        ck.TopicPartition(name, partition.partition), timeout=timeout_s)
+                    _, high = _watermarks(ck, probe, name, partition.partition,
+                                          timeout_s)
                     state[key] = [partition.log_start_offset, high]
                     producer.produce(STATE_TOPIC, json.dumps(state[key]).encode(),
                                      f"{source_id}/{key}".encode(), on_delivery=delivered)
@@ -149,8 +149,7 @@ def _load_state(ck: Any, conf: dict[str, Any], source_id: str,
     consumer = ck.Consumer({**conf, "group.id": f"logkit-mirror-state-{time.time_ns()}",
                             "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     try:
-        partition = ck.TopicPartition(STATE_TOPIC, 0)
-        low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+        low, high = _watermarks(ck, consumer, STATE_TOPIC, 0, timeout_s)
         state: dict[str, list[int]] = {}
         if high <= low:
             return state
@@ -177,8 +176,7 @@ def _load_state(ck: Any, conf: dict[str, Any], source_id: str,
 def _copy_partition(ck: Any, producer: Any, probe: Any, partition: Any, bases: list[int],
                     budget: int | None, timeout_s: float, delivered: Any) -> int:
     source_base, target_base = bases
-    _, high = probe.get_watermark_offsets(
-        ck.TopicPartition(partition.topic, partition.partition), timeout=timeout_s)
+    _, high = _watermarks(ck, probe, partition.topic, partition.partition, timeout_s)
     position = source_base + (high - target_base)
     if position < partition.log_start_offset:
         raise LogkitError(f"mirror: {partition.topic}-{partition.partition}: retention "
@@ -233,6 +231,30 @@ def _mirror_offsets(ck: Any, conf: dict[str, Any], broker: Any, group: str,
     finally:
         consumer.close()
     return len(offsets)
+
+
+def _watermarks(ck: Any, consumer: Any, topic: str, partition: int,
+                timeout_s: float) -> tuple[int, int]:
+    """(low, high) of a partition of the Kafka cluster, asked again while the answer is
+    a retriable error: a topic just created has no leader for a moment
+    (NOT_LEADER_FOR_PARTITION, LEADER_NOT_AVAILABLE)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(ck.TopicPartition(topic, partition),
+                                                       timeout=timeout_s)
+            return low, high
+        except ck.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = isinstance(error, ck.KafkaError) and (
+                error.retriable() or error.code() in (
+                    ck.KafkaError.NOT_LEADER_FOR_PARTITION,
+                    ck.KafkaError.LEADER_NOT_AVAILABLE,
+                    ck.KafkaError.UNKNOWN_TOPIC_OR_PART))
+            if not retriable or time.monotonic() > deadline:
+                raise LogkitError(f"mirror: the watermarks of {topic}-{partition}: "
+                                  f"{exc}") from None
+            time.sleep(0.1)
 
 
 def _raise_failures(failures: list[str]) -> None:
@@ -355,8 +377,7 @@ def _pull_partition(ck: Any, consumer: Any, partition: Any, state: Any, state_ke
                     timeout_s: float) -> int:
     """Copy one source partition's records up to its end at this moment; returns how
     many were appended."""
-    tp = ck.TopicPartition(partition.topic, partition.partition)
-    low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+    low, high = _watermarks(ck, consumer, partition.topic, partition.partition, timeout_s)
     if not checkpoints:
         checkpoints.append((low, partition.high_watermark))
         _checkpoint(state, state_key, checkpoints[-1])
