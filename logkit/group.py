@@ -432,19 +432,18 @@ class GroupCoordinator:
         self._write(commit, "commit offsets")
 
     def _sync_logs_below(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
-        """fsync each partition whose log is not durable up to the offset committed for
-        it. The commit is durable when it returns (LMDB syncs it); after a power cut it
-        must not point past the log's durable end, where the next appends would reuse
-        offsets the group has already passed (docs/powercut.md)."""
+        """Flush each partition a commit names (a no-op when its log is all synced). The
+        commit is durable when it returns (LMDB syncs it); after a power cut it must not
+        point past the log's durable end, where the next appends would reuse offsets the
+        group has already passed (docs/powercut.md)."""
         for tp, om in offsets.items():
+            if om.offset <= 0:
+                continue
             try:
                 partition = self.broker.topic(tp.topic).partition(tp.partition)
             except UnknownTopicError:
                 continue                 # nothing stored to sync; the commit decides
-            log = getattr(partition, "_log", None)
-            tail = getattr(log, "tail", None)
-            if tail is None or om.offset > tail().recovery_point:
-                partition.flush()
+            partition.flush()
 
     def _check_metadata(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
         # Kafka bounds the metadata string's length; logkit bounds its UTF-8 bytes, the
