@@ -1,12 +1,14 @@
 """A bounded slice of the power-cut trials (tools/powercut.py runs as many as asked;
 docs/powercut.md explains the method).
 
-Each workload (`acks1`, `flush1`) is recorded once under strace; then SLICE trials per
-workload, the modes in turn, each checked for every class of violation (one test per
-class and workload, so a report says which broke). Two tests keep the check from being
-vacuous: an acknowledgement the cut did not make durable, claimed durable, is reported
-as `lost`; and the model replays the whole trace into the directory the run left.
-Skipped, with the reason, when strace is missing or ptrace is not permitted.
+Each workload (`acks1`, `flush1`, `twowriters`) is recorded once under strace; then
+SLICE trials per workload, the modes in turn, each checked for every class of violation
+(one test per class and workload, so a report says which broke). Two tests keep the
+check from being vacuous: an acknowledgement the cut did not make durable, claimed
+durable, is reported as `lost`; and the model replays the whole trace into the directory
+the run left. Then the regression tests of what the trials found (issue 36), each of
+which failed before its fix. Skipped, with the reason, when strace is missing or ptrace
+is not permitted (the two that drive logkit directly need neither).
 """
 
 from __future__ import annotations
