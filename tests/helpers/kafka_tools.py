@@ -1,8 +1,8 @@
 """Test and benchmark helper: Kafka's own tools and the Java client pointed at a
 Kafka-protocol broker (logkit's listener or the real Kafka), and what they print, parsed.
 
-Owns `tool` (one of Kafka's tools in a JVM that starts quickly: a class-data archive per
-tool and the client compiler alone, for the tests' short runs; never for the benchmarks,
+Owns `tool` (one of Kafka's tools in a JVM that starts quickly: a class-data archive
+shared by the tools and the client compiler alone, for the tests' short runs; never for the benchmarks,
 whose figures need the JVM as Kafka's scripts start it), `run_scenario`
 (tools/kafka/src/ClientScenarios.java, the Java client with its defaults), `LogkitServe` (a `logkit serve` child process: the CLI as a user starts it) and
 the parsers of the perf tools' summary lines, which tests/test_kafka_tools.py,
@@ -50,9 +50,9 @@ _E2E_AVERAGE = re.compile(r"Avg latency: ([\d.]+) ms")
 
 def _quick(command: list[str], name: str, *, timeout_s: float, input_text: str | None
            ) -> subprocess.CompletedProcess[str]:
-    """Run a `java_command` list with QUICK_JVM_FLAGS and the class-data archive of
-    `name` (AppCDS, JDK 13+), which the first run writes at its exit; an archive older
-    than the classpath's resolve is written again. A JVM that cannot map an archive runs
+    """Run a `java_command` list with QUICK_JVM_FLAGS and the class-data archive `name`
+    (AppCDS, JDK 13+; one per classpath), which the first run writes at its exit; an
+    archive older than the classpath's resolve is written again. A JVM that cannot map an archive runs
     without it, so the archive only ever saves time."""
     ARCHIVE_DIR.mkdir(parents=True, exist_ok=True)
     archive = ARCHIVE_DIR / f"{name}.jsa"
@@ -70,9 +70,11 @@ def _quick(command: list[str], name: str, *, timeout_s: float, input_text: str |
 
 def tool(name: str, *args: object, check: bool = True, input_text: str | None = None,
          timeout_s: float = TOOL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """tests.helpers.kafka.run_tool's twin in a quick JVM (QUICK_JVM_FLAGS and an archive
-    per tool): the same output, AssertionError naming it when `check` and it failed."""
-    proc = _quick(java_command(TOOLS.get(name, name), *map(str, args)), name,
+    """tests.helpers.kafka.run_tool's twin in a quick JVM (QUICK_JVM_FLAGS and one archive
+    for every tool, written by the first: the client library, logging and argument
+    parsing they share are most of what each loads): the same output, AssertionError
+    naming it when `check` and it failed."""
+    proc = _quick(java_command(TOOLS.get(name, name), *map(str, args)), "tools",
                   timeout_s=timeout_s, input_text=input_text)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(map(str, args))} {describe(proc)}")
