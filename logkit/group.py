@@ -40,8 +40,8 @@ import uuid
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 
 from .assignors import ASSIGNORS, EAGER, assign
-from .errors import (CommitFailedError, ConfigError, IllegalStateError, InvalidTopicError,
-                     UnknownTopicError)
+from .errors import (ClosedError, CommitFailedError, ConfigError, IllegalStateError,
+                     InvalidTopicError, UnknownTopicError)
 from .meta import MAX_KEY_BYTES, decode
 from .topic import MAX_PARTITIONS, TopicPartition
 
@@ -443,6 +443,10 @@ class GroupCoordinator:
                 partition = self.broker.topic(tp.topic).partition(tp.partition)
             except UnknownTopicError:
                 continue                 # nothing stored to sync; the commit decides
+            except ClosedError:
+                # the broker is closing (a consumer's last auto-commit as it closes its
+                # clients): its clean close syncs every open partition right after
+                continue
             partition.flush()
 
     def _check_metadata(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
