@@ -30,23 +30,41 @@ def honoured_names() -> set[str]:
             for name in (row.name, row.keyword) if name}
 
 
-def sentences_calling_ignored(text: str) -> list[str]:
+CLAUSE_END = re.compile(r"[:;|]")
+IGNORED = re.compile(r"\bignored\b( \(([^)]*)\))?")
+
+
+def called_ignored(text: str) -> list[tuple[str, str]]:
+    """(name, clause) for every `name` a clause calls ignored: the names before
+    "ignored" in its clause (clauses end at ':', ';', '|' and sentence ends), and those
+    in a parenthesis right after it ("accepted but ignored (`a`, `b`)")."""
     text = " ".join(GENERATED.sub("", FENCE.sub("", text)).split())
-    return [s for s in SENTENCE_END.split(text)
-            if re.search(r"\bignored\b", s) and not re.search(r"not ignored|honoured", s)]
+    found = []
+    for sentence in SENTENCE_END.split(text):
+        if re.search(r"not ignored|honoured", sentence):
+            continue
+        for match in IGNORED.finditer(sentence):
+            clause = CLAUSE_END.split(sentence[:match.start()])[-1]
+            named = NAME.findall(clause) + NAME.findall(match.group(2) or "")
+            found += [(name, (clause + match.group(0))[-160:]) for name in named]
+    return found
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_no_sentence_calls_an_honoured_setting_ignored(page):
     honoured = honoured_names()
-    wrong = [(name, sentence[:160]) for sentence in
-             sentences_calling_ignored(page.read_text(encoding="utf-8"))
-             for name in NAME.findall(sentence) if name in honoured]
+    wrong = [(name, clause) for name, clause in
+             called_ignored(page.read_text(encoding="utf-8")) if name in honoured]
     assert wrong == [], f"{page.name} calls honoured settings ignored: {wrong}"
 
 
-def test_the_check_sees_a_wrong_sentence():
-    """The old sentence of docs/configuration.md is caught."""
-    old = "`retries` and `request_timeout_ms` are ignored for the same reason."
-    assert [n for s in sentences_calling_ignored(old) for n in NAME.findall(s)
-            if n in honoured_names()] == ["request_timeout_ms"]
+@pytest.mark.parametrize("text,wrong", [
+    ("`retries` and `request_timeout_ms` are ignored for the same reason.",
+     ["request_timeout_ms"]),
+    ("which ones are accepted but ignored (`retries`, `request_timeout_ms`) and why",
+     ["request_timeout_ms"]),
+    ("`group.instance.id` is accepted and ignored: the group waits `session.timeout.ms`",
+     []),
+    ("**`min.insync.replicas` is honoured, not ignored.**", [])])
+def test_the_check_reads_which_names_a_clause_calls_ignored(text, wrong):
+    assert [n for n, _ in called_ignored(text) if n in honoured_names()] == wrong
