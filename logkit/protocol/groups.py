@@ -422,6 +422,26 @@ class GroupManager:
             group.members[member_id].last_seen = time.monotonic()
             return E.NONE
 
+    # ---- DeleteGroups ----------------------------------------------------------------
+
+    def delete(self, group_id: str, remove: Callable[[], int]) -> int:
+        """Delete a group that has no live wire member: `remove()` deletes it from the
+        broker (its answer, an error code, is returned), called under this manager's
+        lock so no member can join meanwhile; then its wire state is forgotten.
+        NON_EMPTY_GROUP while wire members are live."""
+        with self._cond:
+            group = self._groups.get(group_id)
+            if group is not None:
+                self._expire(group)
+                if group.members:
+                    return E.NON_EMPTY_GROUP
+            code = remove()
+            if code == E.NONE or (code == E.GROUP_ID_NOT_FOUND and group is not None):
+                # a group with wire state only (joined, never committed) is deleted too
+                self._groups.pop(group_id, None)
+                code = E.NONE
+            return code
+
     # ---- lifecycle -------------------------------------------------------------------
 
     def close(self) -> None:

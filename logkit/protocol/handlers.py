@@ -32,7 +32,8 @@ from typing import Any, Callable
 from ..broker import MAX_REPLICATION_FACTOR
 from ..config import resolve_broker_config, resolve_topic_config
 from ..errors import (ClosedError, CodecUnavailableError, ConfigError, CorruptRecordError,
-                      InvalidRecordError, InvalidTopicError, LogkitError, LogkitTimeoutError,
+                      IllegalStateError, InvalidRecordError, InvalidTopicError, LogkitError,
+                      LogkitTimeoutError,
                       NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError,
                       RecordTooLargeError, StorageError, TopicExistsError, UnknownTopicError,
                       UnsupportedCompressionTypeError, CommitFailedError)
@@ -70,6 +71,10 @@ _LATEST, _EARLIEST, _MAX_TIMESTAMP, _EARLIEST_LOCAL = -1, -2, -3, -4
 _RESOURCE_TOPIC, _RESOURCE_BROKER = 2, 4
 _SOURCE_DYNAMIC_TOPIC, _SOURCE_STATIC_BROKER, _SOURCE_DEFAULT = 1, 4, 5
 _TYPE_BOOLEAN, _TYPE_STRING, _TYPE_LONG = 1, 2, 5
+_SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3    # IncrementalAlterConfigs' operations
+_LIST_CONFIGS = frozenset({"cleanup.policy"})     # Kafka's list-typed topic configs
+_STATIC_BROKER = ("logkit's broker configs are static: they are given when the Broker "
+                  "opens (Broker(path, config=...)), and none can change while it runs")
 
 
 class Session:
@@ -150,8 +155,9 @@ class Handlers:
             11: self.join_group, 12: self.heartbeat, 13: self.leave_group,
             14: self.sync_group, 15: self.describe_groups, 16: self.list_groups,
             18: self.api_versions, 19: self.create_topics, 20: self.delete_topics,
-            22: self.init_producer_id, 32: self.describe_configs,
-            37: self.create_partitions}
+            21: self.delete_records, 22: self.init_producer_id,
+            32: self.describe_configs, 33: self.alter_configs, 37: self.create_partitions,
+            42: self.delete_groups, 44: self.incremental_alter_configs}
 
     def handle(self, request: Request, session: Session) -> dict[str, Any] | None:
         key = request.api.key
@@ -779,6 +785,92 @@ class Handlers:
                             "configs": configs})
         return {"results": results}
 
+    def incremental_alter_configs(self, request: Request,
+                                  session: Session) -> dict[str, Any]:
+        """Change the named topic configs alone (Broker.alter_topic_config): SET a value,
+        DELETE back to the default, APPEND to / SUBTRACT from a list config."""
+        return self._alter_configs(request, incremental=True)
+
+    def alter_configs(self, request: Request, session: Session) -> dict[str, Any]:
+        """Replace a topic's whole config: the keys given are set, every other goes
+        back to its default (Kafka's legacy AlterConfigs)."""
+        return self._alter_configs(request, incremental=False)
+
+    def _alter_configs(self, request: Request, *, incremental: bool) -> dict[str, Any]:
+        validate_only = request.body["validate_only"]
+        responses = []
+        for resource in request.body["resources"]:
+            kind, name = resource["resource_type"], resource["resource_name"]
+            if kind == _RESOURCE_TOPIC:
+                code, message = self._alter_topic_config(name, resource["configs"],
+                                                         incremental, validate_only)
+            elif kind == _RESOURCE_BROKER:
+                # Kafka answers a broker config change it cannot make INVALID_REQUEST
+                # ("Invalid config value for resource ConfigResource(type=BROKER...)")
+                code, message = E.INVALID_REQUEST, _STATIC_BROKER
+            else:
+                code, message = E.INVALID_REQUEST, f"resource type {kind} is not served"
+            responses.append({"error_code": code, "error_message": message,
+                              "resource_type": kind, "resource_name": name})
+        return {"responses": responses}
+
+    def _alter_topic_config(self, name: str, configs: list[dict[str, Any]],
+                            incremental: bool, validate_only: bool) -> tuple[int, str | None]:
+        try:
+            topic = self._topic(name)
+            if incremental:
+                changes = _incremental_changes(topic.config, configs)
+            else:
+                given = {c["name"]: c["value"] for c in configs}
+                changes = {key: None for key in topic.config if key not in given}
+                changes.update(given)
+            if validate_only:
+                merged = {k: v for k, v in topic.config.items() if changes.get(k, v) is not None}
+                merged.update({k: v for k, v in changes.items() if v is not None})
+                resolve_topic_config(merged, self.broker.config)
+            else:
+                self.broker.alter_topic_config(name, changes)
+                self._forget(name)              # the next use reads the new config
+        except LogkitError as exc:
+            return _code_for(exc), str(exc)[:500]
+        return E.NONE, None
+
+    def delete_records(self, request: Request, session: Session) -> dict[str, Any]:
+        """Move each partition's log start up to the offset asked (-1: the high
+        watermark), retiring the segments wholly below it as retention does; answer
+        the new log start as the low watermark."""
+        topics = []
+        for t in request.body["topics"]:
+            try:
+                topic, missing = self._topic(t["name"]), E.NONE
+            except LogkitError as exc:
+                topic, missing = None, _code_for(exc)
+            partitions = []
+            for p in t["partitions"]:
+                index = p["partition_index"]
+                low, code = -1, missing
+                if topic is not None and not 0 <= index < topic.num_partitions:
+                    code = E.UNKNOWN_TOPIC_OR_PARTITION
+                elif topic is not None:
+                    low, code = self._delete_records(topic.partition(index), p["offset"])
+                partitions.append({"partition_index": index, "low_watermark": low,
+                                   "error_code": code})
+            topics.append({"name": t["name"], "partitions": partitions})
+        return {"topics": topics}
+
+    @staticmethod
+    def _delete_records(partition: Any, offset: int) -> tuple[int, int]:
+        try:
+            high = partition.high_watermark
+            if offset == -1:
+                offset = high
+            if not 0 <= offset <= high:
+                return -1, E.OFFSET_OUT_OF_RANGE
+            partition.increase_log_start_offset(offset)
+            return partition.log_start_offset, E.NONE
+        except LogkitError as exc:
+            return -1, _code_for(exc)
+
     # ---- groups --------------------------------------------------------------------
 
     def _persist_group(self, group_id: str, snapshot: dict[str, Any] | None) -> None:
@@ -935,6 +1027,29 @@ class Handlers:
                            "group_type": "classic"})
         return {"error_code": E.NONE, "groups": groups}
 
+    def delete_groups(self, request: Request, session: Session) -> dict[str, Any]:
+        """Delete each group and its committed offsets (ConsumerGroup.delete):
+        NON_EMPTY_GROUP while it has live members, wire or embedded;
+        GROUP_ID_NOT_FOUND when the broker knows no such group."""
+        results = []
+        for group_id in request.body["groups_names"]:
+            code = self._check_group_id(group_id) or self.groups.delete(
+                group_id, lambda gid=group_id: self._delete_group(gid))
+            results.append({"group_id": group_id, "error_code": code})
+        return {"results": results}
+
+    def _delete_group(self, group_id: str) -> int:
+        """Called by the group manager with the wire group known empty and locked."""
+        try:
+            if group_id not in self.broker.groups():
+                return E.GROUP_ID_NOT_FOUND
+            self.broker.group(group_id).delete()
+        except IllegalStateError:
+            return E.NON_EMPTY_GROUP
+        except LogkitError as exc:
+            return _code_for(exc)
+        return E.NONE
+
     def describe_groups(self, request: Request, session: Session) -> dict[str, Any]:
         out = []
         for group_id in request.body["groups"]:
@@ -962,9 +1077,9 @@ class Handlers:
         return {"groups": out}
 
 
-_GROUP_KEYS = (8, 9, 11, 12, 13, 14)          # answered by the group coordinator
-_ADMIN_KEYS = (19, 20, 37)                     # answered by the controller
-_LEADER_ONLY = frozenset(_GROUP_KEYS + _ADMIN_KEYS)
+_GROUP_KEYS = (8, 9, 11, 12, 13, 14, 42)      # answered by the group coordinator
+_ADMIN_KEYS = (19, 20, 33, 37, 44)             # answered by the controller
+_LEADER_ONLY = frozenset(_GROUP_KEYS + _ADMIN_KEYS + (21,))   # 21: by partition leaders
 
 
 def _not_leading(request: Request) -> dict[str, Any]:
@@ -985,6 +1100,14 @@ def _not_leading(request: Request) -> dict[str, Any]:
         return {"topics": [{"name": t["name"], "partitions": [
             {"partition_index": p["partition_index"], "error_code": code}
             for p in t["partitions"]]} for t in body["topics"]]}
+    if key == 42:
+        return {"results": [{"group_id": g, "error_code": code}
+                             for g in body["groups_names"]]}
+    if key == 21:
+        return {"topics": [{"name": t["name"], "partitions": [
+            {"partition_index": p["partition_index"], "low_watermark": -1,
+             "error_code": E.NOT_LEADER_OR_FOLLOWER} for p in t["partitions"]]}
+            for t in body["topics"]]}
     if key == 9:
         if request.version >= 8:
             return {"groups": [{"group_id": g["group_id"], "error_code": code,
@@ -994,6 +1117,11 @@ def _not_leading(request: Request) -> dict[str, Any]:
         "the metadata and ask the controller"
     if key == 19:
         return {"topics": [_create_error(t["name"], code, message) for t in body["topics"]]}
+    if key in (33, 44):
+        return {"responses": [{"error_code": code, "error_message": message,
+                               "resource_type": r["resource_type"],
+                               "resource_name": r["resource_name"]}
+                              for r in body["resources"]]}
     if key == 20:
         names = [(t["name"], t["topic_id"]) for t in body["topics"]] \
             if request.version >= 6 else [(n, bytes(16)) for n in body["topic_names"]]
@@ -1040,6 +1168,32 @@ def _fetch_error(index: int, code: int) -> dict[str, Any]:
     return {"partition_index": index, "error_code": code, "high_watermark": -1,
             "last_stable_offset": -1, "log_start_offset": -1,
             "aborted_transactions": None, "records": b""}
+
+
+def _incremental_changes(current: dict[str, Any],
+                         configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """IncrementalAlterConfigs' operations as Broker.alter_topic_config's changes
+    ({key: value, or None for the default}); ConfigError for an operation Kafka refuses
+    (APPEND / SUBTRACT on a config that is not a list, an unknown operation)."""
+    changes: dict[str, Any] = {}
+    for c in configs:
+        key, op, value = c["name"], c["config_operation"], c["value"]
+        if op == _SET:
+            changes[key] = value
+        elif op == _DELETE:
+            changes[key] = None
+        elif op in (_APPEND, _SUBTRACT) and key in _LIST_CONFIGS:
+            have = [v for v in str(changes.get(key) or current.get(key) or "").split(",") if v]
+            items = [v.strip() for v in (value or "").split(",") if v.strip()]
+            kept = [v for v in have if v not in items] if op == _SUBTRACT \
+                else have + [v for v in items if v not in have]
+            changes[key] = ",".join(kept)
+        elif op in (_APPEND, _SUBTRACT):
+            raise ConfigError(f"config {key!r} is not a list: APPEND and SUBTRACT apply to "
+                              f"list configs only ({', '.join(sorted(_LIST_CONFIGS))})")
+        else:
+            raise ConfigError(f"unknown config operation {op} for {key!r}")
+    return changes
 
 
 def _create_error(name: str, code: int, message: str) -> dict[str, Any]:

@@ -535,6 +535,64 @@ CREATE_PARTITIONS = (
     ))
 
 
+DELETE_RECORDS = (
+    Struct(
+        f("topics", Array(Struct(
+            f("name", "string"),
+            f("partitions", Array(Struct(f("partition_index", "int32"),
+                                         f("offset", "int64"))))))),
+        f("timeout_ms", "int32"),
+    ),
+    Struct(
+        f("throttle_time_ms", "int32"),
+        f("topics", Array(Struct(
+            f("name", "string"),
+            f("partitions", Array(Struct(
+                f("partition_index", "int32"),
+                f("low_watermark", "int64"),
+                f("error_code", "int16"))))))),
+    ))
+
+_ALTER_CONFIGS_RESPONSE = Struct(
+    f("throttle_time_ms", "int32"),
+    f("responses", Array(Struct(
+        f("error_code", "int16"),
+        f("error_message", "string", null="0+"),
+        f("resource_type", "int8"),
+        f("resource_name", "string")))),
+)
+
+ALTER_CONFIGS = (
+    Struct(
+        f("resources", Array(Struct(
+            f("resource_type", "int8"),
+            f("resource_name", "string"),
+            f("configs", Array(Struct(f("name", "string"),
+                                      f("value", "string", null="0+"))))))),
+        f("validate_only", "bool"),
+    ),
+    _ALTER_CONFIGS_RESPONSE)
+
+DELETE_GROUPS = (
+    Struct(f("groups_names", Array("string"))),
+    Struct(
+        f("throttle_time_ms", "int32"),
+        f("results", Array(Struct(f("group_id", "string"), f("error_code", "int16")))),
+    ))
+
+INCREMENTAL_ALTER_CONFIGS = (
+    Struct(
+        f("resources", Array(Struct(
+            f("resource_type", "int8"),
+            f("resource_name", "string"),
+            f("configs", Array(Struct(f("name", "string"),
+                                      f("config_operation", "int8"),
+                                      f("value", "string", null="0+"))))))),
+        f("validate_only", "bool"),
+    ),
+    _ALTER_CONFIGS_RESPONSE)
+
+
 def _api(key: int, name: str, span: str, flexible: str,
          schemas: tuple[Struct, Struct]) -> Api:
     low, high = versions(span)
@@ -559,10 +617,14 @@ APIS: dict[int, Api] = {api.key: api for api in (
     _api(18, "ApiVersions", "0-4", "3+", API_VERSIONS),
     _api(19, "CreateTopics", "0-7", "5+", CREATE_TOPICS),
     _api(20, "DeleteTopics", "0-6", "4+", DELETE_TOPICS),
+    _api(21, "DeleteRecords", "0-2", "2+", DELETE_RECORDS),
     _api(22, "InitProducerId", "0-5", "2+", INIT_PRODUCER_ID),
     _api(32, "DescribeConfigs", "0-4", "4+", DESCRIBE_CONFIGS),
+    _api(33, "AlterConfigs", "0-2", "2+", ALTER_CONFIGS),
     _api(36, "SaslAuthenticate", "0-2", "2+", SASL_AUTHENTICATE),
     _api(37, "CreatePartitions", "0-3", "2+", CREATE_PARTITIONS),
+    _api(42, "DeleteGroups", "0-2", "2+", DELETE_GROUPS),
+    _api(44, "IncrementalAlterConfigs", "0-1", "1+", INCREMENTAL_ALTER_CONFIGS),
 )}
 
 
