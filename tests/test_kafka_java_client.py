@@ -141,14 +141,12 @@ def test_static_members_form_a_group(served, topic):
     check_group(broker, group, topic, proc)
 
 
-@known("static membership")
 def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(served,
                                                                                  topic):
     """KIP-345: a static member's close sends no LeaveGroup; back within
     session.timeout.ms under the same group.instance.id it gets its old partitions and the
     group's generation is unchanged (Kafka: generation 2 before and after, nothing revoked
-    from the other member). Today the listener treats it as a new member and the group
-    waits for the old one: no member holds a partition for the scenario's 10 s."""
+    from the other member)."""
     broker, servers = served
     group, proc = run_group(servers, topic, "classic", "range", 2, "static-restart")
     check_group(broker, group, topic, proc)

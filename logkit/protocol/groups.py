@@ -8,7 +8,7 @@ every transition, so `broker.group(id)` and `logkit groups describe` in any proc
 wire members. Committed offsets are not here: they are the broker's one set of LMDB
 offsets (group.py), shared with embedded consumers.
 
-The state machine (Kafka's GroupCoordinator, without static membership):
+The state machine (Kafka's GroupCoordinator):
 
 | state               | JoinGroup                       | SyncGroup                      | Heartbeat            |
 |---------------------|---------------------------------|--------------------------------|----------------------|
@@ -21,6 +21,15 @@ The state machine (Kafka's GroupCoordinator, without static membership):
 | Stable              | a follower with the same        | the member's assignment        | NONE                 |
 |                     | protocols: this generation back;|                                |                      |
 |                     | else -> PreparingRebalance      |                                |                      |
+
+Static members (KIP-345: JoinGroup v5+ with `group.instance.id`): the group maps each
+instance id to its current member id, which begins with the instance id. A JoinGroup
+with no member id and a known instance id takes over the old member id: in a Stable or
+CompletingRebalance group, with the same protocols, it gets the current generation and
+the old member's assignment back without a rebalance (a returning leader is told
+skip_assignment); otherwise it joins the rebalance in the old member's place. Any call
+naming that instance id with the old member id gets FENCED_INSTANCE_ID. A static member
+sends no LeaveGroup when it closes: it stays a member until its session timeout.
 
 A member silent for its session timeout is removed when any member of its group next
 calls (a heartbeat every few seconds is enough), or while another waits in JoinGroup or
@@ -74,6 +83,7 @@ class _Member:
         self.assignment = b""
         self.last_seen = time.monotonic()
         self.join_result: dict[str, Any] | None = None
+        self.instance_id: str | None = None          # group.instance.id: a static member
 
     def metadata(self, protocol: str) -> bytes:
         return next((meta for name, meta in self.protocols if name == protocol), b"")
@@ -88,6 +98,7 @@ class _Group:
         self.protocol_name: str | None = None
         self.leader: str | None = None
         self.members: dict[str, _Member] = {}
+        self.static: dict[str, str] = {}             # group.instance.id -> member id
         self.joined: set[str] = set()
         self.delay_until = 0.0
         self.deadline = 0.0
@@ -125,8 +136,9 @@ class GroupManager:
             self._expire(group)
             return {"group_state": group.state, "protocol_type": group.protocol_type,
                     "protocol_data": group.protocol_name or "",
-                    "members": [{"member_id": m.member_id, "client_id": m.client_id,
-                                 "client_host": m.host,
+                    "members": [{"member_id": m.member_id,
+                                 "group_instance_id": m.instance_id,
+                                 "client_id": m.client_id, "client_host": m.host,
                                  "member_metadata": m.metadata(group.protocol_name or ""),
                                  "member_assignment": m.assignment}
                                 for m in group.members.values()]}
@@ -143,7 +155,8 @@ class GroupManager:
 
     def join(self, group_id: str, member_id: str, client_id: str, host: str,
              session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
-             protocols: list[tuple[str, bytes]]) -> dict[str, Any]:
+             protocols: list[tuple[str, bytes]],
+             instance_id: str | None = None) -> dict[str, Any]:
         if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
             return _join_error(E.INVALID_SESSION_TIMEOUT, member_id)
         if not protocols:
@@ -164,9 +177,22 @@ class GroupManager:
             if others is not None and (protocol_type != group.protocol_type
                                        or not {n for n, _ in protocols} & others):
                 return _join_error(E.INCONSISTENT_GROUP_PROTOCOL, member_id)
-            if member_id == "":
-                member_id = f"{client_id}-{uuid.uuid4()}"
+            known = group.static.get(instance_id) if instance_id is not None else None
+            if member_id == "" and known is not None:
+                member = self._replace_static(group, known, client_id, host)
+                member_id = member.member_id
+                if group.state in (STABLE, COMPLETING) and member.protocols == list(protocols):
+                    member.session_timeout_ms = session_timeout_ms
+                    member.rebalance_timeout_ms = rebalance_timeout_ms
+                    return self._join_result(group, member, skip_assignment=True)
+            elif known is not None and member_id != known:
+                return _join_error(E.FENCED_INSTANCE_ID, member_id)
+            elif member_id == "":
+                member_id = f"{instance_id or client_id}-{uuid.uuid4()}"
                 group.members[member_id] = _Member(member_id, client_id, host)
+                if instance_id is not None:
+                    group.members[member_id].instance_id = instance_id
+                    group.static[instance_id] = member_id
             elif member_id not in group.members:
                 return _join_error(E.UNKNOWN_MEMBER_ID, member_id)
             member = group.members[member_id]
@@ -191,13 +217,57 @@ class GroupManager:
                     result, member.join_result = member.join_result, None
                     return result
                 if group.members.get(member_id) is not member or self._closing.is_set():
-                    return _join_error(E.UNKNOWN_MEMBER_ID, member_id)
+                    return _join_error(self._gone_code(group, member), member_id)
                 self._cond.wait(self._slice(group))
                 # waiting in this call, the member is alive; one dead before it rejoined
                 # is dropped at its session timeout (Kafka's), not the rebalance timeout
                 member.last_seen = time.monotonic()
                 self._expire(group)
                 self._maybe_complete(group)
+
+    def _replace_static(self, group: _Group, old_id: str, client_id: str,
+                        host: str) -> _Member:
+        """A static member back under its instance id: a new member id takes the old
+        one's place (its position, protocols, timeouts, assignment, leadership); the
+        old id is fenced from then on."""
+        old = group.members[old_id]
+        assert old.instance_id is not None
+        member = _Member(f"{old.instance_id}-{uuid.uuid4()}", client_id, host)
+        member.instance_id = old.instance_id
+        member.session_timeout_ms = old.session_timeout_ms
+        member.rebalance_timeout_ms = old.rebalance_timeout_ms
+        member.protocols = old.protocols
+        member.assignment = old.assignment
+        new_id = member.member_id
+        group.members = {(new_id if m == old_id else m): (member if m == old_id else info)
+                         for m, info in group.members.items()}
+        group.static[old.instance_id] = new_id
+        if old_id in group.joined:
+            group.joined.discard(old_id)
+            group.joined.add(new_id)
+        if group.leader == old_id:
+            group.leader = new_id
+        log.info("group %s: static member %s is back as %s (was %s)", group.group_id,
+                 old.instance_id, new_id, old_id)
+        self._save(group)
+        self._cond.notify_all()                 # the old id's waiters are fenced
+        return member
+
+    @staticmethod
+    def _gone_code(group: _Group, member: _Member) -> int:
+        """The answer to a member no longer in its group: FENCED_INSTANCE_ID when its
+        instance id now belongs to a newer member, else UNKNOWN_MEMBER_ID."""
+        if member.instance_id is not None and group.static.get(member.instance_id) \
+                not in (None, member.member_id):
+            return E.FENCED_INSTANCE_ID
+        return E.UNKNOWN_MEMBER_ID
+
+    @staticmethod
+    def _remove(group: _Group, member_id: str) -> None:
+        member = group.members.pop(member_id)
+        group.joined.discard(member_id)
+        if member.instance_id is not None and group.static.get(member.instance_id) == member_id:
+            del group.static[member.instance_id]
 
     def _prepare(self, group: _Group) -> None:
         now = time.monotonic()
@@ -240,7 +310,7 @@ class GroupManager:
         for member_id in [m for m in group.members if m not in group.joined]:
             log.info("group %s: member %s did not rejoin within the rebalance timeout; "
                      "removed", group.group_id, member_id)
-            del group.members[member_id]
+            self._remove(group, member_id)
         group.generation += 1
         group.joined = set()
         if not group.members:
@@ -270,16 +340,19 @@ class GroupManager:
         return group.state == STABLE and member.member_id != group.leader
 
     @staticmethod
-    def _join_result(group: _Group, member: _Member) -> dict[str, Any]:
+    def _join_result(group: _Group, member: _Member, *,
+                     skip_assignment: bool = False) -> dict[str, Any]:
         """The JoinGroup answer of the current generation for `member` (the leader gets
-        every member's metadata)."""
+        every member's metadata; with skip_assignment, a static leader back in a group
+        that needs no new assignment: KIP-814)."""
+        leads = member.member_id == group.leader
         return {"error_code": E.NONE, "generation_id": group.generation,
                 "protocol_type": group.protocol_type, "protocol_name": group.protocol_name,
                 "leader": group.leader, "member_id": member.member_id,
-                "members": [{"member_id": m.member_id,
+                "skip_assignment": skip_assignment and leads,
+                "members": [{"member_id": m.member_id, "group_instance_id": m.instance_id,
                              "metadata": m.metadata(group.protocol_name or "")}
-                            for m in group.members.values()]
-                if member.member_id == group.leader else []}
+                            for m in group.members.values()] if leads else []}
 
     @staticmethod
     def _choose_protocol(group: _Group) -> str:
@@ -299,10 +372,11 @@ class GroupManager:
     # ---- SyncGroup, Heartbeat, LeaveGroup --------------------------------------------
 
     def sync(self, group_id: str, generation: int, member_id: str,
-             assignments: list[dict[str, Any]]) -> dict[str, Any]:
+             assignments: list[dict[str, Any]],
+             instance_id: str | None = None) -> dict[str, Any]:
         with self._cond:
             group = self._groups.get(group_id)
-            error = self._check_member(group, generation, member_id)
+            error = self._check_member(group, generation, member_id, instance_id)
             if error:
                 return {"error_code": error, "assignment": b""}
             assert group is not None
@@ -330,7 +404,8 @@ class GroupManager:
                         "assignment": member.assignment}
             return {"error_code": E.REBALANCE_IN_PROGRESS, "assignment": b""}
 
-    def heartbeat(self, group_id: str, generation: int, member_id: str) -> int:
+    def heartbeat(self, group_id: str, generation: int, member_id: str,
+                  instance_id: str | None = None) -> int:
         with self._cond:
             group = self._groups.get(group_id)
             if group is not None and member_id in group.members:
@@ -338,7 +413,7 @@ class GroupManager:
                 # heartbeating is given the rebalance timeout to rejoin (Kafka's rule),
                 # not cut off at its session timeout
                 group.members[member_id].last_seen = time.monotonic()
-            error = self._check_member(group, generation, member_id)
+            error = self._check_member(group, generation, member_id, instance_id)
             if error:
                 return error
             assert group is not None
@@ -350,10 +425,13 @@ class GroupManager:
                 self._save(group)
             return E.NONE
 
-    def _check_member(self, group: _Group | None, generation: int, member_id: str) -> int:
+    def _check_member(self, group: _Group | None, generation: int, member_id: str,
+                      instance_id: str | None = None) -> int:
         if group is None:
             return E.UNKNOWN_MEMBER_ID
         self._expire(group)
+        if _fenced(group, member_id, instance_id):
+            return E.FENCED_INSTANCE_ID
         if member_id not in group.members:
             return E.UNKNOWN_MEMBER_ID
         if group.state == PREPARING:
@@ -362,16 +440,22 @@ class GroupManager:
             return E.ILLEGAL_GENERATION
         return E.NONE
 
-    def leave(self, group_id: str, member_ids: list[str]) -> list[int]:
+    def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> list[int]:
+        """Remove each (member id, instance id): a static member by its instance id
+        alone when the member id is empty (Kafka's removeMembersFromConsumerGroup)."""
         with self._cond:
             group = self._groups.get(group_id)
             codes = []
-            for member_id in member_ids:
+            for member_id, instance_id in members:
+                if group is not None and member_id == "" and instance_id is not None:
+                    member_id = group.static.get(instance_id, "")
+                if group is not None and _fenced(group, member_id, instance_id):
+                    codes.append(E.FENCED_INSTANCE_ID)
+                    continue
                 if group is None or member_id not in group.members:
                     codes.append(E.UNKNOWN_MEMBER_ID)
                     continue
-                del group.members[member_id]
-                group.joined.discard(member_id)
+                self._remove(group, member_id)
                 codes.append(E.NONE)
                 log.debug("group %s: member %s left", group_id, member_id)
             if group is not None and E.NONE in codes:
@@ -397,18 +481,21 @@ class GroupManager:
             log.warning("group %s: member %s sent nothing for its session timeout (%d ms); "
                         "removed", group.group_id, member.member_id,
                         member.session_timeout_ms)
-            del group.members[member.member_id]
+            self._remove(group, member.member_id)
         if gone:
             self._after_removal(group)
 
     # ---- offsets -------------------------------------------------------------------
 
-    def check_commit(self, group_id: str, generation: int, member_id: str) -> int:
+    def check_commit(self, group_id: str, generation: int, member_id: str,
+                     instance_id: str | None = None) -> int:
         """The error for an OffsetCommit from (generation, member), NONE to accept."""
         with self._cond:
             group = self._groups.get(group_id)
             if group is not None:
                 self._expire(group)
+                if _fenced(group, member_id, instance_id):
+                    return E.FENCED_INSTANCE_ID
             if generation < 0 and not member_id:
                 if group is not None and group.members:
                     return E.ILLEGAL_GENERATION    # outsiders commit to empty groups only
@@ -450,6 +537,7 @@ class GroupManager:
             for group in self._groups.values():
                 if group.members:
                     group.members.clear()
+                    group.static.clear()
                     group.state = EMPTY
                     self._save(group)
             self._cond.notify_all()
@@ -479,6 +567,15 @@ class GroupManager:
         except Exception as exc:                 # the wire group works on without it
             log.warning("group %s: could not store the wire members' snapshot: %s",
                         group.group_id, exc)
+
+
+def _fenced(group: _Group, member_id: str, instance_id: str | None) -> bool:
+    """A call naming a static member's instance id with a member id that is not its
+    current one (an old incarnation, replaced by a JoinGroup under the same id)."""
+    if instance_id is None:
+        return False
+    current = group.static.get(instance_id)
+    return current is not None and current != member_id
 
 
 def _join_error(code: int, member_id: str) -> dict[str, Any]:

@@ -908,35 +908,37 @@ class Handlers:
         return self.groups.join(
             body["group_id"], body["member_id"], request.client_id or "", session.host,
             body["session_timeout_ms"], body["rebalance_timeout_ms"], body["protocol_type"],
-            [(p["name"], p["metadata"]) for p in body["protocols"]])
+            [(p["name"], p["metadata"]) for p in body["protocols"]],
+            body.get("group_instance_id"))
 
     def sync_group(self, request: Request, session: Session) -> dict[str, Any]:
         body = request.body
         return self.groups.sync(body["group_id"], body["generation_id"], body["member_id"],
-                                body["assignments"])
+                                body["assignments"], body.get("group_instance_id"))
 
     def heartbeat(self, request: Request, session: Session) -> dict[str, Any]:
         body = request.body
         return {"error_code": self.groups.heartbeat(body["group_id"], body["generation_id"],
-                                                    body["member_id"])}
+                                                    body["member_id"],
+                                                    body.get("group_instance_id"))}
 
     def leave_group(self, request: Request, session: Session) -> dict[str, Any]:
         body = request.body
         if request.version >= 3:
-            ids = [m["member_id"] for m in body["members"]]
+            ids = [(m["member_id"], m["group_instance_id"]) for m in body["members"]]
         else:
-            ids = [body["member_id"]]
+            ids = [(body["member_id"], None)]
         codes = self.groups.leave(body["group_id"], ids)
         top = codes[0] if request.version < 3 and codes else E.NONE
         return {"error_code": top,
-                "members": [{"member_id": m, "group_instance_id": None, "error_code": c}
-                            for m, c in zip(ids, codes)]}
+                "members": [{"member_id": m, "group_instance_id": i, "error_code": c}
+                            for (m, i), c in zip(ids, codes)]}
 
     def offset_commit(self, request: Request, session: Session) -> dict[str, Any]:
         body = request.body
         group_id = body["group_id"]
         code = self._check_group_id(group_id) or self.groups.check_commit(
-            group_id, body["generation_id"], body["member_id"])
+            group_id, body["generation_id"], body["member_id"], body.get("group_instance_id"))
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
         errors: dict[tuple[str, int], int] = {}
         if not code:
