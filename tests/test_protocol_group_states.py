@@ -77,3 +77,33 @@ def test_a_follower_rejoining_unchanged_keeps_the_generation():
     assert (rejoined["error_code"], rejoined["generation_id"]) == (0, generation)
     assert manager.describe("g")["group_state"] == "Stable"
     assert manager.heartbeat("g", generation, follower["member_id"]) == E.NONE
+
+
+def test_a_static_member_back_under_its_instance_id_takes_over_without_a_rebalance():
+    """KIP-345: the new member id replaces the old one in place (same generation, same
+    assignment, no rebalance); the old member id is fenced from then on."""
+    manager, snapshots = _manager()
+    first = manager.join("g", "", "c", "127.0.0.1", 10000, 30000, "consumer", PROTOCOLS,
+                         "instance-1")
+    old, generation = first["member_id"], first["generation_id"]
+    assert old.startswith("instance-1-")
+    assert manager.sync("g", generation, old, [{"member_id": old, "assignment": b"p"}],
+                        "instance-1")["error_code"] == E.NONE
+    back = manager.join("g", "", "c", "127.0.0.1", 10000, 30000, "consumer", PROTOCOLS,
+                        "instance-1")
+    new = back["member_id"]
+    assert new != old and new.startswith("instance-1-")
+    assert (back["error_code"], back["generation_id"], back["leader"]) == (0, generation, new)
+    assert back["skip_assignment"] and [m["member_id"] for m in back["members"]] == [new]
+    assert manager.describe("g")["group_state"] == "Stable"
+    assert manager.sync("g", generation, new, [], "instance-1")["assignment"] == b"p"
+    assert list(snapshots["g"]["members"]) == [new]
+    assert manager.heartbeat("g", generation, old, "instance-1") == E.FENCED_INSTANCE_ID
+    assert manager.check_commit("g", generation, old, "instance-1") == E.FENCED_INSTANCE_ID
+    assert manager.leave("g", [(old, "instance-1")]) == [E.FENCED_INSTANCE_ID]
+    assert manager.heartbeat("g", generation, new, "instance-1") == E.NONE
+    assert manager.delete("g", lambda: E.NONE) == E.NON_EMPTY_GROUP
+    assert manager.leave("g", [("", "instance-1")]) == [E.NONE]     # by instance id
+    assert manager.describe("g")["members"] == []
+    assert manager.delete("g", lambda: E.GROUP_ID_NOT_FOUND) == E.NONE
+    assert manager.describe("g") is None
