@@ -27,7 +27,7 @@ def waiting_for_flock(thread: threading.Thread) -> bool:
     frame = sys._current_frames().get(thread.ident)
     while frame is not None:
         if frame.f_code.co_name == "_flock" and \
-                frame.f_code.co_filename.endswith(os.path.join("logkit", "log.py")):
+                frame.f_code.co_filename.endswith(os.path.join("logkit", "partition_lock.py")):
             return True
         frame = frame.f_back
     return False
