@@ -107,3 +107,37 @@ def test_a_static_member_back_under_its_instance_id_takes_over_without_a_rebalan
     assert manager.describe("g")["members"] == []
     assert manager.delete("g", lambda: E.GROUP_ID_NOT_FOUND) == E.NONE
     assert manager.describe("g") is None
+
+
+def _static_join(manager, instance, member_id=""):
+    return manager.join("g", member_id, "c", "127.0.0.1", 10000, 30000, "consumer",
+                        PROTOCOLS, instance)
+
+
+def test_a_static_member_replaced_while_its_old_id_waits_in_sync_fences_that_wait():
+    manager, _ = _manager()
+    a = _static_join(manager, "a")
+    assert manager.sync("g", a["generation_id"], a["member_id"], [], "a")["error_code"] == 0
+    b: dict = {}
+    joining = threading.Thread(target=lambda: b.update(_static_join(manager, "b")))
+    joining.start()
+    deadline = time.monotonic() + 30
+    while manager.describe("g")["group_state"] != "PreparingRebalance":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    a = _static_join(manager, "a", a["member_id"])
+    joining.join(30)
+    generation = a["generation_id"]
+    assert b["generation_id"] == generation and a["leader"] == a["member_id"]
+    waited: dict = {}
+    syncing = threading.Thread(target=lambda: waited.update(
+        manager.sync("g", generation, b["member_id"], [], "b")))
+    syncing.start()                      # the follower waits for the leader's assignment
+    back = _static_join(manager, "b")    # its instance id comes back meanwhile
+    syncing.join(30)
+    assert waited["error_code"] == E.FENCED_INSTANCE_ID
+    assert (back["error_code"], back["generation_id"]) == (0, generation)
+    assignments = [{"member_id": a["member_id"], "assignment": b"a"},
+                   {"member_id": back["member_id"], "assignment": b"b"}]
+    assert manager.sync("g", generation, a["member_id"], assignments, "a")["error_code"] == 0
+    assert manager.sync("g", generation, back["member_id"], [], "b")["assignment"] == b"b"

@@ -391,6 +391,7 @@ class GroupManager:
                 self._cond.notify_all()
             deadline = time.monotonic() + member.rebalance_timeout_ms / 1000
             while group.state == COMPLETING and group.generation == generation \
+                    and group.members.get(member_id) is member \
                     and time.monotonic() < deadline and not self._closing.is_set():
                 self._cond.wait(MAX_WAIT_SLICE_S)
                 # waiting in this call, the member is alive; a leader dead before its
@@ -402,6 +403,10 @@ class GroupManager:
                 return {"error_code": E.NONE, "protocol_type": group.protocol_type,
                         "protocol_name": group.protocol_name,
                         "assignment": member.assignment}
+            if group.members.get(member_id) is not member \
+                    and self._gone_code(group, member) == E.FENCED_INSTANCE_ID:
+                # replaced by its instance id's new member while it waited (Kafka's)
+                return {"error_code": E.FENCED_INSTANCE_ID, "assignment": b""}
             return {"error_code": E.REBALANCE_IN_PROGRESS, "assignment": b""}
 
     def heartbeat(self, group_id: str, generation: int, member_id: str,
