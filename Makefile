@@ -31,7 +31,7 @@ $(PIP_STAMP): $(SETUP_FILES)
 	command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && (apt-get update -qq && apt-get install -y -qq strace) >/dev/null 2>&1 || true; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel
 	$(PY) -m pip install --quiet -e ".[all]"
 	@# An editable install hides pyspark_logkit from pkgutil.iter_modules, which is how
 	@# PySpark discovers data sources: put spark/ itself on the venv's path too.
