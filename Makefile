@@ -26,7 +26,7 @@ $(STAMP): $(PIP_STAMP) $(C_FILES) $(JAVA_FILES)
 	touch $(STAMP)
 
 $(PIP_STAMP): $(SETUP_FILES)
-	@# strace drives the crash-point enumeration (tests/test_crashpoints.py); as root on
+	@# strace drives the crash-point enumeration (tests/tools/test_crashpoints.py); as root on
 	@# Debian it is installed when missing, elsewhere those tests say why they skip.
 	command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	  && (apt-get update -qq && apt-get install -y -qq strace) >/dev/null 2>&1 || true; }
@@ -65,18 +65,18 @@ test: lint kafka extensions test-pure
 # The path users get where the extensions cannot be compiled: the storage, client and
 # protocol tests once more with LOGKIT_PURE_PYTHON=1 (logkit/_native.py then loads no
 # extension). A bounded subset: about two minutes on this 2-core machine. Not
-# tests/test_doorbell.py: it runs the C and the ctypes doorbell side by side itself.
+# tests/storage/test_doorbell.py: it runs the C and the ctypes doorbell side by side itself.
 PURE_PYTHON_TESTS := \
-	tests/test_log.py tests/test_index_segment.py tests/test_recovery.py \
-	tests/test_records.py tests/test_records_walker.py tests/test_storage_safety.py \
-	tests/test_group_commit.py tests/test_sealed_index.py tests/test_parked_segments.py \
-	tests/test_append_common.py tests/test_speedups.py tests/test_murmur2.py \
-	tests/test_columns.py \
-	tests/test_producer.py tests/test_accumulator.py tests/test_consumer.py \
-	tests/test_consumer_fetch.py tests/test_consumer_handles.py tests/test_delivery.py \
-	tests/test_group.py \
-	tests/test_protocol_codec.py tests/test_protocol_listener.py \
-	tests/test_protocol_clients.py
+	tests/storage/test_log.py tests/storage/test_index_segment.py tests/storage/test_recovery.py \
+	tests/storage/test_records.py tests/storage/test_records_walker.py tests/storage/test_storage_safety.py \
+	tests/storage/test_group_commit.py tests/storage/test_sealed_index.py tests/storage/test_parked_segments.py \
+	tests/storage/test_append_common.py tests/storage/test_speedups.py tests/storage/test_murmur2.py \
+	tests/storage/test_columns.py \
+	tests/clients/test_producer.py tests/clients/test_accumulator.py tests/clients/test_consumer.py \
+	tests/clients/test_consumer_fetch.py tests/clients/test_consumer_handles.py tests/clients/test_delivery.py \
+	tests/groups/test_group.py \
+	tests/protocol/test_protocol_codec.py tests/protocol/test_protocol_listener.py \
+	tests/protocol/test_protocol_clients.py
 test-pure: $(STAMP)
 	LOGKIT_PURE_PYTHON=1 $(PY) -m pytest -q -rs $(PURE_PYTHON_TESTS)
 

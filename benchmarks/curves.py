@@ -24,7 +24,7 @@ Each curve's figures come from one run on a shared machine: read the ratios with
 row, not absolute rates. Run from the checkout's root (its own command line):
     .venv/bin/python -m benchmarks.curves [--curves create,seek,rss,values,rebalance,
         writers] [--json benchmarks/curves.json] [--plots docs]
-`--quick` is the small size tests/test_bench.py runs (a few seconds). Speed is never
+`--quick` is the small size tests/tools/test_bench.py runs (a few seconds). Speed is never
 asserted. Invariant: every curve works in its own scratch directory, removed when it
 ends, and stops every process it started.
 """

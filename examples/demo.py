@@ -3,7 +3,7 @@
 Events are produced into logkit, a Spark Structured Streaming job (the `logkit` data
 source) counts them per page and writes the counts back into logkit exactly once, and
 a consumer group reads the results. `demo.py [DIR] [EVENTS]` runs it on another
-directory or with fewer events (tests/test_demo.py runs a small one).
+directory or with fewer events (tests/kit/test_demo.py runs a small one).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@
  * the twin of PartitionLog._append_locked (logkit/log_append.py) for that case and returns -1,
  * having changed nothing, for every other case, which the Python code then handles.
  * Its layouts are tail.py's (the tail file), index.py's (the two indexes) and
- * records.py's (the batch header); tests/test_append_common.py holds the two paths to
+ * records.py's (the batch header); tests/storage/test_append_common.py holds the two paths to
  * the same bytes.
  *
  * Appender.append() is that append with the locks around it, for the case where no

@@ -17,7 +17,7 @@ WARNING at import naming them and what it costs; one that asked for the Python c
 with LOGKIT_PURE_PYTHON gets none. `make test` fails on a non-empty MISSING.
 
 Invariant: the pure-Python code is complete and always correct on its own; a compiled
-twin only makes it faster, and tests/test_speedups.py holds the two to the same bytes.
+twin only makes it faster, and tests/storage/test_speedups.py holds the two to the same bytes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ PURE_PYTHON_ENV = "LOGKIT_PURE_PYTHON"
 FORCED_PURE_PYTHON = bool(os.environ.get(PURE_PYTHON_ENV))
 
 # Every extension setup.py builds, and what runs in pure Python without it
-# (tests/test_build.py checks this table against setup.py's list).
+# (tests/tools/test_build.py checks this table against setup.py's list).
 EXTENSIONS = {
     "_speedups": "record encoding and decoding",
     "_sendpath": "Producer.send",

@@ -16,7 +16,7 @@
  * held throughout (the loops allocate Python objects).
  *
  * Built by setup.py as an optional extension: when it does not compile, logkit runs on
- * the pure-Python code and tests/test_speedups.py is skipped.
+ * the pure-Python code and tests/storage/test_speedups.py is skipped.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

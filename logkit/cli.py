@@ -3,8 +3,8 @@
 Owns: argument parsing, the output formats (tables, JSON, record formats) and turning
 library errors into a message and an exit code. Each command opens one Broker, makes a
 few public library calls and prints what they return; it uses only the public names of
-`logkit` (tests/test_seams.py holds it to that), so it knows nothing of the file formats
-beyond what they expose. Every command's help carries an example (tests/test_cli.py
+`logkit` (tests/kit/test_seams.py holds it to that), so it knows nothing of the file formats
+beyond what they expose. Every command's help carries an example (tests/kit/test_cli.py
 checks that); docs/cli.md is generated from the same help (tools/cli_docs.py).
 
     logkit topics list|create|delete|describe|alter|alter-config DIR ...   kafka-topics, kafka-configs

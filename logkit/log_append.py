@@ -8,7 +8,7 @@ that path (the whole uncontended append in one C call, `_arm`; the common case u
 the lock in one C call, `_append_fast`; the Python append that decides rolls, syncs and
 index reservations, `_append_locked`); cutting back a failed write; and rolling a
 segment by size, index room, age (`segment.ms`) or offset span (`_must_roll`, which the
-C path restates: tests/test_c_layouts.py compares the two). Invariant: a batch is
+C path restates: tests/storage/test_c_layouts.py compares the two). Invariant: a batch is
 readable only once whole and published; a killed appender leaves at most unpublished
 bytes past the committed end, which the next lock holder cuts.
 

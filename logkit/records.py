@@ -669,7 +669,7 @@ def _decode_headers(buf: Any, pos: int, count: int) -> tuple[list[tuple[str, byt
 # ---- the compiled accelerator ----------------------------------------------------------
 # `logkit._speedups` (built from _speedups.c when a compiler is present) replaces the two
 # loops above; `_native` makes the choice once (LOGKIT_PURE_PYTHON=1 forces pure Python).
-# tests/test_speedups.py checks both agree byte for byte. The benchmarks compare them by
+# tests/storage/test_speedups.py checks both agree byte for byte. The benchmarks compare them by
 # rebinding `_encode_records` / `_decode_records` here: encode_batch and decode_batch look
 # those two names up at each call, so keep them module globals.
 

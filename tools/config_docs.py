@@ -3,7 +3,7 @@
 Owns: nothing but the rewrite. Each generated block sits between
 `<!-- generated: NAME -->` and `<!-- end generated -->`, where NAME is a scope of
 logkit/config.py ("broker", "topic", "producer", "consumer", "spark read",
-"spark write") or a status ("ignored", "refused"). tests/test_config.py checks the page
+"spark write") or a status ("ignored", "refused"). tests/kit/test_config.py checks the page
 against the same rendering, so the page cannot drift from the table.
 
 Usage: .venv/bin/python tools/config_docs.py [--check]

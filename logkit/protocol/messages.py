@@ -3,7 +3,7 @@ accept and the request and response schemas in Kafka's own version notation.
 
 Owns: `APIS` (api key -> `Api`), the request and response header schemas, and which
 header version each (api, version) uses. Field names are Kafka's, in snake_case; the
-schemas follow Kafka's message definitions field for field (tests/test_protocol_codec.py
+schemas follow Kafka's message definitions field for field (tests/protocol/test_protocol_codec.py
 checks each one against kafka-python's independent implementation, every version).
 
 Version policy (docs/kafka-protocol.md): minimums as low as Kafka 3.x accepts, so a client

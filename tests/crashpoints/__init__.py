@@ -8,5 +8,5 @@
   trial per (syscall, call number, mode) with strace's fault/signal injection.
 
 docs/crashpoints.md describes the method; tools/crashpoints.py runs the enumeration and
-tests/test_crashpoints.py a bounded slice of it.
+tests/tools/test_crashpoints.py a bounded slice of it.
 """

@@ -1,4 +1,4 @@
-"""Test helper process for the failover tests (tests/test_replication_failover.py).
+"""Test helper process for the failover tests (tests/replication/test_replication_failover.py).
 
     python failover_proc.py lead ROOT TTL_MS WRITER_ID
         open ROOT as a leader (broker.session.timeout.ms = TTL_MS, background chores on,

@@ -5,8 +5,8 @@ Owns `tool` (one of Kafka's tools in a JVM that starts quickly: a class-data arc
 shared by the tools and the client compiler alone, for the tests' short runs; never for the benchmarks,
 whose figures need the JVM as Kafka's scripts start it), `run_scenario`
 (tools/kafka/src/ClientScenarios.java, the Java client with its defaults), `LogkitServe` (a `logkit serve` child process: the CLI as a user starts it) and
-the parsers of the perf tools' summary lines, which tests/test_kafka_tools.py,
-tests/test_kafka_java_client.py and benchmarks/kafka.py share. Built on
+the parsers of the perf tools' summary lines, which tests/kafka/test_kafka_tools.py,
+tests/kafka/test_kafka_java_client.py and benchmarks/kafka.py share. Built on
 tests/helpers/kafka.py (classpath, `run_tool`, `java_command`), which it does not change.
 
 Invariant: nothing here raises on a tool's failure by itself; each function returns the

@@ -1,5 +1,5 @@
 """Test helper process for the leader-side replication tests
-(tests/test_replication_leader.py).
+(tests/replication/test_replication_leader.py).
 
     python leader_proc.py follow LEADER DIR WAIT_MS
         a logkit.Follower of the leader root LEADER into DIR on its background thread

@@ -1,4 +1,4 @@
-"""Test helper: a second process on the same broker directory, for tests/test_model.py.
+"""Test helper: a second process on the same broker directory, for tests/storage/test_model.py.
 
 Run as a script (`python model_peer.py ROOT`), it opens `logkit.Broker(ROOT)` and obeys
 one JSON command per stdin line, answering one JSON line per command (`spam` answers

@@ -1,6 +1,6 @@
 // The Java client with its defaults against a Kafka-protocol broker (logkit serve or Kafka):
 // what a user of KafkaProducer and KafkaConsumer sees, printed as lines a test parses
-// (tests/test_kafka_java_client.py). Compiled by tests/helpers/kafka.py into tools/kafka/classes.
+// (tests/kafka/test_kafka_java_client.py). Compiled by tests/helpers/kafka.py into tools/kafka/classes.
 //
 //   produce BOOTSTRAP TOPIC COUNT
 //       a KafkaProducer with nothing set but the serializers (so enable.idempotence=true,

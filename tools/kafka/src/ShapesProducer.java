@@ -1,6 +1,6 @@
 // Writes known records into a real Kafka with the Java producer, one producer per topic,
 // so a test can read the broker's partition directories back record for record
-// (tests/test_kafka_read_back.py). Each argument is TOPIC:COMPRESSION:IDEMPOTENT:COUNT;
+// (tests/kafka/test_kafka_read_back.py). Each argument is TOPIC:COMPRESSION:IDEMPOTENT:COUNT;
 // the records are a function of the topic and the index alone, mirrored in the test:
 //   key       null when i % 5 == 0, else "key-" + (i % 23)
 //   value     null when i % 17 == 16, else TOPIC + " " + i + " " + "x" * (i % 20)

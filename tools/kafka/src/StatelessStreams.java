@@ -1,5 +1,5 @@
 /*
- * A stateless Kafka Streams topology for tests/test_kafka_streams.py: the same program
+ * A stateless Kafka Streams topology for tests/kafka/test_kafka_streams.py: the same program
  * runs against the real Kafka and against logkit's listener, and the test compares the
  * output topics. Usage:
  *   StatelessStreams BOOTSTRAP APPLICATION_ID INPUT OUTPUT RECORDS STATE_DIR
