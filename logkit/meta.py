@@ -358,7 +358,8 @@ def _open_lmdb(path: str, *, read_only: bool, map_size_bytes: int) -> Any:
     options = dict(map_size=map_size_bytes, max_dbs=len(DATABASES) + 2,
                    max_readers=MAX_READERS, subdir=True)
     if not read_only:
-        os.makedirs(path, exist_ok=True)
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            _create_store(path, options)
         return lmdb.open(path, lock=True, **options)
     if not os.path.exists(os.path.join(path, "data.mdb")):
         raise MetadataStoreError(f"no metadata store at {path} to open read-only",
@@ -372,6 +373,85 @@ def _open_lmdb(path: str, *, read_only: bool, map_size_bytes: int) -> Any:
         log.warning("metadata store %s: lock file not writable; reading without locks "
                     "(a process writing to it at the same time may be misread)", path)
     return lmdb.open(path, readonly=True, lock=lock, create=False, **options)
+
+
+NEW_STORE_PREFIX = ".new-"                   # `<path>.new-<pid>-<random>`: a store being made
+
+
+def _create_store(path: str, options: dict[str, Any]) -> None:
+    """Make a new store so that it appears whole or not at all, whatever a power cut
+    keeps: LMDB writes a new `data.mdb` page by page, and a cut before its first commit
+    reached the disk left a one-page file that no open could read (docs/powercut.md).
+    So the store is made beside `path` — created, every sub-database committed, synced —
+    then renamed to `path`, and the parent directory synced. A directory left by a
+    creator that died is removed at the next creation. Of two processes creating the
+    store at once, the first rename wins and the other removes its own."""
+    parent, base = os.path.split(os.path.abspath(path))
+    _sweep_new_stores(parent, base)
+    tmp = os.path.join(parent, f"{base}{NEW_STORE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
+    os.makedirs(tmp, mode=0o700)
+    try:
+        env = lmdb.open(tmp, lock=True, **options)
+        try:
+            _open_databases(env, tmp, False)      # the first commit, synced by LMDB
+            env.sync(True)
+        finally:
+            env.close()
+        for name in ("data.mdb", "lock.mdb"):
+            _fsync_path(os.path.join(tmp, name), os.O_RDONLY)
+        _fsync_path(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.rename(tmp, path)                  # onto nothing, or an empty directory
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            _remove_tree(tmp)                     # another process's store won
+            return
+        _fsync_path(parent, os.O_RDONLY | os.O_DIRECTORY)
+    except BaseException:
+        _remove_tree(tmp)
+        raise
+
+
+def _sweep_new_stores(parent: str, base: str) -> None:
+    """Remove stores whose creator is gone (`<base>.new-<pid>-...` of a dead pid)."""
+    prefix = base + NEW_STORE_PREFIX
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except FileNotFoundError:
+        return
+    for name in names:
+        try:
+            pid = int(name[len(prefix):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _alive(pid):
+            log.warning("metadata store %s: removing %s, a new store whose creator "
+                        "stopped before it was complete", os.path.join(parent, base), name)
+            _remove_tree(os.path.join(parent, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_path(path: str, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _open_databases(env: Any, path: str, read_only: bool) -> dict[str, Any]:

@@ -522,3 +522,55 @@ def test_a_read_only_open_of_a_store_missing_a_newer_sub_database_reads_what_is_
         assert broker.topics() == ["t"]
         with pytest.raises(logkit.MetadataStoreError, match="schemas"):
             broker.meta.db("schemas")
+
+
+def test_a_new_store_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A new root's LMDB store is made beside `meta/`, committed and synced, then renamed
+    into place: no moment exists at which `meta/data.mdb` holds less than LMDB's two meta
+    pages (a power cut during the first open once left a one-page file that no open could
+    read: docs/powercut.md)."""
+    import lmdb
+
+    from logkit import meta as meta_module
+    opened, renamed = [], []
+    real_open, real_rename = lmdb.open, os.rename
+
+    def recording_open(path, *args, **kwargs):
+        opened.append((os.path.basename(path), kwargs.get("readonly", False)))
+        return real_open(path, *args, **kwargs)
+
+    def checking_rename(src, dst):
+        if os.path.basename(dst) == "meta":
+            renamed.append(os.path.getsize(os.path.join(src, "data.mdb")))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(meta_module.lmdb, "open", recording_open)
+    monkeypatch.setattr(meta_module.os, "rename", checking_rename)
+    with logkit.Broker(tmp_path / "root") as broker:
+        broker.create_topic("t", 1)
+    writable = [name for name, read_only in opened if not read_only]
+    assert writable[0].startswith("meta" + meta_module.NEW_STORE_PREFIX), opened
+    assert len(renamed) == 1 and renamed[0] >= 2 * 4096
+    assert sorted(os.listdir(tmp_path / "root" / "meta")) == ["data.mdb", "lock.mdb"]
+
+
+def test_a_store_left_half_made_by_a_dead_creator_is_swept(tmp_path, caplog):
+    """A creator that died before its rename leaves `meta.new-<pid>-…`: the next open
+    removes it (its pid is gone) and makes the store afresh; nothing in it was ever
+    acknowledged, since nothing could use it before the rename."""
+    from logkit import meta as meta_module
+    root = tmp_path / "root"
+    with logkit.Broker(root) as broker:
+        broker.create_topic("t", 1).partition(0).append([(None, b"v", None, None)])
+    import shutil
+    shutil.rmtree(root / "meta")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = root / f"meta{meta_module.NEW_STORE_PREFIX}{dead}-0000"
+    stale.mkdir()
+    (stale / "data.mdb").write_bytes(b"\0" * 4096)          # the one-page file of a cut
+    with caplog.at_level("WARNING", logger="logkit.meta"):
+        with logkit.Broker(root) as broker:
+            assert broker.topics() == []      # the topic records were in the lost store
+    assert not stale.exists()
+    assert any("creator stopped" in r.getMessage() for r in caplog.records)
