@@ -19,8 +19,10 @@ SLOW = os.environ.get("LOGKIT_SLOW") == "1"
 def _recipe() -> str:
     """The command `make demo` runs (the last line `make -n` prints: an install step that
     would run first, when the venv is stale, is printed before it, not run)."""
-    proc = subprocess.run(["make", "-n", "demo"], cwd=CHECKOUT, capture_output=True,
-                          text=True, timeout=60)
+    # --no-print-directory: under `make test` this make is nested and would add its
+    # "Entering directory" lines around the recipe
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "demo"], cwd=CHECKOUT,
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     command = proc.stdout.strip().splitlines()[-1]
     assert "examples/demo.py" in command, proc.stdout
