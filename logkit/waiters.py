@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -28,9 +29,10 @@ ACK_MIN_GAP_S = 0.0005                    # ... and at most this often (each loo
                                           # GIL from the producer's threads)
 
 
-class _WaiterThread:
+class _WaiterThread(ABC):
     """One daemon thread and the condition its callers and it share; `close()` wakes the
-    thread, which finishes what is queued and ends (safe twice; never joins itself)."""
+    thread, which finishes what is queued and ends (safe twice; never joins itself).
+    A subclass's `_run` is the thread's loop."""
 
     def __init__(self, name: str, what: str) -> None:
         self._cond = threading.Condition()
@@ -38,8 +40,9 @@ class _WaiterThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         start_thread(self._thread, what)
 
+    @abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """Wait on `_cond` for work, do it, and return once closed with nothing queued."""
 
     def close(self) -> None:
         with self._cond:

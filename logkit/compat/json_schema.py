@@ -61,7 +61,8 @@ PATTERN_CACHE_ENTRIES = 256             # compiled programs kept across checks
 MAX_PATTERN_SEARCHES = 100_000          # per compatibility check (property name x pattern)
 RE2_MAX_MEM_BYTES = 1 << 20             # per program and its DFA cache; RE2 falls back
                                         # to its (still linear) NFA past it
-# ECMA-262's \uXXXX, which RE2 spells \x{XXXX}; other escapes pass through as pairs.
+# ECMA-262 writes a code unit as \u and four hex digits, RE2 as \x{...} around the
+# same digits; every other escape passes through as it is.
 _ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)", re.DOTALL)
 
 
@@ -123,7 +124,7 @@ def compile_pattern(pattern: str) -> Any:
 
 
 def _re2_escape(escape: re.Match[str]) -> str:
-    """One escape of an ECMA-262 regex in RE2's syntax: only \\uXXXX differs."""
+    """One escape of an ECMA-262 regex in RE2's syntax: only the \\u form differs."""
     code = escape.group(1)
     return "\\x{" + code[1:] + "}" if len(code) == 5 else escape.group(0)
 
