@@ -5,6 +5,7 @@ package is private and may change.
 """
 
 from .batches import BatchBuilder, SegmentBatch, iter_segment_batches, stamp_producer
+from . import broker as _broker
 from .broker import Broker
 from .config import resolve_config
 from .columns import Columns
@@ -27,6 +28,34 @@ from .records import BatchHeader, Record, RecordMetadata
 from .topic import Partition, Topic, TopicPartition
 from .replication import DirectorySource, Follower, ReplicaSource, TcpSource
 from .replication.objectstore import ObjectStoreSource
+
+# How a broker starts the servers that live above it (broker.py's table): this module is
+# the top of the package, so it may name every part; each server module is imported only
+# when a broker first starts one.
+def _start_kafka(broker: Broker, **options: object) -> object:
+    from .protocol import serve
+    return serve(broker, **options)
+
+
+def _start_replication(broker: Broker, *args: object, **options: object) -> object:
+    from .replication.tcp_server import ReplicationServer
+    return ReplicationServer(broker, *args, **options)
+
+
+def _start_schema_registry(registry: object, **options: object) -> object:
+    from .registry_http import serve
+    return serve(registry, **options)
+
+
+def _start_shipper(broker: Broker, url: str, **options: object) -> object:
+    from .replication.objectstore import Shipper
+    return Shipper(broker, url, **options)
+
+
+_broker.register_server("kafka", _start_kafka)
+_broker.register_server("replication", _start_replication)
+_broker.register_server("schema-registry", _start_schema_registry)
+_broker.register_server("shipper", _start_shipper)
 
 __version__ = "0.1.0"
 

@@ -31,7 +31,7 @@ import shutil
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from . import _fork
 from .config import (LONG_MAX, TOPIC, lookup, overrides_only, resolve_broker_config,
@@ -53,13 +53,72 @@ from .topic import MAX_PARTITIONS, Topic, validate_topic_name
 MAX_REPLICATION_FACTOR = 32767                # Kafka's: a replica count is an int16
 
 if TYPE_CHECKING:                  # imported when first used
-    from .protocol import KafkaServer
-    from .replication.objectstore import Shipper
-    from .replication.tcp_server import ReplicationServer
-    from .registry_http import RegistryServer
     from .schema_registry import SchemaRegistry
 
-__all__ = ["Broker", "FORMAT_VERSION"]
+
+# ---- the servers a broker starts --------------------------------------------------------
+# They live above the broker (the Kafka listener, the replication server, the shipper,
+# the registry's HTTP front) and import it; the broker imports none of them. The top of
+# the package (logkit/__init__.py) registers how each starts, so `broker.serve()` and
+# its friends are hand-offs through this table (docs/design.md §9). What a handle offers
+# is written down here, as the protocols below.
+
+class ServerHandle(Protocol):
+    """A running server: where it listens, and `close()` (safe twice); a context
+    manager; closed with its broker."""
+
+    host: str
+    port: int
+
+    def close(self) -> None: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
+class KafkaServerHandle(ServerHandle, Protocol):
+    """`broker.serve()`'s handle: also the address Kafka clients bootstrap from."""
+
+    @property
+    def bootstrap_servers(self) -> str: ...
+
+
+class RegistryServerHandle(ServerHandle, Protocol):
+    """`broker.serve_schema_registry()`'s handle: also its base URL."""
+
+    url: str
+
+
+class ShipperHandle(Protocol):
+    """`broker.ship()`'s handle: the store's URL, `flush()` (one pass now) and `close()`
+    (a last pass; safe twice); a context manager."""
+
+    url: str
+
+    def flush(self, *args: Any, **kwargs: Any) -> Any: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
+SERVERS = ("kafka", "replication", "schema-registry", "shipper")
+_starters: dict[str, Callable[..., Any]] = {}
+
+
+def register_server(kind: str, start: Callable[..., Any]) -> None:
+    """Say how a broker starts the server `kind` (one of SERVERS): `start(broker, ...)`
+    returns its handle. Called by logkit/__init__.py for every kind."""
+    if kind not in SERVERS:
+        raise ValueError(f"unknown server kind {kind!r}")
+    _starters[kind] = start
+
+
+def _starter(kind: str) -> Callable[..., Any]:
+    start = _starters.get(kind)
+    assert start is not None, f"logkit/__init__.py registers the {kind} server"
+    return start
+
+__all__ = ["Broker", "FORMAT_VERSION", "ServerHandle", "KafkaServerHandle",
+           "RegistryServerHandle", "ShipperHandle", "register_server"]
 
 FORMAT_VERSION = "1.0"
 FORMAT_FILE = "logkit.json"
@@ -1050,20 +1109,21 @@ class Broker:
         return SchemaRegistry.for_broker(self)
 
     def serve_schema_registry(self, host: str = "127.0.0.1", port: int = 0,
-                              **options: Any) -> RegistryServer:
+                              **options: Any) -> RegistryServerHandle:
         """Serve the registry over the REST subset confluent-kafka's SchemaRegistryClient
         uses, on host:port (0: a free port). The handle has `.url`, `.host`, `.port`,
         `close()`; it is closed with the broker. Options: `max_connections`,
         `idle_timeout_ms`, `request_timeout_ms` (docs/security.md)."""
-        from .registry_http import serve
         self._check_open()
-        server = serve(self.schema_registry(), host=host, port=port, **options)
+        server = _starter("schema-registry")(self.schema_registry(), host=host, port=port,
+                                             **options)
         self._clients.append(server)
         return server
 
     # ---- the Kafka protocol listener (logkit/protocol) ---------------------------------
 
-    def serve(self, host: str = "127.0.0.1", port: int = 0, **options: Any) -> KafkaServer:
+    def serve(self, host: str = "127.0.0.1", port: int = 0,
+              **options: Any) -> KafkaServerHandle:
         """Serve this broker to Kafka clients (kafka-python, aiokafka, confluent-kafka)
         over Kafka's wire protocol on host:port (0: a free port), from background
         threads of this process (docs/kafka-protocol.md). The handle has `.host`,
@@ -1072,12 +1132,11 @@ class Broker:
         (socket.request.max.bytes), `idle_timeout_ms`, `request_timeout_ms`,
         `max_connections`, `initial_rebalance_delay_ms` (default 0), `ssl_context`,
         `sasl_plain_users` ({user: password})."""
-        from .protocol import serve
         if self.fenced:                # another replica leads: its listener sends clients
             self._check_open()         # there (NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR)
         else:
             self._check_writable("serve")
-        server = serve(self, host=host, port=port, **options)
+        server = _starter("kafka")(self, host=host, port=port, **options)
         self._clients.append(server)
         return server
 
@@ -1085,7 +1144,7 @@ class Broker:
 
     def serve_replication(self, host: str = "127.0.0.1", port: int = 0, *,
                           secret: str | bytes, ssl_context: Any = None,
-                          **options: Any) -> ReplicationServer:
+                          **options: Any) -> ServerHandle:
         """Serve this broker's partitions to `logkit.TcpSource` followers on host:port
         (0: a free port), from background threads of this process (docs/replication.md,
         "Replication over TCP"). Followers authenticate with the shared `secret`
@@ -1093,25 +1152,23 @@ class Broker:
         context of the `ssl` module) adds TLS. The handle has `.host`, `.port`,
         `close()` (safe twice); a context manager; it is closed with the broker.
         Options: `idle_timeout_ms`, `request_timeout_ms`, `max_connections`."""
-        from .replication.tcp_server import ReplicationServer
         self._check_writable("serve_replication")
-        server = ReplicationServer(self, host, port, secret=secret,
-                                   ssl_context=ssl_context, **options)
+        server = _starter("replication")(self, host, port, secret=secret,
+                                         ssl_context=ssl_context, **options)
         self._clients.append(server)
         return server
 
     # ---- object store replication (logkit/replication/objectstore.py) ----------------
 
     def ship(self, url: str, *, storage_options: Mapping[str, Any] | None = None
-             ) -> Shipper:
+             ) -> ShipperHandle:
         """Ship this broker to an object store (any fsspec URL, e.g. `s3://bucket/p`,
         `file:///backup`) from a background thread: rolled segments once as whole
         objects, the active segment's new batches every `ship.interval.ms`, then a
         manifest (docs/replication.md). The handle has `.url`, `flush()`, `close()`
         (ships a last time; safe twice); a context manager; closed with the broker.
         `storage_options` go to fsspec (else its configuration and environment)."""
-        from .replication.objectstore import Shipper
         self._check_open()
-        shipper = Shipper(self, url, storage_options=storage_options)
+        shipper = _starter("shipper")(self, url, storage_options=storage_options)
         self._clients.append(shipper)
         return shipper

@@ -37,17 +37,28 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple, Protocol
 
 from .assignors import ASSIGNORS, EAGER, assign
 from .errors import (ClosedError, CommitFailedError, ConfigError, IllegalStateError,
                      InvalidTopicError, UnknownTopicError)
-from .meta import MAX_KEY_BYTES, decode
+from .meta import MAX_KEY_BYTES, MetaStore, decode
+from .records import Record
 from .topic import MAX_PARTITIONS, TopicPartition
 
-if TYPE_CHECKING:
-    from .broker import Broker
-    from .consumer import Consumer
+
+class BrokerView(Protocol):
+    """What a group uses of the broker it belongs to (the broker sits above this module,
+    so the contract is written here): its metadata store, its settings, its topics,
+    its groups and the consumers `streams()` makes."""
+
+    meta: MetaStore
+    config: Mapping[str, Any]
+
+    def topic(self, name: str) -> Any: ...
+    def group(self, group_id: str) -> Any: ...
+    def consumer(self, *topics: str, **options: Any) -> Any: ...
+
 
 __all__ = ["GroupCoordinator", "ConsumerGroup", "MemberInfo", "OffsetAndMetadata",
            "OffsetMetadataTooLargeError", "validate_group_id", "MAX_GROUP_ID_BYTES",
@@ -210,7 +221,7 @@ def rebalance_subscribers(meta: Any, txn: Any, topic: str) -> list[str]:
 class GroupCoordinator:
     """The group-side operations of one member (used by Consumer)."""
 
-    def __init__(self, broker: Broker, group_id: str, *, strategy: str,
+    def __init__(self, broker: BrokerView, group_id: str, *, strategy: str,
                  session_timeout_ms: int, max_poll_interval_ms: int, client_id: str) -> None:
         if strategy not in ASSIGNORS:
             raise ConfigError(f"unknown partition_assignment_strategy {strategy!r}; use one "
@@ -533,7 +544,7 @@ def committed_offset(meta: Any, group_id: str, tp: TopicPartition) -> int | None
 class ConsumerGroup:
     """`broker.group("billing")`: inspect and administer a consumer group."""
 
-    def __init__(self, broker: Broker, group_id: str) -> None:
+    def __init__(self, broker: BrokerView, group_id: str) -> None:
         validate_group_id(group_id)
         self._broker = broker
         self.group_id = group_id
@@ -687,10 +698,10 @@ class ConsumerGroup:
         meta.write(delete, operation=f"delete group {self.group_id!r}", frees=True)
 
     def streams(self, topic_counts: Mapping[str, int],
-                **options: Any) -> dict[str, list[Consumer]]:
+                **options: Any) -> dict[str, list[Iterable[Record]]]:
         """{"topic": n} -> {"topic": [n consumers]}: each an iterator over a disjoint
         share of the topic's partitions (the classic high-level consumer API)."""
-        out: dict[str, list[Consumer]] = {}
+        out: dict[str, list[Iterable[Record]]] = {}
         for topic, count in topic_counts.items():
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ConfigError(f"stream count for {topic!r} must be a positive integer")
