@@ -33,7 +33,8 @@ from .errors import ConfigError
 __all__ = ["Setting", "SETTINGS", "TABLE", "TOPIC_CONFIG", "BROKER_CONFIG",
            "BROKER_TO_TOPIC", "SCOPES", "HONOURED", "IGNORED", "REFUSED", "lookup",
            "coerce", "resolve", "resolve_config", "resolve_broker_config",
-           "resolve_topic_config", "topic_defaults", "overrides_only", "markdown",
+           "resolve_topic_config", "topic_defaults", "is_compacted", "overrides_only",
+           "markdown",
            "markdown_flagged",
            "LONG_MAX", "INT_MAX"]
 
@@ -133,6 +134,47 @@ def _timeout_or_forever(row: Setting, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _fail(row, "a non-negative integer of milliseconds, or float('inf')", value)
     return value
+
+
+_POLICIES = {"delete": "delete", "compact": "compact", "compact,delete": "compact,delete",
+             "delete,compact": "compact,delete"}
+
+
+def _cleanup_policy(row: Setting, value: Any) -> str:
+    """cleanup.policy in Kafka's string form: a list, or a comma-separated string in any
+    order, becomes 'delete', 'compact' or 'compact,delete'."""
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
+    if isinstance(value, str):
+        policy = _POLICIES.get(",".join(sorted({v.strip() for v in value.split(",")})))
+        if policy is not None:
+            return policy
+    raise _fail(row, "'delete', 'compact' or 'compact,delete'", value)
+
+
+def is_compacted(config: Mapping[str, Any]) -> bool:
+    """True when a topic config's cleanup.policy includes compact."""
+    return "compact" in config.get("cleanup.policy", "delete")
+
+
+def _float(row: Setting, value: Any, low: float, high: float, low_open: bool) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise _fail(row, "a number", value) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            (low < value if low_open else low <= value) and value <= high):
+        raise _fail(row, f"a number in {'(' if low_open else '['}{low}, {high}]", value)
+    return float(value)
+
+
+def _ratio(row: Setting, value: Any) -> float:
+    return _float(row, value, 0.0, 1.0, False)
+
+
+def _ratio_above_zero(row: Setting, value: Any) -> float:
+    return _float(row, value, 0.0, 1.0, True)
 
 
 # ---- the table --------------------------------------------------------------------------
@@ -293,10 +335,46 @@ _ROWS: tuple[Setting, ...] = (
             "leader renews it every third of this; a follower promotes itself once it "
             "goes unrenewed this long (docs/replication.md)", minimum=1000, unit="ms"),
 
+    _broker("log.cleanup.policy", "any", "delete", "default of cleanup.policy",
+            check=_cleanup_policy, shape="'delete', 'compact' or 'compact,delete'"),
+    _broker("log.cleaner.enable", "bool", True, "run the background cleaner in every "
+            "writable Broker (compacted topics are cleaned only by Partition.compact() "
+            "and `logkit topics compact` when off)"),
+    _broker("log.cleaner.backoff.ms", "int", 15000, "how long the background cleaner "
+            "sleeps when no partition is due", minimum=0, unit="ms"),
+    _broker("log.cleaner.dedupe.buffer.size", "int", 134217728, "memory of the cleaner's "
+            "key -> offset map: 24 bytes per key as Kafka counts it (a pass that meets more "
+            "keys cleans up to where the map filled and leaves the rest for the next)",
+            minimum=1 << 16, unit="bytes"),
+    _broker("log.cleaner.io.buffer.load.factor", "any", 0.9, "how full the cleaner's "
+            "key map may get", check=_ratio_above_zero, shape="float in (0, 1]"),
+    _broker("log.cleaner.threads", "int", 1, "Kafka's cleaner threads per broker",
+            minimum=1, status=IGNORED, why="each writable Broker runs one cleaner thread; "
+            "several processes on one directory clean different partitions at once"),
+    _broker("log.cleaner.min.cleanable.ratio", "any", 0.5,
+            "default of min.cleanable.dirty.ratio", check=_ratio, shape="float in [0, 1]"),
+    _broker("log.cleaner.min.compaction.lag.ms", "int", 0,
+            "default of min.compaction.lag.ms", minimum=0, unit="ms"),
+    _broker("log.cleaner.max.compaction.lag.ms", "int", LONG_MAX,
+            "default of max.compaction.lag.ms", minimum=1, unit="ms"),
+    _broker("log.cleaner.delete.retention.ms", "int", 86400000,
+            "default of delete.retention.ms", minimum=0, unit="ms"),
+
     # ---- topic: Kafka's topic names
-    _topic("cleanup.policy", "what happens to old segments: deleted by retention",
-           kind="str", default="delete", choices=("delete",),
-           why="log compaction is not built; 'delete' (retention) is the only policy"),
+    _topic("cleanup.policy", "'delete': retention deletes old segments; 'compact': the "
+           "cleaner keeps the latest record of every key (retention.ms/bytes not applied); "
+           "'compact,delete': both (docs/storage.md)", inherit="log.cleanup.policy"),
+    _topic("min.cleanable.dirty.ratio", "the background cleaner cleans a compacted "
+           "partition once its uncleaned bytes are this share of its cleanable bytes",
+           inherit="log.cleaner.min.cleanable.ratio"),
+    _topic("min.compaction.lag.ms", "records younger than this are never compacted",
+           inherit="log.cleaner.min.compaction.lag.ms"),
+    _topic("max.compaction.lag.ms", "a record is compacted at the latest this long after "
+           "it was written, whatever the dirty ratio",
+           inherit="log.cleaner.max.compaction.lag.ms"),
+    _topic("delete.retention.ms", "a tombstone (null value) survives this long after the "
+           "cleaning pass that first saw it (KIP-534's delete horizon, stamped in its "
+           "batch)", inherit="log.cleaner.delete.retention.ms"),
     _topic("retention.ms", "delete segments whose newest record is older; -1 keeps all",
            inherit="log.retention.ms"),
     _topic("retention.bytes", "delete the oldest segments while the log is bigger; -1 off",
@@ -513,7 +591,8 @@ def _inherit(rows: Iterable[Setting]) -> tuple[Setting, ...]:
             source = broker[row.inherit]
             row = replace(row, kind=source.kind, default=source.default,
                           minimum=source.minimum, maximum=source.maximum,
-                          choices=source.choices, unit=source.unit)
+                          choices=source.choices, unit=source.unit, check=source.check,
+                          shape=source.shape)
         out.append(row)
     return tuple(out)
 
