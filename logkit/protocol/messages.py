@@ -593,6 +593,116 @@ INCREMENTAL_ALTER_CONFIGS = (
     _ALTER_CONFIGS_RESPONSE)
 
 
+_TXN_TOPIC = Struct(f("name", "string"), f("partitions", Array("int32")))
+_TXN_TOPIC_RESULT = Struct(
+    f("name", "string"),
+    f("results_by_partition", Array(Struct(f("partition_index", "int32"),
+                                           f("partition_error_code", "int16")))))
+
+ADD_PARTITIONS_TO_TXN = (
+    Struct(
+        f("transactions", Array(Struct(
+            f("transactional_id", "string"),
+            f("producer_id", "int64"),
+            f("producer_epoch", "int16"),
+            f("verify_only", "bool"),
+            f("topics", Array(_TXN_TOPIC)))), "4+"),
+        f("v3_and_below_transactional_id", "string", "0-3"),
+        f("v3_and_below_producer_id", "int64", "0-3"),
+        f("v3_and_below_producer_epoch", "int16", "0-3"),
+        f("v3_and_below_topics", Array(_TXN_TOPIC), "0-3"),
+    ),
+    Struct(
+        f("throttle_time_ms", "int32"),
+        f("error_code", "int16", "4+"),
+        f("results_by_transaction", Array(Struct(
+            f("transactional_id", "string"),
+            f("topic_results", Array(_TXN_TOPIC_RESULT)))), "4+"),
+        f("results_by_topic_v3_and_below", Array(_TXN_TOPIC_RESULT), "0-3"),
+    ))
+
+ADD_OFFSETS_TO_TXN = (
+    Struct(
+        f("transactional_id", "string"),
+        f("producer_id", "int64"),
+        f("producer_epoch", "int16"),
+        f("group_id", "string"),
+    ),
+    Struct(f("throttle_time_ms", "int32"), f("error_code", "int16")))
+
+END_TXN = (
+    Struct(
+        f("transactional_id", "string"),
+        f("producer_id", "int64"),
+        f("producer_epoch", "int16"),
+        f("committed", "bool"),
+    ),
+    Struct(
+        f("throttle_time_ms", "int32"),
+        f("error_code", "int16"),
+        f("producer_id", "int64", "5+", default=-1),
+        f("producer_epoch", "int16", "5+", default=-1),
+    ))
+
+TXN_OFFSET_COMMIT = (
+    Struct(
+        f("transactional_id", "string"),
+        f("group_id", "string"),
+        f("producer_id", "int64"),
+        f("producer_epoch", "int16"),
+        f("generation_id", "int32", "3+", default=-1),
+        f("member_id", "string", "3+", default=""),
+        f("group_instance_id", "string", "3+", null="3+"),
+        f("topics", Array(Struct(
+            f("name", "string"),
+            f("partitions", Array(Struct(
+                f("partition_index", "int32"),
+                f("committed_offset", "int64"),
+                f("committed_leader_epoch", "int32", "2+", default=-1),
+                f("committed_metadata", "string", null="0+"))))))),
+    ),
+    Struct(
+        f("throttle_time_ms", "int32"),
+        f("topics", Array(Struct(
+            f("name", "string"),
+            f("partitions", Array(Struct(
+                f("partition_index", "int32"), f("error_code", "int16"))))))),
+    ))
+
+DESCRIBE_TRANSACTIONS = (
+    Struct(f("transactional_ids", Array("string"))),
+    Struct(
+        f("throttle_time_ms", "int32"),
+        f("transaction_states", Array(Struct(
+            f("error_code", "int16"),
+            f("transactional_id", "string"),
+            f("transaction_state", "string"),
+            f("transaction_timeout_ms", "int32"),
+            f("transaction_start_time_ms", "int64"),
+            f("producer_id", "int64"),
+            f("producer_epoch", "int16"),
+            f("topics", Array(Struct(f("topic", "string"),
+                                     f("partitions", Array("int32")))))))),
+    ))
+
+LIST_TRANSACTIONS = (
+    Struct(
+        f("state_filters", Array("string")),
+        f("producer_id_filters", Array("int64")),
+        f("duration_filter", "int64", "1+", default=-1),
+        f("transactional_id_pattern", "string", "2+", null="2+"),
+    ),
+    Struct(
+        f("throttle_time_ms", "int32"),
+        f("error_code", "int16"),
+        f("unknown_state_filters", Array("string")),
+        f("transaction_states", Array(Struct(
+            f("transactional_id", "string"),
+            f("producer_id", "int64"),
+            f("transaction_state", "string")))),
+    ))
+
+
 def _api(key: int, name: str, span: str, flexible: str,
          schemas: tuple[Struct, Struct]) -> Api:
     low, high = versions(span)
@@ -619,12 +729,18 @@ APIS: dict[int, Api] = {api.key: api for api in (
     _api(20, "DeleteTopics", "0-6", "4+", DELETE_TOPICS),
     _api(21, "DeleteRecords", "0-2", "2+", DELETE_RECORDS),
     _api(22, "InitProducerId", "0-5", "2+", INIT_PRODUCER_ID),
+    _api(24, "AddPartitionsToTxn", "0-4", "3+", ADD_PARTITIONS_TO_TXN),
+    _api(25, "AddOffsetsToTxn", "0-4", "3+", ADD_OFFSETS_TO_TXN),
+    _api(26, "EndTxn", "0-4", "3+", END_TXN),
+    _api(28, "TxnOffsetCommit", "0-4", "3+", TXN_OFFSET_COMMIT),
     _api(32, "DescribeConfigs", "0-4", "4+", DESCRIBE_CONFIGS),
     _api(33, "AlterConfigs", "0-2", "2+", ALTER_CONFIGS),
     _api(36, "SaslAuthenticate", "0-2", "2+", SASL_AUTHENTICATE),
     _api(37, "CreatePartitions", "0-3", "2+", CREATE_PARTITIONS),
     _api(42, "DeleteGroups", "0-2", "2+", DELETE_GROUPS),
     _api(44, "IncrementalAlterConfigs", "0-1", "1+", INCREMENTAL_ALTER_CONFIGS),
+    _api(65, "DescribeTransactions", "0", "0+", DESCRIBE_TRANSACTIONS),
+    _api(66, "ListTransactions", "0-2", "0+", LIST_TRANSACTIONS),
 )}
 
 
