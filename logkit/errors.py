@@ -15,6 +15,9 @@ __all__ = [
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
     "ReadOnlyError", "SerializationError", "storage_error", "ArgumentTypeError",
     "ResourceError", "InvalidRecordError", "UnsupportedCompressionTypeError",
+    "ProducerFencedError", "InvalidTxnStateError", "InvalidProducerIdMappingError",
+    "InvalidTransactionTimeoutError", "ConcurrentTransactionsError",
+    "TransactionalIdNotFoundError", "TransactionAbortedError",
 ]
 
 import errno as _errno
@@ -183,6 +186,63 @@ class SerializationError(LogkitError, ValueError):
         `from` the original)."""
         return SerializationError(self.message, topic=topic, partition=partition,
                                   offset=offset, field=self.field)
+
+
+# ---- transactions (docs/design.md §15): each carries Kafka's wire error code ---------------
+
+class ProducerFencedError(LogkitError):
+    """A transactional producer whose epoch is older than its transactional id's: another
+    producer called `init_transactions()` with the same id, or the coordinator aborted
+    its transaction at `transaction.timeout.ms` (Kafka's ProducerFencedException). The
+    producer cannot go on; close it and make a new one."""
+
+    error_code = 90                      # PRODUCER_FENCED
+
+
+class InvalidTxnStateError(LogkitError):
+    """A transactional call out of order: `send` on a transactional producer outside a
+    transaction, `commit_transaction()` without `begin_transaction()`, a transaction
+    API for a transactional id in a state that does not allow it (Kafka's
+    INVALID_TXN_STATE)."""
+
+    error_code = 48
+
+
+class InvalidProducerIdMappingError(LogkitError):
+    """A transactional call whose producer id is not the one the transactional id holds
+    (Kafka's INVALID_PRODUCER_ID_MAPPING)."""
+
+    error_code = 49
+
+
+class InvalidTransactionTimeoutError(ConfigError):
+    """`transaction_timeout_ms` outside 1..transaction.max.timeout.ms (Kafka's
+    INVALID_TRANSACTION_TIMEOUT)."""
+
+    error_code = 50
+
+
+class ConcurrentTransactionsError(LogkitError):
+    """The transactional id's previous transaction is still being completed (Kafka's
+    retriable CONCURRENT_TRANSACTIONS)."""
+
+    error_code = 51
+
+
+class TransactionalIdNotFoundError(LogkitError):
+    """No transaction state is stored for this transactional id (Kafka's
+    TRANSACTIONAL_ID_NOT_FOUND)."""
+
+    error_code = 105
+
+
+TransactionalIdNotFound = TransactionalIdNotFoundError     # the name eos-api.md uses
+
+
+class TransactionAbortedError(LogkitError):
+    """A record of a transaction that was aborted before the record was stored (Kafka's
+    TransactionAbortedException); also what `commit_transaction()` raises after a send
+    of the transaction failed (the transaction must be aborted)."""
 
 
 def storage_error(exc: OSError, operation: str, path: str = "") -> StorageError:

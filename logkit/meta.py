@@ -4,8 +4,9 @@ Owns: opening the environment once per process (LMDB forbids two handles on one 
 a process, so handles are shared and reference-counted), the named sub-databases, the
 topic records, and every transaction on them. Other modules keep their own keys in their
 own sub-database: `groups` and `offsets` (group.py), `replication` (replication),
-`spark` (the Spark sink). They read and write through `read()`/`write()` (a function run
-in one transaction, retried after a repair) or `transaction()` (a context manager).
+`spark` (the Spark sink), `txn` and `producer_ids` (transactions.py). They read and
+write through `read()`/`write()` (a function run in one transaction, retried after a
+repair) or `transaction()` (a context manager).
 
 Invariant: every multi-key change is one LMDB write transaction, so processes sharing
 the directory see all of it or none of it. Values are JSON (readable with any LMDB tool);
@@ -55,7 +56,8 @@ __all__ = ["MetaStore", "DATABASES", "MetadataDiskFullError", "MAX_KEY_BYTES",
 log = logging.getLogger("logkit.meta")
 
 DATABASES = ("topics", "groups", "offsets", "members", "replication", "spark",
-             "schemas")                 # schemas: schema_registry.py
+             "schemas",                 # schemas: schema_registry.py
+             "txn", "producer_ids")     # transactions.py: the transaction coordinator
 MAP_SIZE_BYTES = 1 << 30          # address space, not disk: LMDB files grow as needed
 MAX_MAP_SIZE_BYTES = 1 << 36      # 64 GiB: growth stops here; metadata is small
 MAX_READERS = 1024
