@@ -245,6 +245,21 @@ class TransactionAbortedError(LogkitError):
     of the transaction failed (the transaction must be aborted)."""
 
 
+class OutOfOrderSequenceError(LogkitError):
+    """An idempotent producer's batch whose sequence number does not follow the last
+    batch the partition stored for that producer id and epoch (a gap, or a new epoch not
+    starting at 0): Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER. Nothing of it is stored."""
+
+    error_code = 45
+
+
+class InvalidProducerEpochError(LogkitError):
+    """A batch or transaction marker whose producer epoch is below the latest the
+    partition has seen for that producer id (a zombie): Kafka's INVALID_PRODUCER_EPOCH."""
+
+    error_code = 47
+
+
 def storage_error(exc: OSError, operation: str, path: str = "") -> StorageError:
     """The named error for an OSError raised by `operation` on `path`; raise it `from`
     the OSError so the cause is kept."""
