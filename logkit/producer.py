@@ -126,10 +126,11 @@ from . import _fork, _native
 from .accumulator import (CALLER_DUE_MAX, CALLER_LOOK_EVERY, DIRECT_ROWS, Batch,
                           RecordAccumulator, TopicBatches)
 from .compression import codec_id, require
-from .config import PRODUCER, resolve
+from .config import PRODUCER, is_compacted, resolve
 from ._threads import start_thread
 from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
-                     LogkitError, LogkitTimeoutError, NotEnoughReplicasError,
+                     InvalidRecordError, LogkitError, LogkitTimeoutError,
+                     NotEnoughReplicasError,
                      RecordTooLargeError, UnknownTopicError,
                      storage_error)
 from .waiters import AckWaiter, SyncWaiter
@@ -162,9 +163,13 @@ class _TopicState(TopicBatches):
 
     `sticky` (the null-key partition) is a field of the base class, which
     logkit/_sendpath.c reads (a C field when built); `cache` (key -> partition: murmur2
-    is pure) serves this module's keyed sends (the compiled path hashes every key)."""
+    is pure) serves this module's keyed sends (the compiled path hashes every key).
 
-    __slots__ = ("producer", "round_robin", "cache")
+    `compacted`: the topic's cleanup.policy includes compact, as read when the producer
+    first sent to it, so send() refuses a null key. Such a topic's `open` is a
+    `_CheckedOpen`, which the compiled path (exact lists only) hands back to send()."""
+
+    __slots__ = ("producer", "round_robin", "cache", "compacted")
 
     def __init__(self, producer: "Producer", topic: Any) -> None:
         super().__init__(topic)
@@ -172,6 +177,9 @@ class _TopicState(TopicBatches):
         self.cache: dict[bytes, int] = {}
         self.sticky = random.randrange(self.count)
         self.round_robin = -1
+        self.compacted = is_compacted(topic.config)
+        if self.compacted:
+            self.open = _CheckedOpen(self.open)
 
     def keyed(self, key: bytes) -> int:
         if len(self.cache) >= KEY_CACHE_LIMIT:
@@ -200,6 +208,13 @@ class _TopicState(TopicBatches):
         if self.sticky == partition and self.count > 1:
             choice = random.randrange(self.count - 1)
             self.sticky = choice + (choice >= partition)
+
+
+class _CheckedOpen(list):
+    """The open batches of a compacted topic: a list the compiled send path does not
+    take (it reads exact lists only), so each send goes through send()'s key check."""
+
+    __slots__ = ()
 
 
 class _PyFutureBase:
@@ -487,6 +502,8 @@ class Producer:
                 not (headers is timestamp_ms is timestamp is None):
             return self._send_general(topic, value, key, partition, headers,
                                       timestamp if timestamp_ms is None else timestamp_ms)
+        if key is None and state.compacted:
+            return self._send_general(topic, value, key, partition, None, None)  # raises
         if partition is not None:
             # an explicit partition this producer knows of (a synchronous send per
             # record names one, as Kafka's latency tool does); anything else is checked
@@ -560,6 +577,10 @@ class Producer:
         key, value = _as_bytes(key), _as_bytes(value)
         size = record_size_estimate(key, value, headers)
         state = self._state(topic)
+        if key is None and state.compacted:
+            raise InvalidRecordError(
+                f"topic {topic!r} is compacted (cleanup.policy="
+                f"{state.topic.config['cleanup.policy']}): every record needs a key")
         if partition is None:
             partition = self._choose(state, key)
         elif isinstance(partition, bool) or not isinstance(partition, int):
