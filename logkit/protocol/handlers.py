@@ -70,7 +70,7 @@ _LOG_APPEND_TIME = 0x08
 _LATEST, _EARLIEST, _MAX_TIMESTAMP, _EARLIEST_LOCAL = -1, -2, -3, -4
 _RESOURCE_TOPIC, _RESOURCE_BROKER = 2, 4
 _SOURCE_DYNAMIC_TOPIC, _SOURCE_STATIC_BROKER, _SOURCE_DEFAULT = 1, 4, 5
-_TYPE_BOOLEAN, _TYPE_STRING, _TYPE_LONG = 1, 2, 5
+_TYPE_BOOLEAN, _TYPE_STRING, _TYPE_LONG, _TYPE_DOUBLE, _TYPE_LIST = 1, 2, 5, 6, 7
 _SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3    # IncrementalAlterConfigs' operations
 _LIST_CONFIGS = frozenset({"cleanup.policy"})     # Kafka's list-typed topic configs
 _STATIC_BROKER = ("logkit's broker configs are static: they are given when the Broker "
@@ -116,9 +116,15 @@ def _config_text(value: Any) -> str | None:
     return str(value)
 
 
-def _config_type(value: Any) -> int:
+def _config_type(key: str, value: Any) -> int:
+    """DescribeConfigs' config_type (KIP-569) of a config: Kafka's LIST for its list
+    configs, else by the value's type."""
+    if key in _LIST_CONFIGS:
+        return _TYPE_LIST
     if isinstance(value, bool):
         return _TYPE_BOOLEAN
+    if isinstance(value, float):
+        return _TYPE_DOUBLE
     return _TYPE_LONG if isinstance(value, int) else _TYPE_STRING
 
 
@@ -735,11 +741,16 @@ class Handlers:
         return E.NONE, None
 
     def _topic_configs(self, topic: Any) -> list[tuple[str, Any, int]]:
+        """(key, value, source) of every config of `topic`, as Kafka's DescribeConfigs
+        reports them: DYNAMIC_TOPIC_CONFIG for a key the topic sets (at creation or by
+        an alter, even to the default's value), else STATIC_BROKER_CONFIG where this
+        broker's config changes the default, else DEFAULT_CONFIG."""
         defaults = resolve_topic_config(None, self.broker.config)
         builtin = resolve_topic_config(None, resolve_broker_config(None))
+        overrides = self._topic_overrides(topic.name)
         out = []
         for key, value in sorted(topic.config.items()):
-            if value != defaults.get(key, value):
+            if key in overrides or value != defaults.get(key, value):
                 source = _SOURCE_DYNAMIC_TOPIC
             elif value != builtin.get(key, value):
                 source = _SOURCE_STATIC_BROKER
@@ -747,6 +758,14 @@ class Handlers:
                 source = _SOURCE_DEFAULT
             out.append((key, value, source))
         return out
+
+    def _topic_overrides(self, name: str) -> dict[str, Any]:
+        """The configs topic `name` sets itself, as stored in its metadata record."""
+        key = name.encode()
+        for found, record in self.broker.meta.items("topics", key):
+            if found == key:
+                return dict(record.get("config") or {})
+        return {}
 
     def describe_configs(self, request: Request, session: Session) -> dict[str, Any]:
         results = []
@@ -778,7 +797,7 @@ class Handlers:
                         "synonyms": [{"name": key, "value": _config_text(value),
                                       "source": source}]
                         if request.body["include_synonyms"] else [],
-                        "config_type": _config_type(value), "documentation": None}
+                        "config_type": _config_type(key, value), "documentation": None}
                        for key, value, source in entries if keys is None or key in keys]
             results.append({"error_code": E.NONE, "error_message": None,
                             "resource_type": kind, "resource_name": name,
