@@ -355,10 +355,33 @@ def cmd_topics_describe(args: argparse.Namespace) -> int:
         print_table(["TOPIC", "CONFIG", "VALUE"], rows)
         return 0
     rows = [(r["topic"], r["partition"], r["log_start_offset"], r["log_end_offset"],
-             r["high_watermark"], r["size_bytes"])
+             r["high_watermark"], r["size_bytes"], t["config"]["cleanup.policy"])
             for t in described for r in t["partitions"]]
     print_table(["TOPIC", "PARTITION", "LOG-START-OFFSET", "LOG-END-OFFSET",
-                 "HIGH-WATERMARK", "SIZE-BYTES"], rows)
+                 "HIGH-WATERMARK", "SIZE-BYTES", "CLEANUP-POLICY"], rows)
+    return 0
+
+
+def cmd_topics_compact(args: argparse.Namespace) -> int:
+    """One cleaning pass of each partition (or --partition N) now: Partition.compact."""
+    with _broker(args.directory, write=True) as broker:
+        topic = broker.topic(args.topic)
+        numbers = range(topic.num_partitions) if args.partition is None \
+            else [args.partition]
+        reports = [(n, topic.partition(n).compact()) for n in numbers]
+    rows = [{"topic": args.topic, "partition": n, "records_before": r.records_before,
+             "records_after": r.records_after, "bytes_before": r.bytes_before,
+             "bytes_after": r.bytes_after, "segments_before": r.segments_before,
+             "segments_after": r.segments_after, "first_dirty_offset": r.first_dirty_offset,
+             "seconds": round(r.seconds, 3)} for n, r in reports]
+    if args.json:
+        print_json(rows)
+        return 0
+    print_table(["TOPIC", "PARTITION", "RECORDS-BEFORE", "RECORDS-AFTER", "BYTES-BEFORE",
+                 "BYTES-AFTER", "SEGMENTS-BEFORE", "SEGMENTS-AFTER", "SECONDS"],
+                [(r["topic"], r["partition"], r["records_before"], r["records_after"],
+                  r["bytes_before"], r["bytes_after"], r["segments_before"],
+                  r["segments_after"], f"{r['seconds']:.3f}") for r in rows])
     return 0
 
 
@@ -1482,6 +1505,14 @@ def add_topics_describe(cmd: argparse.ArgumentParser, *, optional_topic: bool = 
     _json(cmd)
 
 
+def add_topics_compact(cmd: argparse.ArgumentParser) -> None:
+    _directory(cmd)
+    cmd.add_argument("topic", metavar="TOPIC")
+    cmd.add_argument("--partition", type=int, metavar="N",
+                     help="only partition N (default: every partition)")
+    _json(cmd)
+
+
 def add_topics_alter(cmd: argparse.ArgumentParser) -> None:
     _directory(cmd)
     cmd.add_argument("topic", metavar="TOPIC")
@@ -1602,6 +1633,11 @@ TOPICS = (
             add_topics_delete, cmd_topics_delete),
     Command("describe", "offsets and sizes of each partition (or --configs: the settings)",
             "logkit topics describe data/ orders", add_topics_describe, cmd_topics_describe),
+    Command("compact", "one log-cleaning pass of a compacted topic's partitions now "
+            "(cleanup.policy compact or compact,delete): the latest record of each key "
+            "stays; prints records and bytes before and after",
+            "logkit topics compact data/ users --partition 0", add_topics_compact,
+            cmd_topics_compact),
     Command("alter", "grow a topic to --partitions N (Kafka's kafka-topics --alter "
             "--partitions): partitions are added, never removed; keyed records map by the "
             "new count from then on", "logkit topics alter data/ orders --partitions 6",

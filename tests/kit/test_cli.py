@@ -75,9 +75,9 @@ def test_topics_create_list_describe_alter_delete(root, capsys):
                                {"topic": "orders", "partitions": 2}]
     code, out, _ = run(capsys, "topics", "describe", root, "orders")
     assert table(out) == [["TOPIC", "PARTITION", "LOG-START-OFFSET", "LOG-END-OFFSET",
-                           "HIGH-WATERMARK", "SIZE-BYTES"],
-                          ["orders", "0", "0", "2", "2", table(out)[1][5]],
-                          ["orders", "1", "0", "0", "0", "0"]]
+                           "HIGH-WATERMARK", "SIZE-BYTES", "CLEANUP-POLICY"],
+                          ["orders", "0", "0", "2", "2", table(out)[1][5], "delete"],
+                          ["orders", "1", "0", "0", "0", "0", "delete"]]
     assert int(table(out)[1][5]) > 0
     code, out, _ = run(capsys, "topics", "describe", root, "clicks", "--configs")
     assert ["clicks", "retention.ms", "60000"] in table(out)
