@@ -9,7 +9,7 @@ from . import broker as _broker
 from .broker import Broker
 from .config import resolve_config
 from .columns import Columns
-from .consumer import Consumer, OffsetAndTimestamp
+from .consumer import Consumer, ConsumerGroupMetadata, OffsetAndTimestamp
 from .group import ConsumerGroup, MemberInfo, OffsetAndMetadata
 from .producer import FutureRecordMetadata, Producer
 from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, ConfigError,
@@ -20,7 +20,12 @@ from .errors import (ClosedError, CodecUnavailableError, CommitFailedError, Conf
                      UnknownTopicError, StorageError, DiskFullError, MetadataStoreError,
                      ForkedProcessError, ReadOnlyError, SerializationError,
                      ArgumentTypeError, NotLeaderError, ResourceError, InvalidRecordError,
-                     UnsupportedCompressionTypeError)
+                     UnsupportedCompressionTypeError, ProducerFencedError,
+                     InvalidTxnStateError, InvalidProducerIdMappingError,
+                     InvalidTransactionTimeoutError, ConcurrentTransactionsError,
+                     TransactionalIdNotFoundError, TransactionAbortedError,
+                     OutOfOrderSequenceError, InvalidProducerEpochError)
+from .transactions import TransactionCoordinator, TxnDescription, TxnListing
 from .mirroring import mirror, mirror_from
 from .murmur2 import murmur2
 from .log import RecoveryReport
@@ -62,6 +67,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
     "Producer", "FutureRecordMetadata", "Consumer", "OffsetAndTimestamp", "ConsumerGroup",
+    "ConsumerGroupMetadata",
     "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config", "mirror", "mirror_from",
     "Columns", "BatchHeader", "RecoveryReport", "BatchBuilder", "stamp_producer",
     "SegmentBatch", "iter_segment_batches", "Follower", "ReplicaSource", "DirectorySource",
@@ -74,5 +80,10 @@ __all__ = [
     "StorageError", "DiskFullError", "MetadataStoreError", "ForkedProcessError",
     "ReadOnlyError", "SerializationError", "ArgumentTypeError", "NotLeaderError",
     "InvalidRecordError", "UnsupportedCompressionTypeError",
+    "ProducerFencedError", "InvalidTxnStateError", "InvalidProducerIdMappingError",
+    "InvalidTransactionTimeoutError", "ConcurrentTransactionsError",
+    "TransactionalIdNotFoundError", "TransactionAbortedError",
+    "OutOfOrderSequenceError", "InvalidProducerEpochError",
+    "TransactionCoordinator", "TxnDescription", "TxnListing",
     "ResourceError",
 ]

@@ -48,7 +48,8 @@ from .meta import MetaStore, decode
 from .notify import Doorbell
 from .producer import Producer
 from ._files import raise_descriptor_limit
-from .topic import MAX_PARTITIONS, Topic, validate_topic_name
+from .topic import MAX_PARTITIONS, Topic, TopicPartition, validate_topic_name
+from .transactions import EXPIRY_CHECK_INTERVAL_S, TransactionCoordinator
 
 MAX_REPLICATION_FACTOR = 32767                # Kafka's: a replica count is an int16
 
@@ -124,6 +125,7 @@ FORMAT_VERSION = "1.0"
 FORMAT_FILE = "logkit.json"
 PARTITION_METADATA = "partition.metadata"     # Kafka's: version and topic id
 TOMBSTONE_SUFFIX = ".delete"
+TRANSACTION_LOCK = "transactions.lock"         # transactions.py's stripe locks
 STALE_TMP_S = 60                              # a format temp file older is a crash's
 # create_topic keeps the partitions it made open when partitions x this <= the soft
 # descriptor limit (three descriptors each — the tail file, its map, the first
@@ -373,8 +375,11 @@ class Broker:
         self._clients: list[Any] = []
         self._stop = threading.Event()
         self._scheduler: threading.Thread | None = None
+        self._txn_thread: threading.Thread | None = None
+        self.transaction_coordinator = self._transaction_coordinator()
         try:
             self._finish_interrupted_deletes()
+            self._complete_prepared_transactions()
         except BaseException:
             self.meta.close()
             self.doorbell.close()
@@ -382,9 +387,13 @@ class Broker:
         if background:
             scheduler = threading.Thread(target=self._run_scheduler,
                                          name="logkit-scheduler", daemon=True)
+            txn_thread = threading.Thread(target=self._run_transaction_expiry,
+                                          name="logkit-transactions", daemon=True)
             try:
                 start_thread(scheduler, "the broker's retention scheduler")
                 self._scheduler = scheduler
+                start_thread(txn_thread, "the broker's transaction expiry thread")
+                self._txn_thread = txn_thread
                 self._lease.start()
             except BaseException:
                 try:
@@ -409,6 +418,8 @@ class Broker:
         self._clients: list[Any] = []
         self._stop = threading.Event()
         self._scheduler = None
+        self._txn_thread = None
+        self.transaction_coordinator = self._transaction_coordinator()
 
     def _check_writable(self, what: str) -> None:
         self._check_open()
@@ -1023,6 +1034,71 @@ class Broker:
                 log.exception("background chores of %s stopped", self.path)
                 raise
 
+    # ---- transactions (transactions.py, docs/design.md §15) ---------------------------
+
+    def _transaction_coordinator(self) -> TransactionCoordinator:
+        """The one coordinator of this broker, which the embedded producers and the
+        Kafka listener share: one namespace of transactional ids."""
+        return TransactionCoordinator(
+            self.meta, self._write_markers,
+            lock_path=None if self.read_only else os.path.join(self.path,
+                                                               TRANSACTION_LOCK),
+            sync=self._sync_partitions,
+            offset_metadata_max_bytes=self.config["offset.metadata.max.bytes"])
+
+    def _write_markers(self, partitions: list[TopicPartition], producer_id: int,
+                       epoch: int, commit: bool) -> None:
+        """The coordinator's second phase: a COMMIT or ABORT control batch on each
+        partition of the transaction (a no-op where the producer has none open). A
+        deleted topic has nothing to end."""
+        for tp in partitions:
+            try:
+                partition = self.topic(tp.topic).partition(tp.partition)
+            except UnknownTopicError:
+                continue
+            partition.append_control(producer_id, epoch, commit=commit)
+
+    def _sync_partitions(self, partitions: list[TopicPartition]) -> None:
+        """fsync the partitions a committing transaction wrote or consumed, before its
+        offsets commit: after a power cut the offsets never point past durable records
+        (the rule group commits follow)."""
+        for tp in partitions:
+            try:
+                self.topic(tp.topic).partition(tp.partition).flush()
+            except UnknownTopicError:
+                continue
+
+    def _complete_prepared_transactions(self) -> None:
+        """At open: finish the transactions a crash left between their two phases."""
+        try:
+            done = self.transaction_coordinator.complete_prepared()
+        except (LogkitError, OSError) as exc:   # the expiry thread and the next call retry
+            log.warning("completing prepared transactions of %s failed: %s", self.path,
+                        exc)
+            return
+        if done:
+            log.info("%s: completed %d transaction(s) a crash left prepared", self.path,
+                     done)
+
+    def _run_transaction_expiry(self) -> None:
+        """Abort transactions past their transaction.timeout.ms (and finish prepared
+        ones), every EXPIRY_CHECK_INTERVAL_S, as Kafka's coordinator does."""
+        coordinator = self.transaction_coordinator
+        while not self._stop.wait(EXPIRY_CHECK_INTERVAL_S):
+            if self._lease is not None and self._lease.fenced:
+                continue
+            try:
+                coordinator.complete_prepared()
+                coordinator.abort_expired()
+            except ClosedError:
+                return
+            except (LogkitError, OSError) as exc:  # an operating error: the next run retries
+                log.warning("aborting expired transactions of %s failed: %s", self.path,
+                            exc)
+            except Exception:                      # a bug: say so, and let the thread end
+                log.exception("the transaction expiry thread of %s stopped", self.path)
+                raise
+
     # ---- clients ---------------------------------------------------------------------
 
     def producer(self, **options: Any) -> Producer:
@@ -1073,6 +1149,9 @@ class Broker:
         self._stop.set()
         if self._scheduler is not None and self._scheduler is not threading.current_thread():
             self._scheduler.join(timeout=10)
+        if self._txn_thread is not None and self._txn_thread is not threading.current_thread():
+            self._txn_thread.join(timeout=10)
+        self.transaction_coordinator.close()
         if self._lease is not None:
             self._lease.close()                 # releases a lease it renewed
         with self._lock:

@@ -60,7 +60,7 @@ from .records import Record
 from .subscription import SubscriptionState, as_topic_partition, check_offset
 from .topic import TopicPartition, validate_topic_name
 
-__all__ = ["Consumer", "OffsetAndTimestamp"]
+__all__ = ["Consumer", "OffsetAndTimestamp", "ConsumerGroupMetadata"]
 
 # Keyword -> default, from the one settings table (logkit/config.py, scope "consumer").
 DEFAULTS: dict[str, Any] = resolve(CONSUMER, None)
@@ -112,6 +112,17 @@ def _undecodable(exc: Exception, which: str, tp: TopicPartition, offset: int
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """`consumer.group_metadata()`, for `producer.send_offsets_to_transaction` (Kafka's
+    ConsumerGroupMetadata, KIP-447): the coordinator refuses offsets sent for a
+    generation or member id the group has moved past."""
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
 
 
 class Consumer:
@@ -399,6 +410,18 @@ class Consumer:
         return out
 
     # ---- commits ---------------------------------------------------------------------
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group, generation and member id this consumer has now (Kafka's
+        `groupMetadata()`), to pass to `producer.send_offsets_to_transaction`."""
+        self._check()
+        coordinator = self._coordinator
+        if coordinator is None or self._group_id is None:
+            raise IllegalStateError("group_metadata() needs a group_id")
+        member = coordinator.member_id
+        return ConsumerGroupMetadata(self._group_id,
+                                     coordinator.generation if member else -1,
+                                     member or "")
 
     def committed(self, tp: TopicPartition) -> int | None:
         self._check()

@@ -62,7 +62,7 @@ class BrokerView(Protocol):
 
 __all__ = ["GroupCoordinator", "ConsumerGroup", "MemberInfo", "OffsetAndMetadata",
            "OffsetMetadataTooLargeError", "validate_group_id", "MAX_GROUP_ID_BYTES",
-           "list_groups", "live_members"]
+           "list_groups", "live_members", "check_transactional_member"]
 
 log = logging.getLogger(__name__)
 
@@ -509,6 +509,37 @@ def committed_offsets(meta: Any, group_id: str) -> dict[TopicPartition, OffsetAn
         out[TopicPartition(topic, int(partition))] = OffsetAndMetadata(value["offset"],
                                                                        value["metadata"])
     return out
+
+
+def check_transactional_member(meta: Any, txn: Any, group_id: str, generation_id: int,
+                               member_id: str, group_instance_id: str | None = None
+                               ) -> None:
+    """KIP-447's check of offsets sent in a transaction (inside the caller's LMDB
+    transaction): a member id or generation given must be the group's current ones, in
+    the embedded group record or the listener's (`members`), else CommitFailedError
+    (Kafka's UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION). Neither given: no check."""
+    if not member_id and generation_id < 0:
+        return
+    records = []
+    for db in ("groups", "members"):
+        raw = txn.get(group_id.encode(), db=meta.db(db))
+        if raw is not None:
+            records.append(decode(raw))
+    for record in records:
+        if member_id and member_id in record.get("members", {}):
+            if generation_id >= 0 and generation_id != record.get("generation"):
+                raise CommitFailedError(
+                    f"member {member_id} of group {group_id!r} sent offsets in a "
+                    f"transaction for generation {generation_id}; the group is in "
+                    f"generation {record.get('generation')} (ILLEGAL_GENERATION)")
+            return
+    if member_id:
+        raise CommitFailedError(f"member {member_id} is not in group {group_id!r} "
+                                "(UNKNOWN_MEMBER_ID): it was evicted or left")
+    if records and all(generation_id != r.get("generation") for r in records):
+        raise CommitFailedError(f"offsets sent in a transaction for generation "
+                                f"{generation_id} of group {group_id!r}, which is in "
+                                "another generation (ILLEGAL_GENERATION)")
 
 
 def list_groups(meta: Any) -> list[str]:
