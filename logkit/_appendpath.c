@@ -130,7 +130,7 @@ appendpath_flock(PyObject *self, PyObject *args)
 /* ---- append_common ------------------------------------------------------------------ */
 
 /* The tail file (tail.py): magic "LKT1" and version 1, the sequence number at 8, then
- * the body: the boot id (16 bytes) and seventeen little-endian 64-bit fields. */
+ * the body: the boot id (16 bytes) and nineteen little-endian 64-bit fields. */
 #define TAIL_SEQ 8
 #define TAIL_BOOT 16
 #define TAIL_FIELD(n) (32 + 8 * (n))
@@ -138,7 +138,7 @@ enum {
     T_LOG_START, T_LOG_END, T_ACTIVE_BASE, T_ACTIVE_SIZE, T_INDEX_ENTRIES,
     T_TIMEINDEX_ENTRIES, T_SEGMENTS_VERSION, T_HIGH_WATERMARK, T_MAX_TS, T_MAX_TS_OFFSET,
     T_RECOVERY_POINT, T_ROLL_TIME, T_CLEAN, T_UNFLUSHED, T_FIRST_UNFLUSHED, T_LEADER_EPOCH,
-    T_DELETED, T_FIELDS
+    T_DELETED, T_CLEANED_OFFSET, T_CLEAN_COUNT, T_FIELDS
 };
 #define TAIL_END TAIL_FIELD(T_FIELDS)
 

@@ -2,12 +2,14 @@
 
 Owns: deciding, cheaply, whether a partition needs recovery when it is opened
 (`needs_recovery`), and recovery itself (`recover`): finish an interrupted retention
-run, sweep orphaned index files, validate every batch from the recovery point by CRC,
+run, finish or undo an interrupted cleaning pass's swap, sweep orphaned index
+files, validate every batch from the recovery point by CRC,
 rebuild the indexes, truncate at the first bad byte, drop the segments after a cut, and
 publish a fresh tail. Also the view of which files make up the log (`live_bases`).
 
 Invariant: after `recover` the directory holds exactly the segments the new tail names,
-each made of whole CRC-valid batches with contiguous offsets, and their indexes agree
+each made of whole CRC-valid batches with contiguous offsets (increasing ones in a
+compacted partition), and their indexes agree
 with them. Who may call: the partition log, holding the partition's append lock
 (recovery writes files and the tail); `needs_recovery` and `live_bases` also without it.
 
@@ -21,16 +23,19 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import shutil
 import time
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from ._clock import now_ms as _now_ms
+from .config import is_compacted
+from .records import iter_batches
 from .segment import (LogSegment, SegmentRecovery, parse_segment_name, retire_segment,
                       segment_file_name, unlink_segment)
 from .tail import BOOT_ID, Tail, TailFile
 
 __all__ = ["RecoveryReport", "needs_recovery", "clean_open", "recover", "live_bases",
-           "leftovers"]
+           "leftovers", "finish_swaps", "CLEANED_SUFFIX", "SWAP_SUFFIX", "CLEANER_STAGING"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,8 @@ def matching_bases(directory: str, tail: Tail) -> list[int] | None:
         stem = name[:20]
         if not stem.isdigit():
             continue
+        if name.endswith(".log" + SWAP_SUFFIX):
+            return None               # a cleaning pass's decided swap: finish it
         if name.endswith(".log"):
             if len(name) == 24:
                 kinds[stem] = kinds.get(stem, 0) | _LOG
@@ -147,6 +154,58 @@ def needs_recovery(directory: str, tail_file: TailFile) -> bool:
     return clean_open(directory, tail_file) is None
 
 
+CLEANED_SUFFIX = ".cleaned"     # a cleaning pass's new segment files, not yet decided
+SWAP_SUFFIX = ".swap"           # ... decided: they replace the segments they cover
+CLEANER_STAGING = "cleaner.tmp"  # where a pass writes them first (a directory)
+
+
+def finish_swaps(directory: str, name: str) -> int:
+    """Finish or undo what a cleaning pass left (Kafka's `.cleaned`/`.swap` protocol,
+    cleaner.py): a `<base>.log.swap` is a decided swap: the live segments it covers
+    (bases from its own to its last offset) are retired and its files take the live
+    names; `.cleaned` files and `.swap` index files without their `.log.swap` are an
+    undecided pass and are removed, as is the staging directory. Returns the swaps
+    finished. The caller holds the partition lock (or opens the directory alone)."""
+    names = os.listdir(directory)
+    finished = 0
+    for swap in sorted(n for n in names if n.endswith(".log" + SWAP_SUFFIX)):
+        base = parse_segment_name(swap[:-len(SWAP_SUFFIX)])
+        if base is None:
+            continue
+        swap_path = os.path.join(directory, swap)
+        last = base - 1
+        with open(swap_path, "rb") as f:
+            data = f.read()
+        for _, header in iter_batches(data, 0, len(data), swap_path, gaps=True):
+            last = header.last_offset
+        for other in sorted(b for b in map(parse_segment_name, os.listdir(directory))
+                            if b is not None and base <= b <= last):
+            retire_segment(directory, other)
+        for suffix in (".index", ".timeindex", ".log"):
+            path = os.path.join(directory, segment_file_name(base, suffix))
+            if os.path.exists(path + SWAP_SUFFIX):
+                os.replace(path + SWAP_SUFFIX, path)
+        finished += 1
+        log.warning("%s: finished a cleaning pass's swap of segment %d (it covers offsets "
+                    "up to %d)", name, base, last)
+    decided = {n[:20] for n in os.listdir(directory) if n.endswith(".log")}
+    for leftover in os.listdir(directory):
+        if leftover.endswith(CLEANED_SUFFIX) or (leftover.endswith(SWAP_SUFFIX)
+                                                 and leftover[:20] not in decided):
+            try:
+                os.unlink(os.path.join(directory, leftover))
+            except FileNotFoundError:
+                pass
+    shutil.rmtree(os.path.join(directory, CLEANER_STAGING), ignore_errors=True)
+    if finished:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return finished
+
+
 def _sweep_orphans(directory: str) -> None:
     """Remove index files whose `.log` is gone."""
     names = set(os.listdir(directory))
@@ -178,6 +237,7 @@ def recover(directory: str, tail_file: TailFile, config: Mapping[str, Any], *, f
     # scan from there, not of the whole partition.
     previous = old if old is not None else tail_file.read_torn() if valid else None
     full = full or previous is None
+    finish_swaps(directory, name)       # a cleaning pass cut short (cleaner.py)
     previous_start = previous.log_start_offset if previous is not None else None
     bases = sorted(b for b in map(parse_segment_name, os.listdir(directory))
                    if b is not None)
@@ -223,6 +283,7 @@ def _recover_from(directory: str, tail_file: TailFile, config: Mapping[str, Any]
                   ) -> RecoveryReport:
     """`recover` from the segment list on: scan, cut, publish the tail."""
     index_bytes = config["segment.index.bytes"]
+    gaps = is_compacted(config) or (previous is not None and previous.clean_count > 0)
     recovery_point = 0 if full or previous is None else previous.recovery_point
     first = max(0, bisect.bisect_right(bases, recovery_point) - 1)
     checked = truncated = segments_checked = 0
@@ -236,6 +297,7 @@ def _recover_from(directory: str, tail_file: TailFile, config: Mapping[str, Any]
         if i < first and has_indexes:
             continue                  # below the recovery point: fsynced, trusted
         segment = LogSegment(directory, base, active=True)
+        segment.gaps = gaps
         found = segment.recover(max_message_bytes=config["max.message.bytes"],
                                 interval_bytes=config["index.interval.bytes"],
                                 index_bytes=index_bytes, start_offset=base)
@@ -270,7 +332,9 @@ def _recover_from(directory: str, tail_file: TailFile, config: Mapping[str, Any]
         version, next_offset, found.max_timestamp, found.max_timestamp_offset,
         min(recovery_point, next_offset), _now_ms() if found.size else -1, 0, 0, -1,
         previous.leader_epoch if previous is not None else 0,
-        previous.deleted if previous is not None else 0))
+        previous.deleted if previous is not None else 0,
+        min(previous.cleaned_offset, next_offset) if previous is not None else 0,
+        previous.clean_count if previous is not None else 0))
     if not fresh:   # a new partition's tail lost to an OS crash is rebuilt by recovery
         tail_file.sync()
     report = RecoveryReport(segments_checked, checked, truncated,

@@ -65,6 +65,7 @@ from typing import Any, Mapping
 
 from . import _fork, loader
 from ._files import check_directory, open_file
+from .config import is_compacted
 from .errors import (
     ClosedError,
     CorruptRecordError,
@@ -145,6 +146,11 @@ class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _Lo
         self._appender: Any = None
         self._closed = False
         self._last_recovery: RecoveryReport | None = None
+        # A compacted log may have offset gaps (segment.py's `gaps`); so may one cleaned
+        # once, whatever its policy now. `_clean_count`: the cleaning passes this
+        # process's cached segments have seen (a pass replaces sealed segment files).
+        self._gaps = is_compacted(self.config)
+        self._clean_count = 0
         try:
             check_directory(directory, create=not read_only)
             self._tail_file = TailFile(os.path.join(directory, TAIL_FILE),
@@ -273,6 +279,22 @@ class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _Lo
         self._arm(None)
         if bases is None:
             bases = live_bases(os.listdir(self.directory), tail)
+            # A listing races a roll, a retention run or a cleaning pass's swap in
+            # another process: it is the list of `tail` only if the tail still says so
+            # (the read starts over otherwise: `_with_tail`).
+            now = self._tail_file.read_locked()
+            if now is None or now.segments_version != tail.segments_version:
+                raise FileNotFoundError(f"{self.directory}: the segment list changed "
+                                        "while it was listed")
+        if tail.clean_count != self._clean_count:
+            # A pass swapped sealed segment files in: every cached one may be stale.
+            self._gaps = True
+            self._clean_count = tail.clean_count
+            self._sealed_sizes.clear()
+            for base in [b for b, seg in self._segments.items() if not seg.active]:
+                self._segments.pop(base).close()
+            for base in list(self._parked):
+                self._close_parked(base)
         stale = [b for b, seg in self._segments.items()
                  if b not in bases or seg.active != (b == tail.active_base_offset)]
         for base in stale:

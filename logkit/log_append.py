@@ -315,7 +315,7 @@ class _LogAppends:
             0 if flush else tail.unflushed_messages + count,          # unflushed_messages
             -1 if flush else now if tail.first_unflushed_ms < 0
             else tail.first_unflushed_ms,                             # first_unflushed_ms
-            tail.leader_epoch, tail.deleted)
+            tail.leader_epoch, tail.deleted, tail.cleaned_offset, tail.clean_count)
         self._tail_file.publish(tail)
         self._dirty = True
         if _append_common is not None:

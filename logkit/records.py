@@ -54,7 +54,8 @@ __all__ = ["Record", "RecordMetadata", "BatchHeader", "encode_batch", "decode_ba
            "stamp_leader_epoch", "stamp_log_append_time", "stamp_producer", "LOG_OVERHEAD",
            "RECORDS_OFFSET", "MIN_BATCH_LENGTH", "RECORD_OVERHEAD_BYTES",
            "record_size_estimate", "encode_batch_parts", "PARTS_MIN_VALUE_BYTES",
-           "check_records", "validate_batch", "NO_TIMESTAMP"]
+           "check_records", "validate_batch", "NO_TIMESTAMP", "encode_control_batch",
+           "control_record_type", "CONTROL_ABORT", "CONTROL_COMMIT"]
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +396,38 @@ def stamp_producer(batch: Any, producer_id: int, producer_epoch: int, base_seque
     _restamp_crc(batch, pos)
 
 
+# ---- control batches (transaction markers) ----------------------------------------------
+# Kafka's EndTransactionMarker: one record in a batch with the transactional and control
+# attributes, baseSequence -1; key = version int16 (0) + type int16 (ControlRecordType),
+# value = version int16 (0) + coordinatorEpoch int32.
+
+CONTROL_ABORT = 0                 # ControlRecordType.ABORT
+CONTROL_COMMIT = 1                # ControlRecordType.COMMIT
+_CONTROL_KEY = struct.Struct(">hh")
+_END_TXN_VALUE = struct.Struct(">hi")
+
+
+def encode_control_batch(producer_id: int, producer_epoch: int, *, commit: bool,
+                         coordinator_epoch: int = 0, now_ms: int | None = None) -> bytearray:
+    """The COMMIT or ABORT marker of `producer_id`'s transaction, as one control batch."""
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = _END_TXN_VALUE.pack(0, coordinator_epoch)
+    return encode_batch([(key, value, None, now_ms)], producer_id=producer_id,
+                        producer_epoch=producer_epoch, base_sequence=-1,
+                        transactional=True, control=True, now_ms=now_ms)
+
+
+def control_record_type(buf: Any, pos: int, header: BatchHeader, path: str = "") -> int:
+    """The ControlRecordType (CONTROL_ABORT, CONTROL_COMMIT, ...) of the control batch at
+    `pos`, from its first record's key; CorruptRecordError when there is none to read."""
+    records = decode_batch(buf, pos, header, "", 0, path=path, verify=False)
+    key = records[0].key if records else None
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise CorruptRecordError("control batch without a control record key", path=path,
+                                 position=pos, expected="version + type", actual=key)
+    return _CONTROL_KEY.unpack_from(key)[1]
+
+
 # ---- decode ----------------------------------------------------------------------------
 
 def read_header(buf: Any, pos: int, end: int, path: str = "") -> BatchHeader | None:
@@ -439,7 +472,8 @@ def out_of_sequence(path: str, position: int, expected: int,
 
 def iter_batches(buffer: Any, start: int, end: int, path: str = "", *,
                  first_offset: int | None = None, verify: bool = False,
-                 max_batch_bytes: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
+                 max_batch_bytes: int | None = None,
+                 gaps: bool = False) -> Iterator[tuple[int, BatchHeader]]:
     """Yield (position, header) of each batch in buffer[start:end], in order: the one
     batch walker (segment scans, recovery, check(), batches_since, dump, Spark).
 
@@ -449,7 +483,8 @@ def iter_batches(buffer: Any, start: int, end: int, path: str = "", *,
     before `end` than its header or its batchLength needs), has an impossible header,
     is bigger than `max_batch_bytes` (when given), starts out of sequence (offsets are
     contiguous: the first batch must start at `first_offset` when given, each later
-    one one past the previous batch's last offset), or, with `verify`, fails its CRC.
+    one one past the previous batch's last offset; with `gaps`, for a compacted log,
+    at or past it), or, with `verify`, fails its CRC.
     Every batch yielded before the error is whole and passed these checks."""
     pos = start
     expected = first_offset
@@ -461,7 +496,8 @@ def iter_batches(buffer: Any, start: int, end: int, path: str = "", *,
             raise CorruptRecordError("record batch is bigger than max.message.bytes allows",
                                      path=path, position=pos, expected=max_batch_bytes,
                                      actual=header.size)
-        if expected is not None and header.base_offset != expected:
+        if expected is not None and header.base_offset != expected and not (
+                gaps and header.base_offset > expected):
             raise out_of_sequence(path, pos, expected, header.base_offset)
         if verify:
             check_batch(buffer, pos, header, path)

@@ -150,6 +150,9 @@ class LogSegment:
         # exactly there).
         self.scanned_to_end = False
         self.scan_end_offset = -1
+        # A compacted partition's segments (the owner sets it): batches may start past
+        # the previous one's end and hold fewer records than their offset span.
+        self.gaps = False
         try:
             self.sealed_size = -1
             if not active:
@@ -356,7 +359,7 @@ class LogSegment:
         CorruptRecordError as `records.iter_batches` defines."""
         return iter_batches(self.view(size), start, size, self.path,
                             first_offset=self.base_offset if start == 0 else None,
-                            verify=verify)
+                            verify=verify, gaps=self.gaps)
 
     def _out_of_sequence(self, position: int, expected: int, actual: int) -> CorruptRecordError:
         return out_of_sequence(self.path, position, expected, actual)
@@ -374,7 +377,8 @@ class LogSegment:
         """The batch a cursor pointed at must start at `offset` (exact) or hold it."""
         if header.base_offset != offset if exact else \
                 not header.base_offset <= offset <= header.last_offset:
-            raise self._out_of_sequence(pos, offset, header.base_offset)
+            if not (self.gaps and header.base_offset >= offset):
+                raise self._out_of_sequence(pos, offset, header.base_offset)
 
     def _find(self, offset: int, size: int) -> tuple[int, bool | None]:
         """find() without the map: (position, None) when the batch there was checked,
@@ -392,7 +396,8 @@ class LogSegment:
             fields = _unpack_header(self._mmap, pos)
             base = fields[FIELD_BASE_OFFSET]
             if (base == offset if cursor[2] else
-                    base <= offset <= base + fields[FIELD_LAST_OFFSET_DELTA]):
+                    base <= offset <= base + fields[FIELD_LAST_OFFSET_DELTA]) or (
+                    self.gaps and base >= offset):
                 return pos, None
             # not the batch the cursor promised: scan, which checks offsets
         buf = self.view(size)
@@ -412,7 +417,8 @@ class LogSegment:
             delta = fields[FIELD_LAST_OFFSET_DELTA]
             last = base + delta
             # baseOffset is outside the CRC: check it against the index entry or the chain
-            if expected_base >= 0 and base != expected_base:
+            if expected_base >= 0 and base != expected_base and not (
+                    self.gaps and base > expected_base):
                 raise self._out_of_sequence(pos, expected_base, base)
             if expected_base < 0 and last != expected_last:
                 raise self._out_of_sequence(pos, expected_last - delta, base)
@@ -595,7 +601,8 @@ class LogSegment:
                 if exact is not None:
                     self._check_first(header, pos, offset, exact)
                     exact = None
-                elif expected >= 0 and header.base_offset != expected:
+                elif expected >= 0 and header.base_offset != expected and not (
+                        self.gaps and header.base_offset > expected):
                     raise self._out_of_sequence(pos, expected, header.base_offset)
                 records = None
                 if header.base_offset < stop_offset and \
@@ -748,7 +755,8 @@ class LogSegment:
         try:
             for pos, header in iter_batches(buf, 0, length, self.path,
                                             first_offset=start_offset, verify=True,
-                                            max_batch_bytes=max_message_bytes + LOG_OVERHEAD):
+                                            max_batch_bytes=max_message_bytes + LOG_OVERHEAD,
+                                            gaps=self.gaps):
                 if header.max_timestamp > max_timestamp:
                     max_timestamp = header.max_timestamp
                     max_timestamp_offset = header.last_offset

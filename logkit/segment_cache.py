@@ -70,6 +70,7 @@ class _SegmentCache:
                                      index_entries=listed.index_entries if active else None,
                                      timeindex_entries=listed.timeindex_entries if active
                                      else None, read_only=self.read_only)
+            segment.gaps = self._gaps
             segments = self._segments
             if len(segments) >= MAX_OPEN_SEGMENTS:
                 # Sealed segments are opened on demand and closed first-in first-out, so

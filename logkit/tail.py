@@ -19,7 +19,8 @@ Layout (little-endian; 4096 bytes, preallocated):
     off  field
     0    magic b"LKT1" (4s), version 1 (uint32)
     8    sequence number (uint64): odd while a writer is mid-update
-    16   body: `Tail`'s fields in order (`_BODY`); the last is `deleted`
+    16   body: `Tail`'s fields in order (`_BODY`): `deleted`, then the cleaner's
+         checkpoint and pass count (zero in a file written before compaction existed)
 """
 
 from __future__ import annotations
@@ -69,16 +70,19 @@ class Tail(NamedTuple):
     first_unflushed_ms: int
     leader_epoch: int
     deleted: int = 0             # 1: the topic was deleted; every use raises
+    cleaned_offset: int = 0      # the cleaner checkpoint: its first dirty offset
+    clean_count: int = 0         # cleaning passes that swapped segments in (cleaner.py)
 
 
 _MAGIC = struct.Struct("<4sI")
 _SEQ = struct.Struct("<Q")
 _SEQ_OFFSET = _MAGIC.size
 _MAGIC_SEQ = struct.Struct("<4sIQ")                  # both, in one unpack
-_BODY = struct.Struct("<16sqqqqqqQqqqqqqqqqq")
+_BODY_UP_TO_DELETED = "<16sqqqqqqQqqqqqqqqqq"       # ... up to and including `deleted`
+_BODY = struct.Struct(_BODY_UP_TO_DELETED + "qq")    # + the cleaner's two fields
 _BODY_OFFSET = _SEQ_OFFSET + _SEQ.size
 _DELETED = struct.Struct("<q")
-_DELETED_OFFSET = _BODY_OFFSET + _BODY.size - _DELETED.size     # the last field: `deleted`
+_DELETED_OFFSET = _BODY_OFFSET + struct.calcsize(_BODY_UP_TO_DELETED) - _DELETED.size
 assert len(_BODY.unpack(bytes(_BODY.size))) == len(Tail._fields)
 assert _BODY_OFFSET + _BODY.size <= TAIL_FILE_BYTES
 

@@ -41,7 +41,7 @@ def test_bad_partition_counts(broker, partitions):
     ({"retention.ms": "soon"}, "integer"),
     ({"retention.ms": -5}, ">= -1"),
     ({"segment.bytes": 10}, ">= 1024"),
-    ({"cleanup.policy": "compact"}, "one of"),
+    ({"cleanup.policy": "compacted"}, "'delete', 'compact' or"),
     ({"preallocate": "maybe"}, "boolean"),
     ("retention.ms=5", "dict"),
 ])
