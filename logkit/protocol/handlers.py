@@ -586,8 +586,10 @@ class Handlers:
         offset = partition.offset_for_timestamp(timestamp)
         if offset is None:
             return -1, -1
+        # the record read is the first one left at or after that offset: compaction
+        # may have removed the one the time index named
         found = partition.read(offset, max_records=1)
-        return offset, (found[0].timestamp if found else -1)
+        return (found[0].offset, found[0].timestamp) if found else (-1, -1)
 
     # ---- admin ---------------------------------------------------------------------
 
@@ -744,12 +746,15 @@ class Handlers:
         """(key, value, source) of every config of `topic`, as Kafka's DescribeConfigs
         reports them: DYNAMIC_TOPIC_CONFIG for a key the topic sets (at creation or by
         an alter, even to the default's value), else STATIC_BROKER_CONFIG where this
-        broker's config changes the default, else DEFAULT_CONFIG."""
+        broker's config changes the default, else DEFAULT_CONFIG. The values are the
+        stored ones (an alter shows at once, though an open log applies it when next
+        opened)."""
         defaults = resolve_topic_config(None, self.broker.config)
         builtin = resolve_topic_config(None, resolve_broker_config(None))
         overrides = self._topic_overrides(topic.name)
+        stored = self._stored_config(topic, overrides)
         out = []
-        for key, value in sorted(topic.config.items()):
+        for key, value in sorted(stored.items()):
             if key in overrides or value != defaults.get(key, value):
                 source = _SOURCE_DYNAMIC_TOPIC
             elif value != builtin.get(key, value):
@@ -758,6 +763,15 @@ class Handlers:
                 source = _SOURCE_DEFAULT
             out.append((key, value, source))
         return out
+
+    def _stored_config(self, topic: Any, overrides: dict[str, Any] | None = None
+                       ) -> dict[str, Any]:
+        """`topic`'s config as stored now: its overrides over this broker's defaults
+        (an open topic's `config` is the one it was opened with)."""
+        if overrides is None:
+            overrides = self._topic_overrides(topic.name)
+        return resolve_topic_config(overrides, self.broker.config) if overrides \
+            else dict(topic.config)
 
     def _topic_overrides(self, name: str) -> dict[str, Any]:
         """The configs topic `name` sets itself, as stored in its metadata record."""
@@ -837,14 +851,15 @@ class Handlers:
                             incremental: bool, validate_only: bool) -> tuple[int, str | None]:
         try:
             topic = self._topic(name)
+            current = self._stored_config(topic)
             if incremental:
-                changes = _incremental_changes(topic.config, configs)
+                changes = _incremental_changes(current, configs)
             else:
                 given = {c["name"]: c["value"] for c in configs}
-                changes = {key: None for key in topic.config if key not in given}
+                changes = {key: None for key in current if key not in given}
                 changes.update(given)
             if validate_only:
-                merged = {k: v for k, v in topic.config.items() if changes.get(k, v) is not None}
+                merged = {k: v for k, v in current.items() if changes.get(k, v) is not None}
                 merged.update({k: v for k, v in changes.items() if v is not None})
                 resolve_topic_config(merged, self.broker.config)
             else:
