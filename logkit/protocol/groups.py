@@ -514,6 +514,29 @@ class GroupManager:
             group.members[member_id].last_seen = time.monotonic()
             return E.NONE
 
+    def check_txn_commit(self, group_id: str, generation: int, member_id: str,
+                         instance_id: str | None = None) -> int:
+        """The error for a TxnOffsetCommit from (generation, member), NONE to accept:
+        Kafka's group coordinator rule (KIP-447), laxer than OffsetCommit's: a member id
+        given must be a member, a generation given (>= 0) must be the group's, a static
+        member's old incarnation is fenced; a producer that names neither (an older
+        client) is not checked. A group with no wire state here is left to the
+        transaction coordinator, which checks embedded members."""
+        with self._cond:
+            group = self._groups.get(group_id)
+            if group is None:
+                return E.NONE
+            self._expire(group)
+            if generation < 0 and not group.members:
+                return E.NONE                  # the group only stores offsets
+            if _fenced(group, member_id, instance_id):
+                return E.FENCED_INSTANCE_ID
+            if member_id and member_id not in group.members:
+                return E.UNKNOWN_MEMBER_ID
+            if generation >= 0 and generation != group.generation:
+                return E.ILLEGAL_GENERATION
+            return E.NONE
+
     # ---- DeleteGroups ----------------------------------------------------------------
 
     def delete(self, group_id: str, remove: Callable[[], int]) -> int:

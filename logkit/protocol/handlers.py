@@ -45,6 +45,7 @@ from .frame import Request
 from .groups import GroupManager, _join_error, encode_assignment
 from .messages import APIS
 from .producers import ProducerStates, new_producer_id
+from .transactions import TxnHandlers, txn_code
 
 __all__ = ["Handlers", "Session", "NODE_ID", "FETCH_MAX_BYTES"]
 
@@ -68,6 +69,8 @@ _ATTRIBUTES_AT = 21
 _CONTROL = 0x20                            # the control-batch attribute bit
 _LOG_APPEND_TIME = 0x08
 _LATEST, _EARLIEST, _MAX_TIMESTAMP, _EARLIEST_LOCAL = -1, -2, -3, -4
+_GROUP_KEY, _TRANSACTION_KEY = 0, 1                # FindCoordinator's key types
+_READ_COMMITTED = 1                                # Fetch's and ListOffsets' isolation
 _RESOURCE_TOPIC, _RESOURCE_BROKER = 2, 4
 _SOURCE_DYNAMIC_TOPIC, _SOURCE_STATIC_BROKER, _SOURCE_DEFAULT = 1, 4, 5
 _TYPE_BOOLEAN, _TYPE_STRING, _TYPE_LONG, _TYPE_DOUBLE, _TYPE_LIST = 1, 2, 5, 6, 7
@@ -87,6 +90,9 @@ class Session:
 
 def _code_for(exc: BaseException) -> int:
     """Kafka's error code for a broker exception met while serving one partition."""
+    coded = txn_code(exc)              # the producer and transaction errors carry theirs
+    if coded is not None:
+        return coded
     for kinds, code in (
             ((UnknownTopicError,), E.UNKNOWN_TOPIC_OR_PARTITION),
             ((InvalidTopicError,), E.INVALID_TOPIC_EXCEPTION),
@@ -143,6 +149,7 @@ class Handlers:
             broker, Node(node_id_for(broker.path, broker.config), host, port))
         self.closing = closing or threading.Event()
         self.producers = ProducerStates()
+        self.txn = TxnHandlers(self, _code_for)
         self.groups = GroupManager(persist=self._persist_group,
                                    embedded_live=self._embedded_live,
                                    initial_rebalance_delay_ms=initial_rebalance_delay_ms,
@@ -163,7 +170,10 @@ class Handlers:
             18: self.api_versions, 19: self.create_topics, 20: self.delete_topics,
             21: self.delete_records, 22: self.init_producer_id,
             32: self.describe_configs, 33: self.alter_configs, 37: self.create_partitions,
-            42: self.delete_groups, 44: self.incremental_alter_configs}
+            42: self.delete_groups, 44: self.incremental_alter_configs,
+            24: self.txn.add_partitions_to_txn, 25: self.txn.add_offsets_to_txn,
+            26: self.txn.end_txn, 28: self.txn.txn_offset_commit,
+            65: self.txn.describe_transactions, 66: self.txn.list_transactions}
 
     def handle(self, request: Request, session: Session) -> dict[str, Any] | None:
         key = request.api.key
@@ -281,9 +291,9 @@ class Handlers:
         keys = body["coordinator_keys"] if request.version >= 4 else [body["key"]]
         code, message = E.NONE, None
         coordinator = self.view.coordinator()
-        if body["key_type"] != 0:
-            code = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-            message = "the logkit listener has no transaction coordinator"
+        if body["key_type"] not in (_GROUP_KEY, _TRANSACTION_KEY):
+            code = E.INVALID_REQUEST
+            message = f"coordinator key type {body['key_type']} is not served"
         elif coordinator is None:
             code = E.COORDINATOR_NOT_AVAILABLE
             message = "the leader's listener is not known here yet"
@@ -318,10 +328,12 @@ class Handlers:
                                                    _NOT_LEADER))
                 elif topic_error:
                     results.append(_produce_result(part["index"], topic_error))
-                elif body["transactional_id"] is not None:
-                    results.append(_produce_result(
-                        part["index"], E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                        "the logkit listener does not support transactions"))
+                elif body["transactional_id"] is not None and (unverified := (
+                        self.txn.verify_produce(body["transactional_id"], part["records"],
+                                                topic.name, part["index"], request.version))):
+                    results.append(_produce_result(part["index"], unverified,
+                                                   "the partition is not in the producer's "
+                                                   "transaction: AddPartitionsToTxn first"))
                 elif acks not in (-1, 0, 1):
                     results.append(_produce_result(part["index"], E.INVALID_REQUEST,
                                                    f"acks must be -1, 0 or 1, not {acks}"))
