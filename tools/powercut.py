@@ -28,7 +28,7 @@ from tests.powercut import check, runner  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", action="append", choices=sorted(runner.WORKLOADS))
+    ap.add_argument("--workload", action="append", choices=sorted(runner.ALL_WORKLOADS))
     ap.add_argument("--trials", type=int, default=100, help="trials per workload")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1)

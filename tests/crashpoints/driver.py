@@ -49,7 +49,7 @@ PYTHON = sys.executable
 SYSCALLS = ("openat", "write", "pwrite64", "pwritev", "fsync", "fdatasync", "msync",
             "ftruncate", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir",
             "rmdir", "mmap", "munmap", "flock", "fallocate", "syncfs")
-VARIANTS = ("acks1", "flush1", "twowriters")
+VARIANTS = ("acks1", "flush1", "twowriters", "clean")    # clean: compaction.py
 CLASSES = ("integrity", "wedge", "raw-error", "hang", "reopen-error")
 KILL_MODES = ("kill-before", "kill-after")
 DELAY = "1s"          # the kill lands while strace holds the thread (see kill-after)

@@ -9,7 +9,8 @@ acknowledged before the first is durable once the second is written; and
 after each flush of the producer, a roll seen (the active segment's base moved) is
 ledgered as `{"kind": "rolled", "topic", "partition", "below": base}`: a roll fsyncs
 the segment it seals, so every record below that base is durable. `twowriterssync` is
-`acks1sync` with the second writer.
+`acks1sync` with the second writer. `clean` and `cleansync` (log compaction, one
+compacted partition cleaned three times) are tests/crashpoints/compaction.py's.
 
 Every acknowledged outcome is appended to LEDGER *after* the acknowledgement, as one JSON
 line: so the ledger is a subset of what was acknowledged, and the checker trusts only
@@ -254,6 +255,9 @@ def main(argv: list[str]) -> int:
         traced.install(os.environ["LOGKIT_POWERCUT_MARKS"])
     if variant == "writer2":
         return writer2_workload(root, ledger_path)
+    if variant in ("clean", "cleansync"):     # log compaction (compaction.py)
+        from tests.crashpoints import compaction
+        return compaction.clean_workload(root, variant, ledger_path)
     return main_workload(root, variant, ledger_path)
 
 

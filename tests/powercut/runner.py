@@ -1,7 +1,8 @@
 """Power-cut trials: record a workload once, then for each trial pick a moment and a
 mode, materialise what a power cut then could leave, and check the promise on it.
 
-Owns the workloads (`WORKLOADS`: a name -> the crash-point workload variant it runs),
+Owns the workloads (`WORKLOADS`, and `COMPACTION_WORKLOADS` kept apart: a name -> the
+crash-point workload variant it runs),
 the trial plan (seeded: a trial is reproducible from its workload, cut, mode and seed),
 and running trials in worker processes (each parses the trace once, and checks in a
 fresh directory per trial).
@@ -30,6 +31,15 @@ WORKLOADS = {
     # acks1 with a second process appending to t's partitions meanwhile
     "twowriters": "twowriterssync",
 }
+# log compaction (tests/crashpoints/compaction.py): kept apart from WORKLOADS, which the
+# storage slice (tests/tools/test_powercut.py) runs whole; tests/storage/
+# test_compaction_crash.py runs this one
+COMPACTION_WORKLOADS = {
+    # one compacted partition: keyed appends and tombstones, rolls, three cleaning
+    # passes, a broker.flush() before each
+    "clean": "cleansync",
+}
+ALL_WORKLOADS = {**WORKLOADS, **COMPACTION_WORKLOADS}
 CHUNK = 20
 
 
@@ -38,7 +48,7 @@ class Recorded:
 
     def __init__(self, workload: str, workdir: str) -> None:
         self.workload = workload
-        self.variant = WORKLOADS[workload]
+        self.variant = ALL_WORKLOADS[workload]
         self.root = os.path.join(workdir, "root")
         self.ledger = os.path.join(workdir, "ledger")
         self.trace_path = os.path.join(workdir, "trace")
