@@ -80,14 +80,17 @@ from .loader import RecoveryReport, leftovers, live_bases
 from .log_append import _LogAppends
 from .log_read import BATCHES_SINCE_MAX_BYTES, MAX_FETCH_BYTES, _LogReads
 from .log_trim import _LogTrim
+from .log_txn import _LogTransactions
 from .notify import change_slot
 from .partition_lock import LOCK_TIMEOUT_S, _PartitionLock
+from .producer_state import ProducerStateManager
 from .records import (
     check_records,
 )
 from .segment import DELETED_SUFFIX, LogSegment
 from .segment_cache import _PARK_BUDGET, _SegmentCache
 from .tail import BOOT_ID, TAIL_FILE, Tail, TailFile
+from .txn_index import TxnIndexCache
 
 # Names other modules import from here (broker.py, topic.py, tests): they moved to
 # tail.py and loader.py and stay importable from this module.
@@ -100,7 +103,8 @@ log = logging.getLogger(__name__)
 _fork.at_fork_in_child(_PARK_BUDGET.reset)
 
 
-class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogTrim):
+class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogTrim,
+                   _LogTransactions):
     """One partition directory. Thread-safe; process-safe through the tail file."""
 
     def __init__(self, directory: str, topic: str, partition: int,
@@ -146,6 +150,13 @@ class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _Lo
         self._appender: Any = None
         self._closed = False
         self._last_recovery: RecoveryReport | None = None
+        # Idempotence and transactions (log_txn.py): this process's producer state, the
+        # segment-list version it was checked against, the parsed `.txnindex` files,
+        # and which index entries' markers were found in the log.
+        self._producers: ProducerStateManager | None = None
+        self._producers_version = -1
+        self._txn_indexes = TxnIndexCache(directory)
+        self._txn_markers_seen: dict[tuple[int, int], bool] = {}
         # A compacted log may have offset gaps (segment.py's `gaps`); so may one cleaned
         # once, whatever its policy now. `_clean_count`: the cleaning passes this
         # process's cached segments have seen (a pass replaces sealed segment files).
@@ -247,7 +258,10 @@ class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _Lo
                                 adopt=None if self.read_only else made.append)
         self._last_recovery = report
         try:
-            self._refresh(self._tail_under_lock())
+            tail = self._tail_under_lock()
+            self._refresh(tail)
+            if not self.read_only:
+                self._after_recovery(tail)    # producer state and .txnindex (log_txn.py)
         except BaseException:
             for segment in made:
                 segment.close()
@@ -394,6 +408,7 @@ class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _Lo
         with self._locked_tail("close") as tail:
             self._segment(tail.active_base_offset).flush()
             self._sync_directory_once(tail.active_base_offset)
+            self._snapshot_producer_state(tail, sync=True)   # Kafka's, at a clean close
             self._tail_file.publish(tail._replace(
                 recovery_point=tail.log_end_offset, unflushed_messages=0,
                 first_unflushed_ms=-1, clean=1,

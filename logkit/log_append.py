@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from typing import Any, Container
 
 from ._clock import now_ms as _now_ms
@@ -34,6 +35,8 @@ from .group_commit import SyncTicket
 from .notify import change_offset
 from .partition_lock import LOCK_TIMEOUT_S
 from .records import (
+    ATTR_CONTROL,
+    PRODUCER_ID_OFFSET,
     RECORDS_OFFSET,
     BatchHeader,
     decode_batch,
@@ -53,6 +56,17 @@ log = logging.getLogger("logkit.log")
 _append_common = None if appendpath is None else appendpath.append_common
 # ... and the whole uncontended append, locks and doorbell included (`_arm`).
 _Appender = None if appendpath is None else appendpath.Appender
+
+_producer_id_at = struct.Struct(">q").unpack_from
+
+
+def _names_producer(batch: Any) -> bool:
+    """Whether a batch names a producer id (an idempotent or transactional producer's:
+    checked against the producer state under the lock, log_txn.py, never by the C
+    appender). A batch too short to tell goes the checked way too."""
+    head = batch[0] if type(batch) is list and batch else batch
+    return len(head) < RECORDS_OFFSET or _producer_id_at(head, PRODUCER_ID_OFFSET)[0] >= 0
+
 
 class _Pieces:
     """A batch in pieces (see `append_batch_nowait`): `len()` is the batch's size, the
@@ -140,7 +154,7 @@ class _LogAppends:
         then written from where it is, by one pwritev, never copied into a batch); when
         the batch is to be verified or rewritten, the pieces are joined first."""
         appender = self._appender
-        if appender is not None and not verify:
+        if appender is not None and not verify and not _names_producer(batch):
             # The whole append in one C call when nothing stands in the way (`_arm`);
             # -1: it changed nothing, and the append below decides.
             try:
@@ -179,7 +193,11 @@ class _LogAppends:
         try:
             try:
                 base_offset = -1
-                if self._fast_segment is not None and type(batch) is bytearray:
+                if header.producer_id >= 0:      # duplicates, sequences, epochs: log_txn.py
+                    base_offset, twin = self._append_idempotent(batch, header, size, count)
+                    if twin is not None:
+                        return base_offset, self._duplicate_ticket(twin, header)
+                elif self._fast_segment is not None and type(batch) is bytearray:
                     base_offset = self._append_fast(batch)
                 if base_offset < 0:
                     # `_locked_tail`'s prelude, then the general append
@@ -392,6 +410,7 @@ class _LogAppends:
         self._segments.pop(sealed.active_base_offset, None)   # a reader reopens it:
         old.close()                                # appenders hold no sealed segment
         self._refresh(tail)
+        self._snapshot_producer_state(tail, sync=True)    # Kafka's snapshot at each roll
         log.debug("%s: rolled segment %d (%d bytes) to a new one at offset %d", self.name,
                   sealed.active_base_offset, sealed.active_size, new_base)
         return tail
@@ -426,6 +445,10 @@ class _LogAppends:
                                         tail._replace(leader_epoch=header.leader_epoch),
                                         shipped_roll=header.base_offset in segment_bases)
                     tail = self._tail_under_lock()
+                if any(h.attributes & ATTR_CONTROL and h.producer_id >= 0
+                       for _, h in batches):        # the leader's ABORT markers: index them
+                    self._refresh(tail)
+                    self._producer_state(tail, repair=True)
             except OSError as exc:
                 raise storage_error(exc, "replicate", self.directory) from exc
         if batches and self._doorbell is not None:

@@ -24,6 +24,7 @@ from .errors import (
     OffsetOutOfRangeError,
     storage_error,
 )
+from .log_txn import check_isolation_level
 from .records import ATTR_CONTROL, BatchHeader, Record
 from .segment import LogSegment
 from .tail import Tail
@@ -61,29 +62,45 @@ class _LogReads:
         raise LogkitTimeoutError(f"{self.name}: segments kept vanishing under a read")
 
     def read(self, offset: int, *, max_records: int = 500, max_bytes: int = MAX_FETCH_BYTES,
-             stop_offset: int | None = None) -> list[Record]:
+             stop_offset: int | None = None,
+             isolation_level: str = "read_uncommitted") -> list[Record]:
         """Records from `offset` below the high watermark and below `stop_offset` (None:
         up to the high watermark).
 
         Raises OffsetOutOfRangeError outside [log_start_offset, high_watermark]; returns
         [] at the high watermark. Always returns at least one batch's records if any
-        are available, even when that batch is bigger than `max_bytes`."""
+        are available, even when that batch is bigger than `max_bytes`.
+        `isolation_level="read_committed"` stops at the last stable offset and leaves
+        out the records of aborted transactions (log_txn.py); control batches are never
+        returned."""
         if max_records <= 0:
             raise ValueError("max_records must be positive")
+        if check_isolation_level(isolation_level):
+            return self._with_tail(self._read_committed, offset, max_records, max_bytes,
+                                   stop_offset)[0]
         return self._with_tail(self._read, offset, max_records, max_bytes, stop_offset)
 
     def fetch(self, offset: int, *, max_records: int = 500,
-              max_bytes: int = MAX_FETCH_BYTES) -> tuple[list[Record], int]:
+              max_bytes: int = MAX_FETCH_BYTES,
+              isolation_level: str = "read_uncommitted") -> tuple[list[Record], int]:
         """`read(offset)` and the high watermark it read below, from one tail snapshot
         (a Kafka fetch response carries the partition's high watermark the same way):
-        a reader whose position reached it has read everything there was."""
+        a reader whose position reached it has read everything there was. With
+        read_committed, the records below the last stable offset and that offset."""
         if max_records <= 0:
             raise ValueError("max_records must be positive")
+        if check_isolation_level(isolation_level):
+            return self._with_tail(self._fetch_committed, offset, max_records, max_bytes)
         return self._with_tail(self._fetch, offset, max_records, max_bytes)
 
     def _fetch(self, tail: Tail, offset: int, max_records: int,
                max_bytes: int) -> tuple[list[Record], int]:
         return self._read(tail, offset, max_records, max_bytes, None), tail.high_watermark
+
+    def _fetch_committed(self, tail: Tail, offset: int, max_records: int,
+                         max_bytes: int) -> tuple[list[Record], int]:
+        records = self._read_committed(tail, offset, max_records, max_bytes, None)[0]
+        return records, self._last_stable(tail)
 
     def _check_in_range(self, offset: int, tail: Tail, last: int) -> None:
         """OffsetOutOfRangeError unless log_start_offset <= offset <= last."""

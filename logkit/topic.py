@@ -136,25 +136,62 @@ class Partition:
 
     def read(self, offset: int, max_records: int = 500, *,
              max_bytes: int = MAX_FETCH_BYTES,
-             stop_offset: int | None = None) -> list[Record]:
+             stop_offset: int | None = None,
+             isolation_level: str = "read_uncommitted") -> list[Record]:
         """Records from `offset` (inclusive) below the high watermark and below
         `stop_offset` when given.
 
         At most `max_records`; about `max_bytes` of stored batches, but always the
         records of at least one batch when any are available. Returns [] at the end.
-        Raises OffsetOutOfRangeError outside [log_start_offset, high_watermark] and
-        CorruptRecordError (path, position) on a batch whose bytes do not check out."""
+        `isolation_level="read_committed"` stops at the last stable offset and leaves
+        out aborted transactions' records; control batches are never returned.
+        Raises OffsetOutOfRangeError outside [log_start_offset, high_watermark],
+        ValueError for an unknown isolation level and CorruptRecordError (path,
+        position) on a batch whose bytes do not check out."""
         return self._log.read(offset, max_records=max_records, max_bytes=max_bytes,
-                              stop_offset=stop_offset)
+                              stop_offset=stop_offset, isolation_level=isolation_level)
 
     def fetch(self, offset: int, max_records: int = 500, *,
-              max_bytes: int = MAX_FETCH_BYTES) -> tuple[list[Record], int]:
+              max_bytes: int = MAX_FETCH_BYTES,
+              isolation_level: str = "read_uncommitted") -> tuple[list[Record], int]:
         """`read(offset, max_records, max_bytes=max_bytes)` and the high watermark that
         read stopped at, from one look at the partition's end (as a Kafka fetch
         response carries the partition's high watermark): `(records, high_watermark)`.
         A reader whose next offset equals it has read everything there was; raises
-        like read()."""
-        return self._log.fetch(offset, max_records=max_records, max_bytes=max_bytes)
+        like read(). With read_committed: the records and the last stable offset."""
+        return self._log.fetch(offset, max_records=max_records, max_bytes=max_bytes,
+                               isolation_level=isolation_level)
+
+    # ---- idempotence and transactions (docs/design.md §15; logkit/log_txn.py) -------
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the oldest open transaction, else the high watermark."""
+        return self._log.last_stable_offset
+
+    def open_transactions(self) -> dict[int, int]:
+        """Producer id -> first offset of its open transaction on this partition."""
+        return self._log.open_transactions()
+
+    def aborted_transactions(self, start_offset: int, end_offset: int
+                             ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions overlapping
+        [start_offset, end_offset), from the `.txnindex` files (a Fetch response's)."""
+        return self._log.aborted_transactions(start_offset, end_offset)
+
+    def producer_states(self) -> list[tuple[int, int, int, int]]:
+        """(producer id, epoch, last sequence, open transaction's first offset or -1)
+        per producer this partition knows (DescribeProducers)."""
+        return self._log.producer_states()
+
+    def append_control(self, producer_id: int, producer_epoch: int, *, commit: bool,
+                       coordinator_epoch: int = 0) -> int:
+        """End the producer's open transaction here with a COMMIT or ABORT marker; the
+        marker's offset, or -1 when it has none open here. Raises
+        InvalidProducerEpochError for an epoch below the producer's latest, ReadOnlyError,
+        StorageError, LogkitTimeoutError like an append."""
+        return self._log.append_control(producer_id, producer_epoch, commit=commit,
+                                        coordinator_epoch=coordinator_epoch)
 
     def read_columns(self, offset: int, max_records: int = 500, *,
                      stop_offset: int | None = None) -> tuple[Columns, int]:

@@ -1,0 +1,434 @@
+"""Idempotence and transactions of one partition log: its producer state, the
+transaction markers, the last stable offset and read_committed reads.
+
+Owns: keeping this process's `ProducerStateManager` (producer_state.py) caught up with
+the log — loaded lazily from the newest `.snapshot` at or below the log end plus the
+headers of the batches after it, then, before each use, the headers of batches any
+process appended since (`_producer_state`), reloaded when the log was cut under it;
+the check of a producer's batch under the append lock (`_check_producer`, called by
+the append path in log_append.py); `append_control` (a COMMIT/ABORT marker, and for an
+ABORT the `.txnindex` entry, written and synced before the marker is published:
+txn_index.py says why); the last stable offset; `aborted_transactions` (Kafka's
+collectAbortedTransactions, over the `.txnindex` files); read_committed reads (stop at
+the LSO, drop the batches of aborted transactions, found through the index and the
+headers of the batches read, never by decoding records that are not returned);
+snapshots at each roll and at a clean close; and the rebuild after recovery (stale
+snapshots and index entries past the log end dropped, a missing index entry for an
+ABORT marker after the snapshot re-added).
+
+Invariant: whatever process asks, the producer state it answers from reflects every
+batch below the log end it read, so the LSO and the duplicate checks are the same in
+every process. The state is touched only under the partition's thread lock (under the
+append lock for a check and the append that follows it).
+
+A mixin of `PartitionLog` (log.py), which owns the state it reads and writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ._clock import now_ms as _now_ms
+from .errors import InvalidProducerEpochError, storage_error
+from .group_commit import SyncTicket
+from .partition_lock import LOCK_TIMEOUT_S
+from .producer_state import (
+    KeptBatch,
+    ProducerStateManager,
+    delete_snapshots,
+    read_snapshot,
+    snapshot_offsets,
+    write_snapshot,
+)
+from .records import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    CONTROL_ABORT,
+    BatchHeader,
+    Record,
+    control_record_type,
+    encode_control_batch,
+    read_header,
+)
+from .tail import Tail
+from .txn_index import AbortedTxn, append_entry, truncate_entries, txn_index_path
+
+log = logging.getLogger("logkit.log")
+
+READ_UNCOMMITTED = "read_uncommitted"
+READ_COMMITTED = "read_committed"
+ISOLATION_LEVELS = (READ_UNCOMMITTED, READ_COMMITTED)
+READ_COMMITTED_ROUNDS = 64      # reads a read_committed read() tries past aborted batches
+
+
+def check_isolation_level(isolation_level: str) -> bool:
+    """True for read_committed; ValueError for a name Kafka does not have."""
+    if isolation_level == READ_UNCOMMITTED:
+        return False
+    if isolation_level == READ_COMMITTED:
+        return True
+    raise ValueError(f"isolation_level must be one of {ISOLATION_LEVELS}, not "
+                     f"{isolation_level!r}")
+
+
+class _LogTransactions:
+    """Producer state and transactions of `PartitionLog` (see the module docstring)."""
+
+    # ---- the producer state, caught up -----------------------------------------------
+
+    def _producer_state(self, tail: Tail, *, repair: bool = False) -> ProducerStateManager:
+        """This process's producer state, caught up to `tail`'s log end. The caller holds
+        the thread lock, with the segment list refreshed to `tail`. `repair` (under
+        the append lock only): re-add a missing `.txnindex` entry for an ABORT marker
+        met on the way."""
+        state = self._producers
+        if state is None or state.end_offset > tail.log_end_offset or (
+                self._producers_version != tail.segments_version
+                and not self._last_batch_still_there(state, tail)):
+            state = self._load_producer_state(tail, repair=repair)
+        elif state.end_offset < tail.log_end_offset:
+            self._replay(state, tail, repair=repair)
+        self._producers_version = tail.segments_version
+        return state
+
+    def _last_batch_still_there(self, state: ProducerStateManager, tail: Tail) -> bool:
+        """Whether the last batch the state took in is still in the log as it was (a
+        truncation or a replaced segment changes the list version; a roll or retention
+        leaves it)."""
+        base, crc = state.last_batch
+        if base < tail.log_start_offset:
+            return True                      # gone by retention, or nothing taken in
+        i = self._first_segment(base, tail.log_end_offset)
+        segment, size = self._sized(self._bases[i], tail)
+        pos = segment.find(base, size)
+        header = read_header(segment.view(size), pos, size, segment.path)
+        return header is not None and header.base_offset == base and header.crc == crc
+
+    def _load_producer_state(self, tail: Tail, *, repair: bool) -> ProducerStateManager:
+        """The newest readable snapshot at or below the log end, plus the batches after."""
+        state = None
+        for offset in reversed(snapshot_offsets(self.directory)):
+            if offset <= tail.log_end_offset:
+                state = read_snapshot(self.directory, offset)
+                if state is not None:
+                    break
+        if state is None:
+            state = ProducerStateManager(tail.log_start_offset)
+        self._replay(state, tail, repair=repair)
+        self._producers = state
+        return state
+
+    def _replay(self, state: ProducerStateManager, tail: Tail, *, repair: bool) -> None:
+        """Take in the headers of the batches from the state's end to the log end."""
+        end = tail.log_end_offset
+        offset = max(state.end_offset, tail.log_start_offset)
+        bases = self._bases
+        i = self._first_segment(offset, end) if offset < end else len(bases)
+        while i < len(bases) and offset < end:
+            segment, size = self._sized(bases[i], tail)
+            for pos, header in segment.headers(segment.find(offset, size), size):
+                if header.base_offset >= end:
+                    break
+                if header.producer_id >= 0:
+                    if repair and header.attributes & ATTR_CONTROL:
+                        self._repair_txn_index(state, segment, pos, size, header)
+                    state.apply(header)
+                offset = header.last_offset + 1
+            i += 1
+            if i < len(bases):
+                offset = max(offset, bases[i])
+        state.skip_to(end)
+
+    def _repair_txn_index(self, state: ProducerStateManager, segment: Any, pos: int,
+                          size: int, header: BatchHeader) -> None:
+        """Before `state` takes in the marker `header`: if it is an ABORT ending an
+        open transaction and the segment's `.txnindex` lacks its entry, add it."""
+        producer_id = header.producer_id
+        first = state.open_txn_first_offset(producer_id)
+        if first < 0 or control_record_type(segment.view(size), pos, header,
+                                            segment.path) != CONTROL_ABORT:
+            return
+        marker = header.base_offset
+        entries = self._txn_indexes.entries(segment.base_offset)
+        if any(e.last_offset == marker and e.producer_id == producer_id for e in entries):
+            return
+        entry = AbortedTxn(producer_id, first, marker,
+                           state.stable_after_abort(producer_id, marker))
+        log.warning("%s: re-adding the aborted-transaction index entry of the ABORT "
+                    "marker at offset %d (producer %d)", self.name, marker, producer_id)
+        append_entry(txn_index_path(self.directory, segment.base_offset), entry, sync=True)
+
+    # ---- appends (under the append lock) ---------------------------------------------
+
+    def _check_producer(self, tail: Tail, header: BatchHeader) -> KeptBatch | None:
+        """Check a producer's batch against the caught-up state (under the append
+        lock): its kept twin when it is a duplicate, None to append it. Raises what
+        `ProducerStateManager.check` raises."""
+        return self._producer_state(tail, repair=True).check(header)
+
+    def _append_idempotent(self, batch: Any, header: BatchHeader, size: int,
+                           count: int) -> tuple[int, KeptBatch | None]:
+        """The append of a producer's batch, under the append lock: (its base offset,
+        None), or (the original's base offset, the kept twin) for a duplicate, which
+        is not written again (Kafka answers a retry so). Raises what
+        `ProducerStateManager.check` raises, with nothing written."""
+        tail = self._tail_under_lock()
+        self._refresh(tail)
+        state = self._producer_state(tail, repair=True)
+        twin = state.check(header)
+        if twin is not None:
+            log.debug("%s: duplicate batch of producer %d (sequences %d..%d) answered "
+                      "with its stored offset %d", self.name, header.producer_id,
+                      twin.first_sequence, twin.last_sequence, twin.base_offset)
+            return twin.base_offset, twin
+        base = -1
+        if self._fast_segment is not None and type(batch) is bytearray:
+            base = self._append_fast(batch)            # -1: it changed nothing
+        if base < 0:
+            base = self._append_locked(batch, header, size, count, tail)
+        state.apply(header, base)
+        return base, None
+
+    def _duplicate_ticket(self, twin: KeptBatch, header: BatchHeader) -> Any:
+        """For a duplicate whose original still waits for its sync: a ticket to wait on
+        (its records are acknowledged once durable, as the original's are), else None."""
+        tail = self._tail_file.read_locked()
+        if tail is None or twin.last_offset < tail.high_watermark:
+            return None
+        return SyncTicket(twin.last_offset + 1, tail.segments_version, twin.base_offset,
+                          header.crc)
+
+    def append_control(self, producer_id: int, producer_epoch: int, *, commit: bool,
+                       coordinator_epoch: int = 0,
+                       lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> int:
+        """End `producer_id`'s open transaction on this partition with a COMMIT or ABORT
+        marker (a control batch; Kafka's WriteTxnMarkers): returns the marker's offset,
+        or -1 when the producer has no open transaction here (so a retried end writes
+        no second marker). An ABORT also adds the transaction to the active segment's
+        `.txnindex`. Raises InvalidProducerEpochError for an epoch below the producer's
+        latest. The marker is durable once returned when the flush policy says so."""
+        batch = encode_control_batch(producer_id, producer_epoch, commit=commit,
+                                     coordinator_epoch=coordinator_epoch,
+                                     now_ms=_now_ms())
+        header = read_header(batch, 0, len(batch))
+        assert header is not None
+        with self._locked_tail("append a transaction marker", lock_timeout_s) as tail:
+            try:
+                marker, deferred = self._append_control_locked(
+                    tail, producer_id, producer_epoch, commit, coordinator_epoch, batch,
+                    header)
+            except OSError as exc:
+                raise storage_error(exc, "append a transaction marker",
+                                    self.directory) from exc
+        if deferred is not None:
+            self.wait_synced(deferred)
+        elif marker >= 0 and self._doorbell is not None:
+            self._doorbell.ring(self._change_slot)
+        return marker
+
+    def _append_control_locked(self, tail: Tail, producer_id: int, producer_epoch: int,
+                               commit: bool, coordinator_epoch: int, batch: bytearray,
+                               header: BatchHeader) -> tuple[int, Any]:
+        state = self._producer_state(tail, repair=True)
+        entry = state.producers.get(producer_id)
+        first = state.open_txn_first_offset(producer_id)
+        if entry is None or first < 0:
+            return -1, None
+        if producer_epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"transaction marker of producer {producer_id} with epoch "
+                f"{producer_epoch}, older than the partition's latest {entry.epoch}")
+        size = header.size
+        if self._must_roll(tail, size, 1, _now_ms()):   # the marker's segment, known
+            tail = self._roll(tail)                      # before its index entry
+        marker = tail.log_end_offset
+        if not commit:
+            # the entry first, synced: a marker is never published without it (a stale
+            # entry, its marker never published, is told apart by the reader)
+            self._drop_stale_txn_entries(tail)
+            append_entry(txn_index_path(self.directory, tail.active_base_offset),
+                         AbortedTxn(producer_id, first, marker,
+                                    state.stable_after_abort(producer_id, marker)),
+                         sync=True)
+        base = self._append_locked(batch, header, size, 1, tail)
+        assert base == marker
+        state.apply(header, base)
+        state.set_coordinator_epoch(producer_id, coordinator_epoch)
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            return marker, SyncTicket(deferred[0], deferred[1], marker, header.crc)
+        return marker, None
+
+    def _drop_stale_txn_entries(self, tail: Tail) -> None:
+        """Cut the active `.txnindex` entries whose marker was never published (a writer
+        killed between the entry and the marker): those at or past the log end."""
+        base = tail.active_base_offset
+        entries = self._txn_indexes.entries(base)
+        keep = len(entries)
+        while keep and entries[keep - 1].last_offset >= tail.log_end_offset:
+            keep -= 1
+        if keep < len(entries):
+            log.warning("%s: dropping %d aborted-transaction index entries whose marker "
+                        "was never written", self.name, len(entries) - keep)
+            truncate_entries(txn_index_path(self.directory, base), keep)
+
+    def _snapshot_producer_state(self, tail: Tail, *, sync: bool) -> None:
+        """Write this process's producer state as a snapshot at the log end (at a roll
+        and a clean close, under the lock), when this process has it loaded."""
+        if self._producers is None:
+            return
+        try:
+            write_snapshot(self.directory, self._producer_state(tail), sync=sync)
+        except OSError as exc:           # derived data: the log rebuilds it
+            log.warning("%s: could not write a producer snapshot: %s", self.name, exc)
+
+    def _after_recovery(self, tail: Tail) -> None:
+        """After recovery cut or re-checked the log (under the lock): drop snapshots and
+        `.txnindex` entries past the log end, and rebuild the producer state, re-adding
+        index entries missing for the ABORT markers it replays."""
+        end = tail.log_end_offset
+        delete_snapshots(self.directory, [o for o in snapshot_offsets(self.directory)
+                                          if o > end])
+        self._txn_indexes.forget()
+        for base in self._bases:
+            entries = self._txn_indexes.entries(base)
+            keep = sum(1 for e in entries if e.last_offset < end)
+            if keep < len(entries):
+                truncate_entries(txn_index_path(self.directory, base), keep)
+        self._txn_indexes.forget()
+        self._txn_markers_seen.clear()
+        self._producers = None
+        self._load_producer_state(tail, repair=True)
+
+    # ---- the last stable offset and aborted transactions ----------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the oldest open transaction, else the high watermark
+        (Kafka's LSO): read_committed reads stop here."""
+        return self._with_tail(self._last_stable)
+
+    def _last_stable(self, tail: Tail) -> int:
+        self._refresh(tail)
+        first = self._producer_state(tail).first_unstable_offset()
+        hw = tail.high_watermark
+        return hw if first is None or first > hw else first
+
+    def open_transactions(self) -> dict[int, int]:
+        """Producer id -> first offset of its open transaction on this partition."""
+        return self._with_tail(self._open_transactions)
+
+    def _open_transactions(self, tail: Tail) -> dict[int, int]:
+        self._refresh(tail)
+        return dict(self._producer_state(tail).ongoing)
+
+    def producer_states(self) -> list[tuple[int, int, int, int]]:
+        """(producer id, epoch, last sequence, open transaction's first offset or -1)
+        of every producer this partition knows (Kafka's DescribeProducers)."""
+        return self._with_tail(self._producer_states)
+
+    def _producer_states(self, tail: Tail) -> list[tuple[int, int, int, int]]:
+        self._refresh(tail)
+        return list(self._producer_state(tail).describe())
+
+    def aborted_transactions(self, start_offset: int, end_offset: int
+                             ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions overlapping
+        [start_offset, end_offset) (Kafka's collectAbortedTransactions, for a Fetch
+        response), oldest marker first."""
+        return self._with_tail(self._aborted, start_offset, end_offset)
+
+    def _aborted(self, tail: Tail, start_offset: int, end_offset: int
+                 ) -> list[tuple[int, int]]:
+        return [(e.producer_id, e.first_offset)
+                for e in self._aborted_entries(tail, start_offset, end_offset)]
+
+    def _aborted_entries(self, tail: Tail, start_offset: int, end_offset: int
+                         ) -> list[AbortedTxn]:
+        self._refresh(tail)
+        start_offset = max(start_offset, tail.log_start_offset)
+        if start_offset >= end_offset:
+            return []
+        found = self._txn_indexes.collect(self._bases, start_offset, end_offset)
+        return [e for e in found if self._marker_published(tail, e)]
+
+    def _marker_published(self, tail: Tail, entry: AbortedTxn) -> bool:
+        """Whether the entry's ABORT marker is in the log (its writer may have died
+        between the two): the batch at lastOffset is a control batch of that producer.
+        Remembered per entry once below the log end."""
+        key = (entry.producer_id, entry.last_offset)
+        known = self._txn_markers_seen.get(key)
+        if known is not None:
+            return known
+        if entry.last_offset >= tail.log_end_offset:
+            return False                        # not yet (or never): ask again later
+        found = False
+        if entry.last_offset >= tail.log_start_offset:
+            i = self._first_segment(entry.last_offset, tail.log_end_offset)
+            segment, size = self._sized(self._bases[i], tail)
+            pos = segment.find(entry.last_offset, size)
+            header = read_header(segment.view(size), pos, size, segment.path)
+            found = (header is not None and header.base_offset == entry.last_offset
+                     and header.attributes & ATTR_CONTROL != 0
+                     and header.producer_id == entry.producer_id)
+        self._txn_markers_seen[key] = found
+        return found
+
+    # ---- read_committed --------------------------------------------------------------
+
+    def _committed_end(self, tail: Tail, stop_offset: int | None) -> int:
+        lso = self._last_stable(tail)
+        return lso if stop_offset is None else min(stop_offset, lso)
+
+    def _read_committed(self, tail: Tail, offset: int, max_records: int, max_bytes: int,
+                        stop_offset: int | None) -> tuple[list[Record], int]:
+        """read() with isolation read_committed: records below the LSO (and
+        `stop_offset`), without those of aborted transactions; also the offset to read
+        next. Reads on past batches that were all aborted, a bounded number of times."""
+        end = self._committed_end(tail, stop_offset)
+        self._check_in_range(offset, tail, tail.high_watermark)
+        out: list[Record] = []
+        for _ in range(READ_COMMITTED_ROUNDS):
+            if offset >= end:
+                break
+            records = self._read(tail, offset, max_records, max_bytes, end)
+            if not records:
+                offset = end        # nothing but markers (or compacted gaps) below end
+                break
+            next_offset = records[-1].offset + 1
+            aborted = self._aborted_entries(tail, offset, next_offset)
+            if aborted:
+                records = self._drop_aborted(tail, records, aborted, offset, next_offset)
+            out = records
+            offset = next_offset
+            if out:
+                break
+        return out, offset
+
+    def _drop_aborted(self, tail: Tail, records: list[Record], aborted: list[AbortedTxn],
+                      start: int, end: int) -> list[Record]:
+        """`records` (offsets in [start, end)) without those in batches of aborted
+        transactions: the batch headers of that range say which producer wrote what."""
+        by_producer: dict[int, list[AbortedTxn]] = {}
+        for entry in aborted:
+            by_producer.setdefault(entry.producer_id, []).append(entry)
+        spans: list[tuple[int, int]] = []
+        bases = self._bases
+        i = self._first_segment(start, end)
+        offset = start
+        while i < len(bases) and offset < end:
+            segment, size = self._sized(bases[i], tail)
+            for _, header in segment.headers(segment.find(offset, size), size):
+                if header.base_offset >= end:
+                    break
+                offset = header.last_offset + 1
+                entries = by_producer.get(header.producer_id)
+                if entries and header.attributes & ATTR_TRANSACTIONAL and any(
+                        e.first_offset <= header.base_offset <= e.last_offset
+                        for e in entries):
+                    spans.append((header.base_offset, header.last_offset))
+            i += 1
+        if not spans:
+            return records
+        return [r for r in records if not any(lo <= r.offset <= hi for lo, hi in spans)]
