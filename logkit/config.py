@@ -440,12 +440,17 @@ _ROWS: tuple[Setting, ...] = (
             "topic: how long a stored batch waits for the in-sync replicas before its "
             "futures fail with LogkitTimeoutError (the records stay in the log)",
             minimum=0, unit="ms"),
-    _client(PRODUCER, "enable.idempotence", "bool", False, "Kafka's guard against "
-            "duplicates written by retries", status=IGNORED,
-            why="appends are in-process and never retried, so a record is never stored "
-                "twice whatever the value; batches carry no producer id"),
-    _client(PRODUCER, "transactional.id", "str", None, "Kafka's transactional producer",
-            nullable=True, status=REFUSED, why="transactions are not built yet"),
+    _client(PRODUCER, "enable.idempotence", "bool", None, "a producer id and epoch, and "
+            "a sequence number per batch, so a batch is never stored twice; None: True "
+            "exactly when acks='all' (Kafka's rule); True with acks 0 or 1 is refused; "
+            "a transactional producer implies it", nullable=True),
+    _client(PRODUCER, "transactional.id", "str", None, "makes a transactional producer "
+            "(init_transactions, begin/commit/abort_transaction); implies "
+            "enable_idempotence and acks='all'; one namespace with the Kafka listener's "
+            "producers", nullable=True),
+    _client(PRODUCER, "transaction.timeout.ms", "int", 60000, "an open transaction older "
+            "than this is aborted by the coordinator (and the producer fenced)",
+            minimum=1, maximum=900000, unit="ms"),
     _client(PRODUCER, "bootstrap.servers", "any", None, "Kafka brokers to connect to",
             nullable=True, status=REFUSED, shape="str or list of str",
             why="the producer writes to the Broker it is made from (broker.producer()); "
@@ -494,9 +499,8 @@ _ROWS: tuple[Setting, ...] = (
             nullable=True),
     _client(CONSUMER, "isolation.level", "str", "read_uncommitted", "read_committed hides "
             "records of open or aborted transactions",
-            choices=("read_uncommitted", "read_committed"), status=IGNORED,
-            why="there are no transactions yet, so every stored record is committed and "
-                "both levels read the same records; any other value is refused"),
+            choices=("read_uncommitted", "read_committed"),
+            why="Kafka's two levels; any other value is refused"),
     _client(CONSUMER, "bootstrap.servers", "any", None, "Kafka brokers to connect to",
             nullable=True, status=REFUSED, shape="str or list of str",
             why="the consumer reads the Broker it is made from (broker.consumer()); "

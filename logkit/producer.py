@@ -50,9 +50,21 @@ Kafka's); the waiting is one thread per producer (logkit/leader/replicas.py's
 `AckWaiter`, logkit/waiters.py), so many batches wait at once.
 
 Options: the keywords, their defaults and bounds are the "producer" rows of the one
-settings table (logkit/config.py, docs/configuration.md); `retries`,
-`enable_idempotence` and `client_id` are accepted and ignored
-(appends are local and never retried, so nothing is stored twice).
+settings table (logkit/config.py, docs/configuration.md); `retries` and `client_id` are
+accepted and ignored (appends are local and never retried).
+
+Idempotence and transactions (docs/design.md §15, Kafka's KIP-98): an idempotent
+producer (`enable_idempotence`, on by default exactly when acks="all") gets a producer
+id and epoch from the broker's transaction coordinator (logkit/transactions.py) at its
+first append and stamps each batch with them and the partition's next sequence number,
+assigned by the one thread appending that partition, at the append (a batch that stored
+nothing does not advance it); the log refuses gaps and answers a duplicate with its
+first offset. A transactional producer (`transactional_id`) takes its id and epoch from
+`init_transactions()`, sends only inside a transaction (every send takes the Python
+path: it checks the state, and registers a partition new to the transaction with the
+coordinator before its first record is queued), and flushes before it ends one. Client
+states: UNINITIALIZED -> READY <-> IN_TRANSACTION -> (a failed send) ABORTABLE_ERROR ->
+READY by abort; FENCED, from which every call raises ProducerFencedError.
 
 Errors: an append's error goes to its records' futures; one that is not a `LogkitError`
 (a bug) is also logged with its traceback; a send callback's exception is logged and
@@ -119,8 +131,9 @@ import threading
 import time
 import warnings
 import weakref
+from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from . import _fork, _native
 from .accumulator import (CALLER_DUE_MAX, CALLER_LOOK_EVERY, DIRECT_ROWS, Batch,
@@ -128,15 +141,17 @@ from .accumulator import (CALLER_DUE_MAX, CALLER_LOOK_EVERY, DIRECT_ROWS, Batch,
 from .compression import codec_id, require
 from .config import PRODUCER, is_compacted, resolve
 from ._threads import start_thread
-from .errors import (ArgumentTypeError, ClosedError, ConfigError, IllegalStateError,
-                     InvalidRecordError, LogkitError, LogkitTimeoutError,
-                     NotEnoughReplicasError,
+from .errors import (ArgumentTypeError, ClosedError, CommitFailedError, ConfigError,
+                     IllegalStateError, InvalidProducerEpochError, InvalidRecordError,
+                     InvalidTxnStateError, LogkitError, LogkitTimeoutError,
+                     NotEnoughReplicasError, ProducerFencedError,
                      RecordTooLargeError, UnknownTopicError,
                      storage_error)
 from .waiters import AckWaiter, SyncWaiter
 from .murmur2 import partition_for_key
 from .records import (RECORD_OVERHEAD_BYTES, RECORDS_OFFSET, RecordMetadata, encode_batch,
                       encode_batch_parts, record_size_estimate)
+from .topic import TopicPartition
 
 __all__ = ["Producer", "FutureRecordMetadata"]
 
@@ -429,11 +444,46 @@ def _check_headers(headers: Any) -> list[tuple[str, bytes | None]]:
     return out
 
 
+# The transactional producer's client-side states (Kafka's TransactionManager, fewer).
+_UNINITIALIZED = "UNINITIALIZED"        # init_transactions() not called yet
+_READY = "READY"                        # no transaction open
+_IN_TRANSACTION = "IN_TRANSACTION"
+_ABORTABLE = "ABORTABLE_ERROR"          # a send of the transaction failed: abort it
+_FENCED = "FENCED"                      # another producer took the transactional id
+_SEQUENCE_MASK = 0x7FFFFFFF             # sequence numbers wrap at 2**31 (Kafka's)
+
+
+def _settle_idempotence(settings: dict[str, Any], acks_given: bool) -> None:
+    """Kafka's rules between acks, enable_idempotence and transactional_id (docs/design.md
+    §15): idempotence defaults to True exactly when acks is "all"; True with acks 0/1 is
+    a ConfigError; a transactional id implies idempotence and acks "all" (acks given as
+    0/1, or idempotence False, is a ConfigError)."""
+    acks, idempotent = settings["acks"], settings["enable_idempotence"]
+    transactional = settings["transactional_id"] is not None
+    if transactional:
+        if settings["transactional_id"] == "":
+            raise ConfigError("transactional_id must be a non-empty str or None")
+        if idempotent is False:
+            raise ConfigError("a transactional producer needs enable_idempotence (Kafka's "
+                              "rule): drop enable_idempotence=False or transactional_id")
+        if acks_given and acks not in (-1, "all"):
+            raise ConfigError(f"a transactional producer needs acks='all' (Kafka's rule), "
+                              f"got acks={acks!r}")
+        settings["acks"], settings["enable_idempotence"] = "all", True
+        return
+    if idempotent is None:
+        settings["enable_idempotence"] = acks in (-1, "all")
+    elif idempotent and acks not in (-1, "all"):
+        raise ConfigError(f"enable_idempotence=True needs acks='all' (Kafka's rule), got "
+                          f"acks={acks!r}")
+
+
 class Producer:
     """`broker.producer(acks=1, linger_ms=0, batch_size=16384, compression_type=None)`."""
 
     def __init__(self, broker: Any, **options: Any) -> None:
         settings = resolve(PRODUCER, options)        # ConfigError naming a bad key
+        _settle_idempotence(settings, "acks" in options)
         acks, partitioner = settings["acks"], settings["partitioner"]
         self.config = settings
         self._codec = codec_id(settings["compression_type"])
@@ -461,6 +511,22 @@ class Producer:
         self._slow = self._key_serializer is not None or \
             self._value_serializer is not None or partitioner not in (None, "sticky",
                                                                       "murmur2")
+        # Idempotence and transactions (docs/design.md §15): the producer id and epoch
+        # (-1: not known yet; an idempotent producer gets them at its first append), the
+        # next sequence number per partition (advanced only by the thread appending that
+        # partition), and the transaction's client-side state.
+        self._idempotent: bool = settings["enable_idempotence"]
+        self._transactional_id: str | None = settings["transactional_id"]
+        self._producer_id = self._producer_epoch = -1
+        self._sequences: dict[tuple[str, int], int] = {}
+        self._id_lock = threading.Lock()
+        self._txn_lock = threading.RLock()
+        self._txn_state = _UNINITIALIZED
+        self._txn_partitions: set[tuple[str, int]] = set()
+        self._txn_begun_at_coordinator = False   # partitions or offsets added
+        self._txn_error: BaseException | None = None
+        if self._transactional_id is not None:
+            self._slow = True               # every send checks the transaction first
         self._accumulator = RecordAccumulator(
             batch_size=self._batch_size, buffer_memory=self._buffer_memory,
             linger_ms=settings["linger_ms"], max_block_ms=settings["max_block_ms"])
@@ -566,6 +632,8 @@ class Producer:
             raise ClosedError("producer is closed")
         if not isinstance(topic, str):
             raise ArgumentTypeError(f"topic must be a str, got {topic!r}")
+        if self._transactional_id is not None:
+            self._check_state("send", (_IN_TRANSACTION,))
         if timestamp_ms is not None:
             _check_timestamp(timestamp_ms)
         if headers is not None:
@@ -590,6 +658,9 @@ class Producer:
             if not 0 <= partition < state.count:
                 raise UnknownTopicError(f"topic {topic!r} has no partition {partition!r} "
                                         f"(it has {state.count})")
+        if self._transactional_id is not None and \
+                (topic, partition) not in self._txn_partitions:
+            self._add_partition(topic, partition)
         self._look_countdown -= 1              # send()'s own count skipped this one
         if self._look_countdown <= 0:
             self._look()
@@ -776,10 +847,13 @@ class Producer:
                 now_ms = int(time.time() * 1000)
                 batch.timestamp_ms = now_ms
                 encoded = None
-                if len(batch.rows) == 1 and not self._codec:     # a large value: pieces
-                    encoded = encode_batch_parts(batch.rows[0], now_ms=now_ms)
+                idempotent = self._idempotent
+                if len(batch.rows) == 1 and not self._codec and not idempotent:
+                    encoded = encode_batch_parts(batch.rows[0], now_ms=now_ms)  # pieces
                 if encoded is None:
-                    encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms)
+                    encoded = encode_batch(batch.rows, codec=self._codec, now_ms=now_ms,
+                                           **self._identity(batch.state.name,
+                                                            batch.partition))
                 if len(batch.rows) > 1 and \
                         len(encoded) > partition.config["max.message.bytes"]:
                     batch.outcomes = {}
@@ -789,6 +863,8 @@ class Producer:
                     batch.base_offset, ticket = partition.append_batch_nowait(
                         encoded, verify=False,
                         lock_timeout_s=max(0.0, until - time.monotonic()))
+                    if idempotent:
+                        self._advance(batch.state.name, batch.partition, len(batch.rows))
         except LogkitTimeoutError as exc:     # the lock was not free: nothing stored
             if callers and not batch.outcomes:
                 batch.outcomes = None
@@ -905,6 +981,9 @@ class Producer:
 
     def _resolve(self, batch: Batch) -> None:
         """Mark the batch done and run its callbacks (in this thread)."""
+        if self._transactional_id is not None and (
+                batch.error is not None or batch.outcomes is not None):
+            self._transaction_failed(batch)
         with _callback_lock:
             batch.finished = True             # before the swap: adds check it first
             event = batch.waiter
@@ -938,13 +1017,19 @@ class Producer:
         `bound` is [lock deadline, whether it is the caller's, the batch]: a caller's
         lock timeout before anything is stored propagates (the batch is requeued);
         once a part is stored the rest is bounded by the delivery timeout only."""
-        encoded = encode_batch(rows, codec=self._codec, now_ms=now_ms)
+        until, callers, batch = bound
+        try:
+            identity = self._identity(batch.state.name, batch.partition)
+        except LogkitError as exc:     # no producer id: these rows fail with the reason
+            for row in rows:
+                outcomes[id(row)] = exc
+            return
+        encoded = encode_batch(rows, codec=self._codec, now_ms=now_ms, **identity)
         if len(rows) > 1 and len(encoded) > partition.config["max.message.bytes"]:
             half = len(rows) // 2
             self._append_split(partition, rows[:half], now_ms, outcomes, bound)
             self._append_split(partition, rows[half:], now_ms, outcomes, bound)
             return
-        until, callers, batch = bound
         try:
             base = partition.append_batch(encoded, verify=False,
                                     lock_timeout_s=max(0.0, until - time.monotonic()))
@@ -969,6 +1054,8 @@ class Producer:
             for row in rows:
                 outcomes[id(row)] = exc
             return
+        if self._idempotent:
+            self._advance(batch.state.name, batch.partition, len(rows))
         if callers:                            # a part is stored: finish what we began
             bound[0], bound[1] = batch.created + self._delivery_timeout_s, False
         for i, row in enumerate(rows):
@@ -1048,6 +1135,223 @@ class Producer:
         state = self._state(topic)
         self._learn_partitions(topic)
         return set(range(state.count))
+
+    # ---- idempotence ---------------------------------------------------------------------
+
+    def _identity(self, topic: str, partition: int) -> dict[str, Any]:
+        """The producer fields of the next batch for a partition (none for a producer
+        that is not idempotent). Called by the one thread appending that partition."""
+        if not self._idempotent:
+            return {}
+        if self._producer_id < 0:
+            self._init_idempotent()
+        return {"producer_id": self._producer_id, "producer_epoch": self._producer_epoch,
+                "base_sequence": self._sequences.get((topic, partition), 0),
+                "transactional": self._transactional_id is not None}
+
+    def _init_idempotent(self) -> None:
+        """A producer id for an idempotent producer, at its first append (Kafka asks
+        the coordinator for one before its first send)."""
+        if self._transactional_id is not None:
+            raise InvalidTxnStateError("call init_transactions() before sending")
+        with self._id_lock:
+            if self._producer_id < 0:
+                pid, epoch = self._broker.transaction_coordinator.init_producer_id(None)
+                self._producer_epoch = epoch
+                self._producer_id = pid
+
+    def _advance(self, topic: str, partition: int, count: int) -> None:
+        key = (topic, partition)
+        self._sequences[key] = (self._sequences.get(key, 0) + count) & _SEQUENCE_MASK
+
+    @property
+    def producer_id(self) -> int:
+        """This producer's id (-1 before its first append or init_transactions())."""
+        return self._producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self._producer_epoch
+
+    # ---- transactions ------------------------------------------------------------------
+
+    def _check_state(self, call: str, allowed: tuple[str, ...]) -> None:
+        """Raise for a transactional call the state does not allow: ProducerFencedError
+        once fenced, InvalidTxnStateError otherwise (the failed send's error as cause
+        in the abortable state)."""
+        if self._pid != _fork._pid:
+            _fork.check_owner(self._pid, "this producer")
+        if self._transactional_id is None:
+            raise InvalidTxnStateError(f"{call}() needs a transactional producer "
+                                       "(broker.producer(transactional_id=...))")
+        state = self._txn_state
+        if state in allowed:
+            return
+        if state == _FENCED:
+            raise ProducerFencedError(
+                f"producer of transactional id {self._transactional_id!r} was fenced "
+                "(another producer called init_transactions() with this id, or its "
+                "transaction timed out); close it") from self._txn_error
+        hint = {_UNINITIALIZED: "call init_transactions() first",
+                _READY: "no transaction is open: call begin_transaction() first",
+                _IN_TRANSACTION: "a transaction is already open",
+                _ABORTABLE: "a send of this transaction failed: abort_transaction()"}
+        raise InvalidTxnStateError(f"cannot {call}() in state {state}: "
+                                   f"{hint[state]}") from self._txn_error
+
+    def _coordinator_call(self, call: Callable[..., Any], *args: Any,
+                          **options: Any) -> Any:
+        """A coordinator call with this producer's id and epoch; a fence marks the
+        producer fenced."""
+        try:
+            return call(self._transactional_id, self._producer_id, self._producer_epoch,
+                        *args, **options)
+        except ProducerFencedError as exc:
+            self._txn_state, self._txn_error = _FENCED, exc
+            raise
+
+    def _add_partition(self, topic: str, partition: int) -> None:
+        """Register a partition with the open transaction before its first record is
+        queued (Kafka's AddPartitionsToTxn), so no batch reaches the log unannounced."""
+        with self._txn_lock:
+            if (topic, partition) in self._txn_partitions:
+                return
+            self._check_state("send", (_IN_TRANSACTION,))
+            self._coordinator_call(self._broker.transaction_coordinator.add_partitions,
+                                   [TopicPartition(topic, partition)])
+            self._txn_partitions.add((topic, partition))
+            self._txn_begun_at_coordinator = True
+
+    def _transaction_failed(self, batch: Batch) -> None:
+        """A batch of the transaction failed (sender side): the transaction can only be
+        aborted now; a refused epoch means the producer was fenced."""
+        if batch.error is not None:
+            errors = [batch.error]
+        else:
+            errors = [o for o in batch.outcomes.values() if isinstance(o, BaseException)]
+        if not errors:
+            return
+        error = errors[0]
+        if isinstance(error, (InvalidProducerEpochError, ProducerFencedError)):
+            if not isinstance(error, ProducerFencedError):
+                fenced = ProducerFencedError(
+                    f"the log refused a batch of transactional id "
+                    f"{self._transactional_id!r}: {error}")
+                fenced.__cause__ = error
+                if batch.error is not None:
+                    batch.error = fenced
+                else:
+                    for row, outcome in list(batch.outcomes.items()):
+                        if outcome is error:
+                            batch.outcomes[row] = fenced
+                error = fenced
+            self._txn_state = _FENCED
+        elif self._txn_state == _IN_TRANSACTION:
+            self._txn_state = _ABORTABLE
+        self._txn_error = error
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Take the transactional id: fence every older producer of it (its epoch is
+        bumped) and abort its open transaction. Once, before the first transaction."""
+        self._check_state("init_transactions", (_UNINITIALIZED, _READY))
+        with self._txn_lock:
+            pid, epoch = self._broker.transaction_coordinator.init_producer_id(
+                self._transactional_id, self.config["transaction_timeout_ms"])
+            with self._id_lock:
+                self._producer_id, self._producer_epoch = pid, epoch
+                self._sequences.clear()          # a new epoch starts at sequence 0
+            self._txn_state, self._txn_error = _READY, None
+
+    def begin_transaction(self) -> None:
+        """Open a transaction (local: the coordinator learns of it at the first send or
+        send_offsets_to_transaction)."""
+        with self._txn_lock:
+            self._check_state("begin_transaction", (_READY,))
+            self._txn_partitions = set()
+            self._txn_begun_at_coordinator = False
+            self._txn_state, self._txn_error = _IN_TRANSACTION, None
+
+    def send_offsets_to_transaction(self, offsets: Mapping[Any, Any],
+                                    group_metadata: Any) -> None:
+        """Commit the consumer's `offsets` ({TopicPartition: next offset, or (offset,
+        metadata)}) with the transaction: visible to committed()/lag() at the commit,
+        dropped by an abort. `group_metadata` is `consumer.group_metadata()` (its
+        generation and member id are checked, KIP-447) or a group id."""
+        with self._txn_lock:
+            self._check_state("send_offsets_to_transaction", (_IN_TRANSACTION,))
+            if isinstance(group_metadata, str):
+                group_id, generation, member, instance = group_metadata, -1, "", None
+            else:
+                group_id = group_metadata.group_id
+                generation = getattr(group_metadata, "generation_id", -1)
+                member = getattr(group_metadata, "member_id", "") or ""
+                instance = getattr(group_metadata, "group_instance_id", None)
+            if not isinstance(offsets, Mapping):
+                raise ArgumentTypeError(f"offsets must be a dict {{TopicPartition: "
+                                        f"offset}}, got {offsets!r}")
+            clean = {}
+            for tp, value in offsets.items():
+                tp = TopicPartition(*tp)
+                if isinstance(value, tuple):          # (offset, metadata), OffsetAndMetadata
+                    clean[tp] = (value[0], value[1] if len(value) > 1 else "")
+                else:
+                    clean[tp] = (value, "")
+            coordinator = self._broker.transaction_coordinator
+            self._coordinator_call(coordinator.add_offsets, group_id)
+            self._txn_begun_at_coordinator = True
+            try:
+                self._coordinator_call(coordinator.txn_offset_commit, group_id, clean,
+                                       generation_id=generation, member_id=member,
+                                       group_instance_id=instance)
+            except (ConfigError, CommitFailedError) as exc:   # the transaction must abort
+                self._txn_state, self._txn_error = _ABORTABLE, exc
+                raise
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Store every record sent in the transaction, then commit it (records and
+        offsets become visible together). A failed send of the transaction raises here
+        (the transaction must then be aborted); a fenced producer raises
+        ProducerFencedError."""
+        with self._txn_lock:
+            self._check_state("commit_transaction", (_IN_TRANSACTION,))
+            self.flush(timeout)
+            self._check_state("commit_transaction", (_IN_TRANSACTION,))
+            if self._txn_begun_at_coordinator:
+                self._coordinator_call(self._broker.transaction_coordinator.end_txn, True)
+            self._txn_state = _READY
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the open transaction: its records stay in the log, hidden from
+        read_committed readers by an ABORT marker; its offsets are dropped."""
+        with self._txn_lock:
+            self._check_state("abort_transaction", (_IN_TRANSACTION, _ABORTABLE))
+            try:
+                self.flush(timeout)
+            except LogkitTimeoutError:
+                raise
+            except LogkitError as exc:     # a failed batch is aborted with the rest
+                log.debug("abort_transaction: flushing raised %s", exc)
+            if self._txn_state == _FENCED:
+                self._check_state("abort_transaction", ())
+            if self._txn_begun_at_coordinator:
+                self._coordinator_call(self._broker.transaction_coordinator.end_txn, False)
+            self._txn_state, self._txn_error = _READY, None
+
+    @contextmanager
+    def transaction(self) -> Iterator["Producer"]:
+        """`with producer.transaction():` begins a transaction, commits it when the
+        block ends, aborts it when the block raises (the exception then propagates)."""
+        self.begin_transaction()
+        try:
+            yield self
+        except BaseException as exc:
+            try:
+                self.abort_transaction()
+            except LogkitError as abort_error:    # the block's error is the one to raise
+                log.warning("aborting the transaction after %r failed: %s", exc,
+                            abort_error)
+            raise
+        self.commit_transaction()
 
     def metrics(self) -> dict[str, int]:
         """A few accumulator gauges (Kafka's producer exposes many more)."""

@@ -384,13 +384,13 @@ def test_producer_options_come_from_the_settings_table(broker):
     """The producer's options and defaults are the table's "producer" rows; strings
     are read as Kafka's .properties are; refused keys say why."""
     from logkit.config import TABLE
-    producer = broker.producer(linger_ms="5", enable_idempotence="true")
+    producer = broker.producer(linger_ms="5", acks="all", enable_idempotence="true")
     assert producer.config["linger_ms"] == 5 and producer.config["enable_idempotence"]
     assert set(producer.config) == {key for key, row in TABLE["producer"].items()
                                     if row.status != "refused"}
     producer.close()
-    with pytest.raises(ConfigError, match="transactions are not built"):
-        broker.producer(transactional_id="tx-1")
+    with pytest.raises(ConfigError, match="enable_idempotence=True needs acks='all'"):
+        broker.producer(enable_idempotence=True)
     with pytest.raises(ConfigError, match="bootstrap_servers.*not supported"):
         broker.producer(bootstrap_servers="localhost:9092")
 

@@ -171,9 +171,10 @@ def test_the_keys_the_issue_named_are_each_decided():
     """The keys found accepted-and-unused are now honoured (tested below), or flagged
     ignored with a reason."""
     decided = {
-        ("producer", "enable_idempotence"): IGNORED, ("producer", "retries"): IGNORED,
+        ("producer", "enable_idempotence"): HONOURED,     # docs/design.md §15
+        ("producer", "retries"): IGNORED,
         ("producer", "request_timeout_ms"): HONOURED,     # acks="all", replicated
-        ("consumer", "isolation_level"): IGNORED,
+        ("consumer", "isolation_level"): HONOURED,        # docs/design.md §15
         ("topic", "min.insync.replicas"): HONOURED,
         ("broker", "min.insync.replicas"): HONOURED,
         ("topic", "preallocate"): IGNORED, ("broker", "log.preallocate"): IGNORED,
@@ -319,15 +320,14 @@ def test_min_insync_replicas_above_one_fails_acks_all_and_writes_nothing(tmp_pat
 
 def test_ignored_settings_change_nothing(tmp_path):
     """Keys flagged ignored are taken and leave behaviour as it was: a producer with
-    retries, idempotence and a request timeout stores each record once; a topic with
+    retries and a request timeout stores each record once; a topic with
     preallocate writes a log file no bigger than its batches; a broker with an initial
     rebalance delay and an offsets retention forms a group at once and keeps offsets."""
     config = {"group.initial.rebalance.delay.ms": 60000, "offsets.retention.minutes": 1,
               "log.preallocate": True}
     with logkit.Broker(tmp_path, config=config) as broker:
         topic = broker.create_topic("t", 1, config={"preallocate": True})
-        producer = broker.producer(retries=10, enable_idempotence=True,
-                                   request_timeout_ms=1, client_id="mine")
+        producer = broker.producer(retries=10, request_timeout_ms=1, client_id="mine")
         futures = [producer.send("t", b"%d" % i) for i in range(10)]
         producer.flush()
         assert [f.result().offset for f in futures] == list(range(10))
