@@ -32,7 +32,9 @@ child's to end.
 
 Options: the keywords, defaults and bounds are the "consumer" rows of the one settings
 table (logkit/config.py, docs/configuration.md). `isolation_level` takes Kafka's two
-values only and, with no transactions yet, both read the same records.
+values: read_committed reads up to the last stable offset and leaves out the records of
+aborted transactions (docs/design.md §15); positions move past control batches and
+aborted records, which no level returns.
 
 Errors that are not raised: auto-commits and heartbeats are best effort (see
 logkit/coordinator.py for what is logged at which level).
@@ -135,6 +137,7 @@ class Consumer:
             strategy = strategy[0]
         self._broker = broker
         self._group_id: str | None = settings["group_id"]
+        self._isolation_level: str = settings["isolation_level"]
         self._key_deserializer: Callable | None = settings["key_deserializer"]
         self._value_deserializer: Callable | None = settings["value_deserializer"]
         self._subscriptions = SubscriptionState(settings["auto_offset_reset"])
@@ -191,6 +194,8 @@ class Consumer:
                 enable_auto_commit=settings["enable_auto_commit"],
                 auto_commit_interval_ms=settings["auto_commit_interval_ms"],
                 on_assign=settings["on_assign"], on_revoke=settings["on_revoke"])
+            # lag() of the group counts to the LSO while a member reads committed
+            self._coordinator.group.isolation_level = self._isolation_level
         if topics:
             self.subscribe(list(topics))
 

@@ -71,6 +71,7 @@ MAX_GROUP_ID_BYTES = 249                   # like a topic name, so an offset key
 assert MAX_GROUP_ID_BYTES + 1 + MAX_TOPIC_NAME_BYTES + 1 \
     + len(str(MAX_PARTITIONS - 1)) <= MAX_KEY_BYTES
 MAX_CLIENT_ID_CHARS = 255                  # a member id is client id + 13 characters
+READ_COMMITTED, READ_UNCOMMITTED = "read_committed", "read_uncommitted"
 
 
 class OffsetMetadataTooLargeError(ConfigError):
@@ -238,6 +239,8 @@ class GroupCoordinator:
         self.max_poll_interval_ms = max_poll_interval_ms
         self.client_id = client_id
         self.member_id: str | None = None
+        # the member's consumer reads read_committed: lag() then stops at the LSO
+        self.isolation_level = READ_UNCOMMITTED
         self._key = group_id.encode()
         self._gen_key = b"gen\0" + self._key
         self._rebalances = 0              # grows in every write that rebalances
@@ -320,6 +323,8 @@ class GroupCoordinator:
                 "poll_ms": now, "session_timeout_ms": self.session_timeout_ms,
                 "max_poll_interval_ms": self.max_poll_interval_ms, "pid": os.getpid(),
                 "host": socket.gethostname()}
+            if self.isolation_level != READ_UNCOMMITTED:
+                state["members"][member_id]["isolation_level"] = self.isolation_level
             self._rebalance(txn, state)
             self._store(txn, state)
 
@@ -618,16 +623,28 @@ class ConsumerGroup:
         return {tp: om.offset for tp, om in
                 committed_offsets(self._broker.meta, self.group_id).items()}
 
-    def lag(self) -> dict[TopicPartition, int]:
+    def lag(self, *, isolation_level: str | None = None) -> dict[TopicPartition, int]:
         """Records each partition has beyond the group's committed offset: every
         partition of the topics the group's live members subscribe to or it has
         committed on. A partition with no commit counts from its log start offset (a
         group that never committed is behind by everything still in the log, not
         caught up); `committed()` leaves such partitions out. Topics deleted since a
-        commit are skipped."""
+        commit are skipped.
+
+        `isolation_level="read_committed"` counts up to each partition's last stable
+        offset (what such a consumer can read), "read_uncommitted" up to the high
+        watermark; None: read_committed when a live member reads read_committed."""
+        live = live_members(self._coordinator.state())
+        if isolation_level is None:
+            isolation_level = READ_COMMITTED if any(
+                info.get("isolation_level") == READ_COMMITTED for info in live.values()) \
+                else READ_UNCOMMITTED
+        elif isolation_level not in (READ_COMMITTED, READ_UNCOMMITTED):
+            raise ConfigError(f"isolation_level must be {READ_UNCOMMITTED!r} or "
+                              f"{READ_COMMITTED!r}, got {isolation_level!r}")
+        stable = isolation_level == READ_COMMITTED
         committed = self.committed()
-        subscribed = {t for info in live_members(self._coordinator.state()).values()
-                      for t in info["topics"]}
+        subscribed = {t for info in live.values() for t in info["topics"]}
         out = {}
         for name in sorted(subscribed | {tp.topic for tp in committed}):
             try:
@@ -636,7 +653,7 @@ class ConsumerGroup:
                 continue
             for p in partitions:
                 tp = p.topic_partition
-                hw = p.high_watermark
+                hw = p.last_stable_offset if stable else p.high_watermark
                 offset = committed.get(tp)
                 out[tp] = max(0, hw - (p.log_start_offset if offset is None else offset))
         return out
