@@ -255,7 +255,6 @@ def test_configs_set_at_creation_read_back_as_kafka_shows_them(set_configs):
         {k: v for k, v in theirs.items() if k not in SET_TO_DEFAULT}
 
 
-@known("the source of a config set to its default")
 def test_a_config_set_to_its_default_value_keeps_the_topics_source(set_configs):
     assert {k: set_configs["logkit"][k] for k in SET_TO_DEFAULT} == \
         {k: set_configs["kafka"][k] for k in SET_TO_DEFAULT}
