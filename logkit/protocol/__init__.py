@@ -7,7 +7,8 @@ Layers, each its own module, each knowing only the one below it:
   frame.py     frames and headers: bytes in, typed requests out, responses to bytes
   handlers.py  one handler per API over the broker's public methods (no sockets)
   groups.py    the classic group protocol for wire members
-  producers.py producer ids and de-duplication of retried batches
+  producers.py a produced batch through the log's producer state (retries, sequences)
+  transactions.py the transaction APIs over the broker's transaction coordinator
   server.py    sockets, threads, TLS, SASL/PLAIN, timeouts and bounds
 
 Applications call `broker.serve(...)`; `KafkaServer` is the handle it returns.

@@ -44,7 +44,7 @@ from . import errors as E
 from .frame import Request
 from .groups import GroupManager, _join_error, encode_assignment
 from .messages import APIS
-from .producers import ProducerStates, new_producer_id
+from .producers import append_batch, new_producer_id
 from .transactions import TxnHandlers, txn_code
 
 __all__ = ["Handlers", "Session", "NODE_ID", "FETCH_MAX_BYTES"]
@@ -148,7 +148,6 @@ class Handlers:
         self.view = view if view is not None else LeaderView(
             broker, Node(node_id_for(broker.path, broker.config), host, port))
         self.closing = closing or threading.Event()
-        self.producers = ProducerStates()
         self.txn = TxnHandlers(self, _code_for)
         self.groups = GroupManager(persist=self._persist_group,
                                    embedded_live=self._embedded_live,
@@ -387,7 +386,7 @@ class Handlers:
                                        f"min.insync.replicas={min_isr}")
         batch = bytearray(records)
         try:
-            code, base = self.producers.append(partition, batch, partition.append_batch)
+            code, base = append_batch(partition, batch)
             log_start = partition.log_start_offset
         except LogkitError as exc:
             if isinstance(exc, (UnknownTopicError, ClosedError)):
@@ -438,15 +437,15 @@ class Handlers:
         return E.NONE, None
 
     def init_producer_id(self, request: Request, session: Session) -> dict[str, Any]:
-        body = request.body
-        if body["transactional_id"] is not None:
-            return {"error_code": E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                    "producer_id": -1, "producer_epoch": -1}
-        producer_id, epoch = body["producer_id"], body["producer_epoch"]
-        if producer_id >= 0 and 0 <= epoch < 32766:
-            return {"error_code": E.NONE, "producer_id": producer_id,
-                    "producer_epoch": epoch + 1}
-        return {"error_code": E.NONE, "producer_id": new_producer_id(), "producer_epoch": 0}
+        """Producer ids from the broker's transaction coordinator, the allocator
+        embedded producers use (transactions.TxnHandlers.init_producer_id). An
+        idempotent producer asking a listener whose broker does not lead (its
+        metadata store is the leader's copy) gets one from the clock
+        (producers.new_producer_id), whose range the coordinator's ids never reach."""
+        if request.body["transactional_id"] is None and not self.view.leads():
+            return {"error_code": E.NONE, "producer_id": new_producer_id(),
+                    "producer_epoch": 0}
+        return self.txn.init_producer_id(request, session)
 
     # ---- fetch ---------------------------------------------------------------------
 
@@ -487,6 +486,7 @@ class Handlers:
         budget = asked if 0 < asked < FETCH_MAX_BYTES else FETCH_MAX_BYTES
         by_id = request.version >= 13
         leads = self.view.leads()
+        committed = body["isolation_level"] == _READ_COMMITTED
         responses, total, failed = [], 0, False
         for fetch_topic, wanted_partitions in _merged_fetch_topics(body["topics"], by_id):
             try:
@@ -504,7 +504,7 @@ class Handlers:
                     failed = True
                     continue
                 result = self._fetch_partition(topic, wanted, budget - total,
-                                               first=total == 0)
+                                               first=total == 0, committed=committed)
                 failed = failed or result["error_code"] != E.NONE
                 total += len(result["records"] or b"")
                 partitions.append(result)
@@ -514,7 +514,11 @@ class Handlers:
         return responses, total, failed
 
     def _fetch_partition(self, topic: Any, wanted: dict[str, Any], budget: int,
-                         first: bool) -> dict[str, Any]:
+                         first: bool, committed: bool = False) -> dict[str, Any]:
+        """One partition's answer. Every answer carries the last stable offset, as
+        Kafka's; with read_committed the records stop before it and the aborted
+        transactions from the fetch offset up to it are listed (the client drops their
+        batches by producer id), read_uncommitted lists none (null)."""
         index = wanted["partition"]
         try:
             partition = topic.partition(index)
@@ -523,22 +527,29 @@ class Handlers:
             if code:
                 return _fetch_error(index, code)
             high_watermark = partition.high_watermark
+            stable = partition.last_stable_offset
             log_start = partition.log_start_offset
             offset = wanted["fetch_offset"]
+            end = stable if committed else high_watermark
             limit = min(wanted["partition_max_bytes"], budget)
             if limit <= 0 and not first:
                 records = b""
-            elif offset == high_watermark and offset >= log_start:
+            elif offset == end and offset >= log_start:
                 records = b""
             else:
-                records = partition.batches_since(offset, max_bytes=max(limit, 1))
+                records = partition.batches_since(offset, stable if committed else None,
+                                                  max_bytes=max(limit, 1))
+            aborted = [{"producer_id": producer_id, "first_offset": first_offset}
+                       for producer_id, first_offset
+                       in partition.aborted_transactions(offset, stable)] \
+                if committed else None
         except LogkitError as exc:
             if isinstance(exc, (UnknownTopicError, ClosedError)):
                 self._forget(topic.name)
             return _fetch_error(index, _code_for(exc))
         return {"partition_index": index, "error_code": E.NONE,
-                "high_watermark": high_watermark, "last_stable_offset": high_watermark,
-                "log_start_offset": log_start, "aborted_transactions": None,
+                "high_watermark": high_watermark, "last_stable_offset": stable,
+                "log_start_offset": log_start, "aborted_transactions": aborted,
                 "records": records}
 
     def list_offsets(self, request: Request, session: Session) -> dict[str, Any]:
@@ -562,7 +573,9 @@ class Handlers:
                     if code:
                         partitions.append({"partition_index": index, "error_code": code})
                         continue
-                    offset, timestamp = self._offset_for(partition, p["timestamp"])
+                    offset, timestamp = self._offset_for(
+                        partition, p["timestamp"],
+                        request.body["isolation_level"] == _READ_COMMITTED)
                 except LogkitError as exc:
                     partitions.append({"partition_index": index,
                                        "error_code": _code_for(exc)})
@@ -575,9 +588,11 @@ class Handlers:
         return {"topics": topics}
 
     @staticmethod
-    def _offset_for(partition: Any, timestamp: int) -> tuple[int, int]:
-        if timestamp == _LATEST:
-            return partition.high_watermark, -1
+    def _offset_for(partition: Any, timestamp: int,
+                    committed: bool = False) -> tuple[int, int]:
+        if timestamp == _LATEST:       # read_committed: the last stable offset (Kafka's)
+            return (partition.last_stable_offset if committed
+                    else partition.high_watermark), -1
         if timestamp in (_EARLIEST, _EARLIEST_LOCAL):
             return partition.log_start_offset, -1
         if timestamp == _MAX_TIMESTAMP:
@@ -684,7 +699,6 @@ class Handlers:
                     name = self._topic_by_id(topic_id).name
                 self._forget(name)
                 self.broker.delete_topic(name)
-                self.producers.forget_topic(name)
                 responses.append({"name": name, "topic_id": topic_id,
                                   "error_code": E.NONE})
             except LogkitError as exc:
@@ -1021,20 +1035,28 @@ class Handlers:
 
     def offset_fetch(self, request: Request, session: Session) -> dict[str, Any]:
         body = request.body
+        stable = body["require_stable"]
         if request.version >= 8:
             groups = [{"group_id": g["group_id"], **self._fetch_offsets(
-                g["group_id"], g["topics"], flexible_names=True)} for g in body["groups"]]
+                g["group_id"], g["topics"], flexible_names=True, require_stable=stable)}
+                for g in body["groups"]]
             return {"groups": groups}
-        result = self._fetch_offsets(body["group_id"], body["topics"], flexible_names=False)
+        result = self._fetch_offsets(body["group_id"], body["topics"], flexible_names=False,
+                                     require_stable=stable)
         return {"topics": result["topics"], "error_code": result["error_code"]}
 
     def _fetch_offsets(self, group_id: str, wanted: list[dict[str, Any]] | None,
-                       flexible_names: bool) -> dict[str, Any]:
+                       flexible_names: bool, require_stable: bool = False) -> dict[str, Any]:
+        """The group's committed offsets; with `require_stable` (KIP-447) a partition
+        with offsets pending in an open transaction answers UNSTABLE_OFFSET_COMMIT and
+        offset -1 until the transaction ends (the client retries)."""
         code = self._check_group_id(group_id)
         if code:
             return {"error_code": code, "topics": []}
         try:
             stored = committed_offsets(self.broker.meta, group_id)
+            pending = self.broker.transaction_coordinator.pending_offset_partitions(
+                group_id) if require_stable else set()
         except LogkitError as exc:
             return {"error_code": _code_for(exc), "topics": []}
         if wanted is None:
@@ -1046,12 +1068,14 @@ class Handlers:
         for t in wanted:
             partitions = []
             for index in t["partition_indexes"]:
-                om = stored.get(TopicPartition(t["name"], index))
+                tp = TopicPartition(t["name"], index)
+                om = None if tp in pending else stored.get(tp)
                 partitions.append({"partition_index": index,
                                    "committed_offset": -1 if om is None else om.offset,
                                    "committed_leader_epoch": -1,
                                    "metadata": "" if om is None else om.metadata,
-                                   "error_code": E.NONE})
+                                   "error_code": E.UNSTABLE_OFFSET_COMMIT if tp in pending
+                                   else E.NONE})
             topics.append({"name": t["name"], "partitions": partitions})
         return {"error_code": E.NONE, "topics": topics}
 

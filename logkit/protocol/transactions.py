@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 STATES = frozenset({"Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit",
                     "CompleteAbort", "PrepareEpochFence", "Dead"})
 PRODUCER_FENCED_MIN_VERSION = {22: 4, 24: 2, 25: 2, 26: 2}   # older: INVALID_PRODUCER_EPOCH
+_BY_PRODUCER = frozenset({0, 24, 25, 26, 28})     # the APIs a producer id calls
 _BATCH_PRODUCER = struct.Struct(">qh")             # producerId, producerEpoch
 _ATTRIBUTES = struct.Struct(">h")
 
@@ -54,6 +55,8 @@ def txn_code(exc: BaseException, api_key: int = -1, version: int = 1 << 15) -> i
     if isinstance(exc, ProducerFencedError) \
             and version < PRODUCER_FENCED_MIN_VERSION.get(api_key, 0):
         return E.INVALID_PRODUCER_EPOCH
+    if isinstance(exc, TransactionalIdNotFoundError) and api_key in _BY_PRODUCER:
+        return E.INVALID_PRODUCER_ID_MAPPING   # Kafka's answer to an id it never saw
     if isinstance(exc, _CODED):
         return exc.error_code
     return None
@@ -145,12 +148,22 @@ class TxnHandlers:
 
     def _verify(self, txn_id: str, producer_id: int, epoch: int, tp: TopicPartition,
                 api_key: int, version: int) -> int:
+        """NONE when `tp` is in the open transaction of (producer_id, epoch); else
+        INVALID_PRODUCER_EPOCH for an older epoch of the id's producer (a zombie),
+        PRODUCER_FENCED / INVALID_PRODUCER_EPOCH by version for Kafka's fencing
+        rule, INVALID_TXN_STATE otherwise (no open transaction, or not added)."""
         try:
-            self.coordinator.add_partitions(txn_id, producer_id, epoch, [tp],
-                                            verify_only=True)
+            coordinator = self.coordinator
+            if not coordinator.add_partitions(txn_id, producer_id, epoch, [tp],
+                                              verify_only=True):
+                return E.NONE
+            held = coordinator.describe_transactions([txn_id])[0]
         except LogkitError as exc:
             return self.code(exc, api_key, version)
-        return E.NONE
+        if held.producer_id == producer_id and epoch < held.producer_epoch:
+            return E.INVALID_PRODUCER_EPOCH if api_key == 0 else self.code(
+                ProducerFencedError(txn_id), api_key, version)
+        return E.INVALID_TXN_STATE
 
     def _partition_exists(self, topic: str, partition: int) -> int:
         try:
@@ -255,9 +268,8 @@ class TxnHandlers:
         duration_ms = body["duration_filter"]
         if duration_ms >= 0 and listings:
             oldest = int(time.time() * 1000) - duration_ms
-            started = {d.transactional_id: d.transaction_start_time_ms
-                       for d in self.coordinator.describe_transactions(
-                           [x.transactional_id for x in listings])}
+            started = {x.transactional_id: self._started_ms(x.transactional_id)
+                       for x in listings}
             listings = [x for x in listings
                         if 0 <= started.get(x.transactional_id, -1) <= oldest]
         return {"error_code": E.NONE, "unknown_state_filters": unknown,
@@ -265,21 +277,30 @@ class TxnHandlers:
                     {"transactional_id": x.transactional_id, "producer_id": x.producer_id,
                      "transaction_state": x.state} for x in listings]}
 
-    def describe_transactions(self, request: Any, session: Any) -> dict[str, Any]:
-        ids = request.body["transactional_ids"]
+    def _started_ms(self, txn_id: str) -> int:
         try:
-            found = {d.transactional_id: d
-                     for d in self.coordinator.describe_transactions(ids)}
-        except LogkitError as exc:
-            code = self.code(exc, 65, request.version)
-            return {"transaction_states": [_description(i, None, code) for i in ids]}
-        return {"transaction_states": [_description(i, found.get(i)) for i in ids]}
+            return self.coordinator.describe_transactions([txn_id])[0].transaction_start_ms
+        except TransactionalIdNotFoundError:
+            return -1                      # gone meanwhile
+
+    def describe_transactions(self, request: Any, session: Any) -> dict[str, Any]:
+        """Each id on its own: an unknown one is TRANSACTIONAL_ID_NOT_FOUND, the others
+        are described (Kafka's answer, one entry per id asked)."""
+        out = []
+        for txn_id in request.body["transactional_ids"]:
+            try:
+                found = self.coordinator.describe_transactions([txn_id])[0]
+            except LogkitError as exc:
+                out.append(_description(txn_id, None, self.code(exc, 65, request.version)))
+            else:
+                out.append(_description(txn_id, found))
+        return {"transaction_states": out}
 
 
 def _description(txn_id: str, d: Any,
                  code: int = E.TRANSACTIONAL_ID_NOT_FOUND) -> dict[str, Any]:
     if d is None:
-        return {"error_code": code, "transactional_id": txn_id,
+        return {"error_code": code or E.TRANSACTIONAL_ID_NOT_FOUND, "transactional_id": txn_id,
                 "transaction_state": "", "transaction_timeout_ms": 0,
                 "transaction_start_time_ms": -1, "producer_id": -1, "producer_epoch": -1,
                 "topics": []}
@@ -289,7 +310,7 @@ def _description(txn_id: str, d: Any,
     return {"error_code": E.NONE, "transactional_id": txn_id,
             "transaction_state": d.state,
             "transaction_timeout_ms": d.transaction_timeout_ms,
-            "transaction_start_time_ms": d.transaction_start_time_ms,
+            "transaction_start_time_ms": d.transaction_start_ms,
             "producer_id": d.producer_id, "producer_epoch": d.producer_epoch,
             "topics": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]}
 
