@@ -26,6 +26,7 @@ A mixin of `PartitionLog` (log.py), which owns the state it reads and writes.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from typing import Any
 
@@ -105,12 +106,17 @@ class _LogTransactions:
         header = read_header(segment.view(size), pos, size, segment.path)
         return header is not None and header.base_offset == base and header.crc == crc
 
-    def _load_producer_state(self, tail: Tail, *, repair: bool) -> ProducerStateManager:
-        """The newest readable snapshot at or below the log end, plus the batches after."""
+    def _load_producer_state(self, tail: Tail, *, repair: bool,
+                             replay_from: int | None = None) -> ProducerStateManager:
+        """The newest readable snapshot at or below the log end (and `replay_from`),
+        plus the batches after."""
         state = None
+        limit = tail.log_end_offset if replay_from is None else min(replay_from,
+                                                                    tail.log_end_offset)
         for offset in reversed(snapshot_offsets(self.directory)):
-            if offset <= tail.log_end_offset:
-                state = read_snapshot(self.directory, offset)
+            if offset <= limit:
+                state = read_snapshot(self.directory, offset,
+                                      remove_damaged=not self.read_only)
                 if state is not None:
                     break
         if state is None:
@@ -285,8 +291,10 @@ class _LogTransactions:
 
     def _after_recovery(self, tail: Tail) -> None:
         """After recovery cut or re-checked the log (under the lock): drop snapshots and
-        `.txnindex` entries past the log end, and rebuild the producer state, re-adding
-        index entries missing for the ABORT markers it replays."""
+        `.txnindex` entries past the log end, and rebuild the producer state from a
+        snapshot at or below the segment recovery scanned first (as Kafka's recovery
+        rebuilds the `.txnindex` of the segments it scans), re-adding the index entries
+        missing for the ABORT markers it replays."""
         end = tail.log_end_offset
         delete_snapshots(self.directory, [o for o in snapshot_offsets(self.directory)
                                           if o > end])
@@ -299,7 +307,10 @@ class _LogTransactions:
         self._txn_indexes.forget()
         self._txn_markers_seen.clear()
         self._producers = None
-        self._load_producer_state(tail, repair=True)
+        bases = self._bases
+        scanned = bases[max(0, bisect.bisect_right(bases, tail.recovery_point) - 1)] \
+            if bases else 0
+        self._load_producer_state(tail, repair=True, replay_from=scanned)
 
     # ---- the last stable offset and aborted transactions ----------------------------
 

@@ -295,9 +295,10 @@ def write_snapshot(directory: str, state: ProducerStateManager, *, sync: bool) -
     delete_snapshots(directory, offsets[:-SNAPSHOTS_KEPT])
 
 
-def read_snapshot(directory: str, offset: int) -> ProducerStateManager | None:
-    """The state in the snapshot at `offset`; None (and the file removed) when it is
-    unreadable or damaged: the log rebuilds it."""
+def read_snapshot(directory: str, offset: int, *, remove_damaged: bool = True
+                  ) -> ProducerStateManager | None:
+    """The state in the snapshot at `offset`; None when it is unreadable or damaged (the
+    log rebuilds it), and then the file is removed when `remove_damaged`."""
     path = snapshot_path(directory, offset)
     try:
         with open(path, "rb") as f:
@@ -307,7 +308,8 @@ def read_snapshot(directory: str, offset: int) -> ProducerStateManager | None:
         return None
     except ValueError as exc:
         log.warning("ignoring a damaged producer snapshot: %s", exc)
-        delete_snapshots(directory, [offset])
+        if remove_damaged:
+            delete_snapshots(directory, [offset])
         return None
 
 
