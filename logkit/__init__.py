@@ -29,6 +29,8 @@ from .transactions import TransactionCoordinator, TxnDescription, TxnListing
 from .mirroring import mirror, mirror_from
 from .murmur2 import murmur2
 from .log import RecoveryReport
+from .cleaner import CleanReport
+from .log_read import Fetched
 from .records import BatchHeader, Record, RecordMetadata
 from .topic import Partition, Topic, TopicPartition
 from .replication import DirectorySource, Follower, ReplicaSource, TcpSource
@@ -66,6 +68,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
+    "CleanReport", "Fetched",
     "Producer", "FutureRecordMetadata", "Consumer", "OffsetAndTimestamp", "ConsumerGroup",
     "ConsumerGroupMetadata",
     "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config", "mirror", "mirror_from",

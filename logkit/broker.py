@@ -34,8 +34,10 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from . import _fork
-from .config import (LONG_MAX, TOPIC, lookup, overrides_only, resolve_broker_config,
-                     resolve_topic_config)
+from ._clock import now_ms as _now_ms
+from .cleaner import LogCleaner
+from .config import (LONG_MAX, TOPIC, is_compacted, lookup, overrides_only,
+                     resolve_broker_config, resolve_topic_config)
 from .consumer import Consumer
 from ._threads import start_thread
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
@@ -48,7 +50,7 @@ from .meta import MetaStore, decode
 from .notify import Doorbell
 from .producer import Producer
 from ._files import raise_descriptor_limit
-from .topic import MAX_PARTITIONS, Topic, TopicPartition, validate_topic_name
+from .topic import MAX_PARTITIONS, Partition, Topic, TopicPartition, validate_topic_name
 from .transactions import EXPIRY_CHECK_INTERVAL_S, TransactionCoordinator
 
 MAX_REPLICATION_FACTOR = 32767                # Kafka's: a replica count is an int16
@@ -376,6 +378,7 @@ class Broker:
         self._stop = threading.Event()
         self._scheduler: threading.Thread | None = None
         self._txn_thread: threading.Thread | None = None
+        self._cleaner: LogCleaner | None = None     # cleaner.py: compacted topics
         self.transaction_coordinator = self._transaction_coordinator()
         try:
             self._finish_interrupted_deletes()
@@ -384,16 +387,30 @@ class Broker:
             self.meta.close()
             self.doorbell.close()
             raise
+        # Every writable broker aborts expired transactions, background chores or not
+        # (docs/design.md §15): an open transaction nobody ends holds every
+        # read_committed reader of its partitions at its first offset.
+        txn_thread = threading.Thread(target=self._run_transaction_expiry,
+                                      name="logkit-transactions", daemon=True)
+        try:
+            start_thread(txn_thread, "the broker's transaction expiry thread")
+            self._txn_thread = txn_thread
+        except BaseException:
+            self.meta.close()
+            self.doorbell.close()
+            raise
         if background:
             scheduler = threading.Thread(target=self._run_scheduler,
                                          name="logkit-scheduler", daemon=True)
-            txn_thread = threading.Thread(target=self._run_transaction_expiry,
-                                          name="logkit-transactions", daemon=True)
             try:
                 start_thread(scheduler, "the broker's retention scheduler")
                 self._scheduler = scheduler
-                start_thread(txn_thread, "the broker's transaction expiry thread")
-                self._txn_thread = txn_thread
+                if self.config["log.cleaner.enable"]:
+                    cleaner = LogCleaner(self._compacted_partitions,
+                                         self.config["log.cleaner.backoff.ms"],
+                                         clock=_now_ms)
+                    cleaner.start()
+                    self._cleaner = cleaner
                 self._lease.start()
             except BaseException:
                 try:
@@ -801,8 +818,11 @@ class Broker:
         if self._lease is None:
             return PartitionLog(directory, name, number, config, doorbell=self.doorbell,
                                 read_only=True)
-        return LeaderLog(directory, name, number, config, doorbell=self.doorbell,
-                         lease=self._lease)
+        partition_log = LeaderLog(directory, name, number, config, doorbell=self.doorbell,
+                                  lease=self._lease)
+        partition_log.dedupe_buffer_bytes = self.config["log.cleaner.dedupe.buffer.size"]
+        partition_log.dedupe_load_factor = self.config["log.cleaner.io.buffer.load.factor"]
+        return partition_log
 
     def get_or_create_topic(self, name: str) -> Topic:
         """The topic, auto-created with num.partitions when auto.create.topics.enable."""
@@ -1000,6 +1020,24 @@ class Broker:
         return sum(p.enforce_retention(now_ms)
                    for topic in self._open_topics() for p in topic.partitions)
 
+    def _compacted_partitions(self) -> list[Partition]:
+        """The background cleaner's round: every partition of every compacted topic
+        (opened, so a topic no process has touched since the start gets cleaned too);
+        none while this broker's lease is fenced."""
+        if self._closed or (self._lease is not None and self._lease.fenced):
+            return []
+        out = []
+        for name in self.meta.topic_names():
+            record = self.meta.get_topic(name)
+            if record is None or not is_compacted(
+                    resolve_topic_config(record.get("config", {}), self.config)):
+                continue
+            try:
+                out.extend(self.topic(name).partitions)
+            except (UnknownTopicError, ClosedError):
+                continue
+        return out
+
     def flush(self) -> None:
         """fsync every partition of every open topic."""
         self._check_open()
@@ -1147,6 +1185,8 @@ class Broker:
                 errors.append(exc)
         self._clients.clear()
         self._stop.set()
+        if self._cleaner is not None:
+            self._cleaner.stop()
         if self._scheduler is not None and self._scheduler is not threading.current_thread():
             self._scheduler.join(timeout=10)
         if self._txn_thread is not None and self._txn_thread is not threading.current_thread():

@@ -5,7 +5,7 @@ appends, rolls, reads, retention and the flush policy over them.
 UnifiedLog and the log manager): `partition_lock.py` the append lock across threads and
 processes, `segment_cache.py` the open and parked segments, `log_append.py` the three
 append tiers and rolls, `group_commit.py` syncs and group commit, `log_read.py` every
-read, `log_trim.py` retention and truncation. This module keeps opening and recovery,
+read, `log_trim.py` retention and truncation, `log_clean.py` a compaction pass. This module keeps opening and recovery,
 the tail, leader epochs, close and `check()`.
 
 Owns: the live log. Its neighbours own the rest of the directory's story: `tail.py` the
@@ -78,15 +78,14 @@ from .errors import (
 from .group_commit import SyncTicket, _GroupCommit
 from .loader import RecoveryReport, leftovers, live_bases
 from .log_append import _LogAppends
+from .log_clean import _LogClean
 from .log_read import BATCHES_SINCE_MAX_BYTES, MAX_FETCH_BYTES, _LogReads
 from .log_trim import _LogTrim
 from .log_txn import _LogTransactions
 from .notify import change_slot
 from .partition_lock import LOCK_TIMEOUT_S, _PartitionLock
 from .producer_state import ProducerStateManager
-from .records import (
-    check_records,
-)
+from .records import check_cleaned_records, check_records
 from .segment import DELETED_SUFFIX, LogSegment
 from .segment_cache import _PARK_BUDGET, _SegmentCache
 from .tail import BOOT_ID, TAIL_FILE, Tail, TailFile
@@ -104,7 +103,7 @@ _fork.at_fork_in_child(_PARK_BUDGET.reset)
 
 
 class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _LogReads, _LogTrim,
-                   _LogTransactions):
+                   _LogTransactions, _LogClean):
     """One partition directory. Thread-safe; process-safe through the tail file."""
 
     def __init__(self, directory: str, topic: str, partition: int,
@@ -247,6 +246,7 @@ class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _Lo
                 self._refresh(self._tail_under_lock())
         else:                             # the listing that checked the files is the
             self._refresh(*found)         # segment list (one listing per open)
+        self._sweep_cleaner_leftovers()   # a cleaning pass killed before its swap
 
     def _recover(self, *, full: bool) -> RecoveryReport:
         """loader.recover with this log's segments closed first and re-listed after.
@@ -440,7 +440,10 @@ class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _Lo
             starts = set()
             buf = segment.view(size)
             for pos, header in segment.headers(0, size, verify=True):
-                check_records(buf, pos, header, segment.path)     # what a reader decodes
+                if segment.gaps:                                  # what a reader decodes
+                    check_cleaned_records(buf, pos, header, segment.path)
+                else:
+                    check_records(buf, pos, header, segment.path)
                 expected = header.last_offset + 1
                 starts.add(pos)
             index = segment.offset_index

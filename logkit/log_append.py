@@ -25,8 +25,10 @@ from typing import Any, Container
 from ._clock import now_ms as _now_ms
 from ._native import appendpath
 from .compression import CODEC_NAMES, TOPIC_COMPRESSION_TYPE
+from .config import is_compacted
 from .errors import (
     CorruptRecordError,
+    InvalidRecordError,
     RecordTooLargeError,
     UnsupportedCompressionTypeError,
     storage_error,
@@ -114,7 +116,13 @@ class _LogAppends:
     """The appends and rolls of `PartitionLog` (see the module docstring)."""
 
     def append_records(self, records: list[tuple], *, codec: int = 0, **batch_fields: Any) -> int:
-        """Encode records as one batch and append it; returns its base offset."""
+        """Encode records as one batch and append it; returns its base offset. A record
+        without a key is refused on a compacted topic (InvalidRecordError)."""
+        if is_compacted(self.config) and any(record[0] is None for record in records):
+            raise InvalidRecordError(
+                f"topic {self.topic!r} is compacted (cleanup.policy="
+                f"{self.config['cleanup.policy']}): every record needs a key",
+                path=self.directory, position=0)
         return self.append_batch(encode_batch(records, codec=codec, **batch_fields))
 
     def append_batch(self, batch: bytearray, *, verify: bool = False,
@@ -181,6 +189,8 @@ class _LogAppends:
             batch = bytearray(b"".join(batch.pieces))    # checked or rewritten whole
         if verify:
             validate_batch(batch, 0, header)   # CRC, records, timestamps: before any lock
+            if is_compacted(config) and not header.attributes & ATTR_CONTROL:
+                self._refuse_keyless(batch, header)
         if recompress:
             batch = self._recompress(batch, header)
             header = _whole_batch_header(batch)
@@ -424,6 +434,17 @@ class _LogAppends:
                 except OSError as exc:
                     raise storage_error(exc, "roll", self.directory) from exc
 
+    def _refuse_keyless(self, batch: Any, header: BatchHeader) -> None:
+        """A compacted topic keeps the latest record of each key: a record without a
+        key has no place in it (Kafka's LogValidator refuses it the same way)."""
+        for record in decode_batch(batch, 0, header, self.topic, self.partition,
+                                   verify=False):
+            if record.key is None:
+                raise InvalidRecordError(
+                    f"topic {self.topic!r} is compacted (cleanup.policy="
+                    f"{self.config['cleanup.policy']}): every record needs a key",
+                    path=self.directory, position=0)
+
     def append_replicated(self, data: Any, *, segment_bases: Container[int] = (),
                           lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> int:
         """Append whole batches as a leader stored them (a follower's append): base
@@ -437,7 +458,8 @@ class _LogAppends:
         size = len(data)
         with self._locked_tail("replicate", lock_timeout_s) as tail:
             batches = list(iter_batches(data, 0, size, f"batches shipped to {self.name}",
-                                        first_offset=tail.log_end_offset, verify=True))
+                                        first_offset=tail.log_end_offset, verify=True,
+                                        gaps=self._gaps))
             try:
                 for pos, header in batches:
                     self._append_locked(bytearray(data[pos:pos + header.size]), header,

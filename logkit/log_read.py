@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 from . import _fork
 from .errors import (
@@ -37,6 +37,17 @@ READ_RETRIES = 100                    # a retention run may pull segments from a
 _T = TypeVar("_T")
 
 
+
+
+class Fetched(NamedTuple):
+    """What `Partition.fetch_records` returns: the records, the offset the next read
+    starts at (past offsets that held no record for the caller), and the partition's
+    high watermark and last stable offset at the read."""
+
+    records: list[Record]
+    next_offset: int
+    high_watermark: int
+    last_stable_offset: int
 
 
 class _LogReads:
@@ -145,6 +156,7 @@ class _LogReads:
         bases = self._bases
         i = self._first_segment(offset, end)
         out: list[Record] = []
+        walked = -1            # the offset after the last batch the walk looked at
         while offset < end and i < len(bases) and len(out) < max_records and max_bytes > 0:
             segment, size = self._sized(bases[i], tail)
             try:
@@ -162,13 +174,57 @@ class _LogReads:
                     out.extend(records)
                 offset = records[-1].offset + 1
             max_bytes -= used
+            walked = segment.scan_end_offset
             if len(out) >= max_records or max_bytes <= 0 or not segment.scanned_to_end:
                 break
             i += 1
             if i < len(bases):
                 offset = max(offset, self._next_base(segment, size, segment.scan_end_offset,
                                                      bases[i]))
+        self._walked_to = walked if walked >= 0 else offset
         return out
+
+    def fetch_records(self, offset: int, *, max_records: int = 500,
+                      max_bytes: int = MAX_FETCH_BYTES, stop_offset: int | None = None,
+                      isolation_level: str = "read_uncommitted") -> Fetched:
+        """`read(offset)` and where the next read starts: `Fetched(records,
+        next_offset, high_watermark, last_stable_offset)`, from one tail snapshot.
+        `next_offset` is past every batch the read walked, also those that gave the
+        caller no record (a compacted log's removed records, control batches, aborted
+        transactions), or one past the last record when `max_records` cut a batch
+        short. A reader that moves its position to `next_offset` never stalls below
+        the high watermark on offsets that hold no record."""
+        if max_records <= 0:
+            raise ValueError("max_records must be positive")
+        if check_isolation_level(isolation_level):
+            return self._with_tail(self._fetch_records_committed, offset, max_records,
+                                   max_bytes, stop_offset)
+        return self._with_tail(self._fetch_records, offset, max_records, max_bytes,
+                               stop_offset)
+
+    def _fetch_records(self, tail: Tail, offset: int, max_records: int, max_bytes: int,
+                       stop_offset: int | None) -> Fetched:
+        records, next_offset = self._read_next(tail, offset, max_records, max_bytes,
+                                               stop_offset)
+        return Fetched(records, next_offset, tail.high_watermark, self._last_stable(tail))
+
+    def _fetch_records_committed(self, tail: Tail, offset: int, max_records: int,
+                                 max_bytes: int, stop_offset: int | None) -> Fetched:
+        records, next_offset = self._read_committed(tail, offset, max_records, max_bytes,
+                                                    stop_offset)
+        return Fetched(records, next_offset, tail.high_watermark, self._last_stable(tail))
+
+    def _read_next(self, tail: Tail, offset: int, max_records: int, max_bytes: int,
+                   stop_offset: int | None) -> tuple[list[Record], int]:
+        """`_read` and the offset the next read starts at (see `fetch_records`)."""
+        end = tail.high_watermark if stop_offset is None else min(stop_offset,
+                                                                  tail.high_watermark)
+        out = self._read(tail, offset, max_records, max_bytes, stop_offset)
+        walked = self._walked_to
+        if out and len(out) >= max_records:
+            return out, out[-1].offset + 1
+        next_offset = max(out[-1].offset + 1 if out else offset, walked)
+        return out, max(offset, min(next_offset, end))
 
     def batches_since(self, offset: int, upto: int | None = None, *,
                       max_bytes: int = BATCHES_SINCE_MAX_BYTES) -> bytes:

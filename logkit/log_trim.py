@@ -1,7 +1,8 @@
 """Cutting one partition log at either end: retention and log-start moves at the front,
 truncation at the back (a diverging follower, the cut after a failed sync).
 
-Owns: `retention.ms` / `retention.bytes` (whole segments, oldest first, renamed
+Owns: `retention.ms` / `retention.bytes` (not applied when cleanup.policy is
+'compact' alone; whole segments, oldest first, renamed
 `.deleted` and unlinked after `file.delete.delay.ms`), `increase_log_start_offset`,
 `truncate_to` and `truncate_fully_and_start_at`. Invariant: offsets stay dense from
 the log start; a truncation publishes its tail torn before it swaps any file, so the
@@ -156,6 +157,8 @@ class _LogTrim:
         now_ms = _now_ms() if now_ms is None else now_ms
         config = self.config
         retention_ms, retention_bytes = config["retention.ms"], config["retention.bytes"]
+        if config["cleanup.policy"] == "compact":      # compaction alone: kept for ever
+            retention_ms = retention_bytes = -1
         if retention_ms < 0 and retention_bytes < 0:
             with self._thread_lock:
                 self._check_usable()

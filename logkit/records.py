@@ -55,7 +55,8 @@ __all__ = ["Record", "RecordMetadata", "BatchHeader", "encode_batch", "decode_ba
            "RECORDS_OFFSET", "MIN_BATCH_LENGTH", "RECORD_OVERHEAD_BYTES",
            "record_size_estimate", "encode_batch_parts", "PARTS_MIN_VALUE_BYTES",
            "check_records", "validate_batch", "NO_TIMESTAMP", "encode_control_batch",
-           "control_record_type", "CONTROL_ABORT", "CONTROL_COMMIT"]
+           "control_record_type", "CONTROL_ABORT", "CONTROL_COMMIT",
+           "ATTR_DELETE_HORIZON", "rebuild_batch", "check_cleaned_records"]
 
 log = logging.getLogger(__name__)
 
@@ -750,3 +751,80 @@ else:
     _decode_records = _decode_records_py
     _encode_records = _encode_records_py
     _check_records = _check_records_py
+
+
+# ---- a cleaned batch (cleaner.py) ------------------------------------------------------
+
+ATTR_DELETE_HORIZON = 0x40        # KIP-534: baseTimestamp holds the tombstones' horizon
+
+
+def rebuild_batch(buf: Any, pos: int, header: BatchHeader, kept: Sequence[Record], *,
+                  delete_horizon_ms: int | None = None) -> bytearray:
+    """The batch at `pos` with only the records `kept` (a subset of its own, decoded
+    from it), as Kafka's cleaner rewrites one (MemoryRecords.filterTo): baseOffset,
+    lastOffsetDelta, partitionLeaderEpoch, codec, timestamp type and the producer fields
+    stay, so offsets never change and the batch still ends where it ended; each record
+    keeps its offset delta and timestamp. With `delete_horizon_ms` the batch is stamped
+    with that horizon (ATTR_DELETE_HORIZON; baseTimestamp = horizon). An empty `kept`
+    makes an empty batch (recordsCount 0), which still carries the offsets' span."""
+    attributes = header.attributes
+    append_time = attributes & ATTR_TIMESTAMP_TYPE
+    if delete_horizon_ms is not None:
+        attributes |= ATTR_DELETE_HORIZON
+        base_ts = delete_horizon_ms
+    elif attributes & ATTR_DELETE_HORIZON:
+        base_ts = header.base_timestamp
+    else:
+        base_ts = kept[0].timestamp if kept and not append_time else header.base_timestamp
+    base_offset = header.base_offset
+    parts: list[bytes] = []
+    for record in kept:
+        ts_delta = 0 if append_time else record.timestamp - base_ts
+        key, value = record.key, record.value
+        body = [b"\x00", _varint(ts_delta), _varint(record.offset - base_offset),
+                _NULL if key is None else _varint(len(key)) + bytes(key),
+                _NULL if value is None else _varint(len(value)) + bytes(value),
+                _encode_headers(record.headers) if record.headers else _VARINT[0]]
+        encoded = b"".join(body)
+        parts.append(_varint(len(encoded)))
+        parts.append(encoded)
+    payload = b"".join(parts)
+    codec = attributes & ATTR_CODEC_MASK
+    if not kept:
+        attributes &= ~ATTR_CODEC_MASK        # nothing to compress: an empty section
+    elif codec != CODEC_NONE:
+        payload = compress(codec, payload)
+    if append_time:
+        max_ts = header.max_timestamp
+    else:
+        max_ts = max((r.timestamp for r in kept), default=header.max_timestamp)
+    batch = bytearray(RECORDS_OFFSET) + payload
+    _HEADER.pack_into(batch, 0, base_offset, len(batch) - LOG_OVERHEAD,
+                      header.leader_epoch, MAGIC, 0, attributes,
+                      header.last_offset_delta, base_ts, max_ts, header.producer_id,
+                      header.producer_epoch, header.base_sequence, len(kept))
+    _restamp_crc(batch, 0)
+    return batch
+
+
+def check_cleaned_records(buf: Any, pos: int, header: BatchHeader, path: str = "") -> None:
+    """`check_records` for a batch a cleaning pass may have rewritten: at most
+    lastOffsetDelta + 1 records (none at all in the empty batch that keeps a cleaned
+    group's end), their offsets increasing within the batch's span. Raises
+    InvalidRecordError, CorruptRecordError as `check_records` does."""
+    if header.records_count == header.last_offset_delta + 1:
+        check_records(buf, pos, header, path)
+        return
+    if not 0 <= header.records_count <= header.last_offset_delta + 1:
+        raise InvalidRecordError(
+            "record batch holds more records than its offsets span", path=path,
+            position=pos, expected=f"<= {header.last_offset_delta + 1}",
+            actual=header.records_count)
+    previous = header.base_offset - 1
+    for record in decode_batch(buf, pos, header, "", 0, path=path, verify=False):
+        if not previous < record.offset <= header.last_offset:
+            raise InvalidRecordError("record offsets in a cleaned batch are out of order",
+                                     path=path, position=pos,
+                                     expected=f"({previous}, {header.last_offset}]",
+                                     actual=record.offset)
+        previous = record.offset

@@ -175,6 +175,11 @@ class LogSegment:
         self.sealed_size = stat.st_size
         self._identity = (stat.st_dev, stat.st_ino)
 
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of a sealed segment's `.log` file: which file it is."""
+        return self._identity
+
     # ---- parking (a sealed segment kept without a descriptor) ------------------------
 
     @property

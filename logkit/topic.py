@@ -17,11 +17,13 @@ import logging
 import re
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
+from .cleaner import CleanReport
 from .columns import Columns
 from .compression import codec_id, require
 from .errors import InvalidTopicError, UnknownTopicError
 from .log import (BATCHES_SINCE_MAX_BYTES, LOCK_TIMEOUT_S, MAX_FETCH_BYTES, PartitionLog,
                   RecoveryReport)
+from .log_read import Fetched
 from .murmur2 import partition_for_key
 from .records import BatchHeader, Record
 
@@ -150,6 +152,45 @@ class Partition:
         position) on a batch whose bytes do not check out."""
         return self._log.read(offset, max_records=max_records, max_bytes=max_bytes,
                               stop_offset=stop_offset, isolation_level=isolation_level)
+
+    def fetch_records(self, offset: int, max_records: int = 500, *,
+                      max_bytes: int = MAX_FETCH_BYTES, stop_offset: int | None = None,
+                      isolation_level: str = "read_uncommitted") -> Fetched:
+        """`read()` plus where the next read starts: `Fetched(records, next_offset,
+        high_watermark, last_stable_offset)`. `next_offset` moves past offsets that hold
+        no record for the caller (a compacted log's removed records, transaction
+        markers, aborted records), so a reader that takes it as its position never
+        stalls below the high watermark."""
+        return self._log.fetch_records(offset, max_records=max_records, max_bytes=max_bytes,
+                                       stop_offset=stop_offset,
+                                       isolation_level=isolation_level)
+
+    # ---- compaction ------------------------------------------------------------------
+
+    def compact(self, now_ms: int | None = None, *, block: bool = True
+                ) -> CleanReport | None:
+        """One cleaning pass of this partition now (Kafka's compaction: the latest
+        record of every key survives, offsets never change; ignores
+        min.cleanable.dirty.ratio, honours the lag settings; docs/storage.md). Returns
+        a `CleanReport` (records_before, records_after, bytes_before, bytes_after, ...);
+        None only with block=False while another thread or process cleans it.
+        ConfigError unless the topic's cleanup.policy includes compact."""
+        return self._log.compact(now_ms, block=block)
+
+    def roll(self) -> None:
+        """Close the active segment (a new one starts at the next append); a no-op when
+        it is empty. The active segment is never compacted."""
+        self._log.roll()
+
+    @property
+    def first_dirty_offset(self) -> int:
+        """The cleaner checkpoint: offsets below it were compacted (0: never)."""
+        return self._log.first_dirty_offset
+
+    def cleanable_bytes(self, now_ms: int) -> tuple[int, int, int]:
+        """(dirty bytes, cleanable bytes, oldest dirty segment's newest timestamp):
+        what makes the background cleaner take this partition."""
+        return self._log.cleanable_bytes(now_ms)
 
     def fetch(self, offset: int, max_records: int = 500, *,
               max_bytes: int = MAX_FETCH_BYTES,

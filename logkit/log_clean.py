@@ -1,0 +1,408 @@
+"""One cleaning pass of a compacted partition log (Kafka's Cleaner.doClean), and the
+swap that puts its output in place.
+
+Owns: `compact()` and `cleanable_bytes()`; the cleaner lock (`logkit.cleaner`, a flock:
+one process cleans a partition at a time); the pass: the uncleanable bound (the active
+segment, the high watermark, records younger than min.compaction.lag.ms), the key map
+built over the dirty range from the cleaner checkpoint (the tail's `cleaned_offset`),
+the sealed segments below the map's end rewritten group by group (consecutive segments
+whose bytes fit in one segment.bytes) into `<base>.log.cleaned` files with their
+indexes, and Kafka's swap: `.cleaned` renamed `.swap` (the decision, made durable),
+the old segments renamed `.deleted`, the `.swap` files renamed live, the tail
+published with the new checkpoint. Appends go on meanwhile: only the swap takes the
+partition lock.
+
+Invariant: offsets never change; every cleaned group keeps its last batch (empty when
+none of its records survive), so a segment still ends where the next one begins; a
+pass killed at any step leaves the old segments or the new ones, whole (`loader.
+finish_swaps` decides at the next lock holder: the tail is published torn across the
+swap, so every other process recovers or waits); readers in other processes keep their
+mapped old files and re-list when the tail's version moves.
+
+A mixin of `PartitionLog` (log.py), which owns the state it reads and writes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from ._clock import now_ms as _now_ms
+from ._files import open_file
+from .cleaner import CleanReport, OffsetMap, keep_records
+from .config import is_compacted
+from .errors import ConfigError, LogkitTimeoutError, storage_error
+from .loader import CLEANED_SUFFIX, CLEANER_STAGING, SWAP_SUFFIX
+from .records import ATTR_CONTROL, ATTR_DELETE_HORIZON, decode_batch, rebuild_batch
+from .segment import LogSegment, retire_segment, segment_file_name
+
+log = logging.getLogger("logkit.log")
+
+CLEANER_LOCK_FILE = "logkit.cleaner"
+CLEANER_LOCK_TIMEOUT_S = 120.0
+_SUFFIXES = (".index", ".timeindex", ".log")     # the .log renamed last: the marker
+_MAX_SPAN = (1 << 31) - 1                        # offsets relative to a base: int32
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _LogClean:
+    """The cleaning pass of `PartitionLog` (see the module docstring)."""
+
+    _cleaner_thread_lock = threading.Lock()      # one pass per process at a time
+    # log.cleaner.dedupe.buffer.size and its load factor: the Broker sets its own
+    dedupe_buffer_bytes = 134217728
+    dedupe_load_factor = 0.9
+
+    @contextmanager
+    def _cleaner_locked(self, block: bool) -> Iterator[bool]:
+        """The partition's cleaner lock (this process's threads, then other
+        processes); yields False without it when `block` is False and it is taken."""
+        if not self._cleaner_thread_lock.acquire(blocking=block,
+                                                 timeout=CLEANER_LOCK_TIMEOUT_S if block
+                                                 else -1):
+            if block:
+                raise LogkitTimeoutError(f"{self.name}: another thread kept the cleaner")
+            yield False
+            return
+        try:
+            fd = open_file(os.path.join(self.directory, CLEANER_LOCK_FILE),
+                           os.O_RDWR | os.O_CREAT)
+            try:
+                deadline = time.monotonic() + CLEANER_LOCK_TIMEOUT_S
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if not block:
+                            yield False
+                            return
+                        if time.monotonic() > deadline:
+                            raise LogkitTimeoutError(
+                                f"{self.name}: another process kept cleaning for "
+                                f"{CLEANER_LOCK_TIMEOUT_S:.0f} s") from None
+                        time.sleep(0.01)
+                yield True
+            finally:
+                os.close(fd)                  # releases the flock
+        finally:
+            self._cleaner_thread_lock.release()
+
+    def compact(self, now_ms: int | None = None, *, block: bool = True
+                ) -> CleanReport | None:
+        """One cleaning pass now (ignoring min.cleanable.dirty.ratio, honouring the lag
+        settings and Kafka's rules: module docstring). Returns its report; None only
+        with `block=False` when another thread or process is cleaning this partition.
+        ConfigError for a partition whose topic is not compacted."""
+        if not is_compacted(self.config):
+            raise ConfigError(f"{self.name}: cleanup.policy is "
+                              f"{self.config['cleanup.policy']!r}; compaction needs "
+                              "'compact' or 'compact,delete'")
+        self._check_usable()
+        try:
+            with self._cleaner_locked(block) as held:
+                if not held:
+                    return None
+                return self._clean_pass(_now_ms() if now_ms is None else now_ms)
+        except OSError as exc:
+            raise storage_error(exc, "clean", self.directory) from exc
+
+    def _sweep_cleaner_leftovers(self) -> None:
+        """At open: remove what a pass killed before its swap left (the staging
+        directory, `.cleaned` files), unless another process is cleaning right now."""
+        if not os.path.lexists(os.path.join(self.directory, CLEANER_STAGING)):
+            return
+        with self._cleaner_locked(False) as held:
+            if held:
+                shutil.rmtree(os.path.join(self.directory, CLEANER_STAGING),
+                              ignore_errors=True)
+                for name in os.listdir(self.directory):
+                    if name.endswith(CLEANED_SUFFIX):
+                        try:
+                            os.unlink(os.path.join(self.directory, name))
+                        except FileNotFoundError:
+                            pass
+
+    @property
+    def first_dirty_offset(self) -> int:
+        """The cleaner checkpoint: offsets below it were cleaned (0: never cleaned)."""
+        return self.tail().cleaned_offset
+
+    def cleanable_bytes(self, now_ms: int) -> tuple[int, int, int]:
+        """(dirty bytes, cleanable bytes, the oldest dirty segment's newest timestamp or
+        -1): the sealed segments below the uncleanable bound, split at the cleaner
+        checkpoint (whole segments, as Kafka estimates)."""
+        tail = self.tail()
+        segments = self._cleanable_segments(tail, now_ms)
+        first_dirty = max(tail.cleaned_offset, tail.log_start_offset)
+        dirty = total = 0
+        oldest = -1
+        for base, end in segments:
+            size = self._with_tail(lambda t, b=base: self._sealed_size(b))
+            total += size
+            if end > first_dirty:
+                dirty += size
+                if oldest < 0:
+                    oldest = self._with_tail(lambda t, b=base: self._sealed_max_timestamp(b))
+        return dirty, total, oldest
+
+    def _cleanable_segments(self, tail: Any, now_ms: int) -> list[tuple[int, int]]:
+        """(base, end offset) of the sealed segments a pass may clean: below the active
+        segment, the high watermark, and the first segment holding a record younger than
+        min.compaction.lag.ms (Kafka's firstUncleanableOffset)."""
+        bases = self.segment_bases()
+        active = tail.active_base_offset
+        sealed = [b for b in bases if b < active]
+        ends = sealed[1:] + [active]
+        bound = min(active, tail.high_watermark, self._first_unstable_offset(tail))
+        lag = self.config["min.compaction.lag.ms"]
+        out = []
+        for base, end in zip(sealed, ends):
+            if end > bound:
+                break
+            if lag > 0 and self._with_tail(
+                    lambda t, b=base: self._sealed_max_timestamp(b)) > now_ms - lag:
+                break
+            out.append((base, end))
+        return out
+
+    def _first_unstable_offset(self, tail: Any) -> int:
+        """The first offset a pass must not pass for transactions (their open ones);
+        the log end when there are none."""
+        lso = getattr(self, "last_stable_offset", None)
+        return tail.log_end_offset if lso is None or not isinstance(lso, int) else lso
+
+    # ---- the pass ----------------------------------------------------------------------
+
+    def _clean_pass(self, now_ms: int) -> CleanReport:
+        started = time.perf_counter()
+        tail = self.tail()
+        segments = self._cleanable_segments(tail, now_ms)
+        first_dirty = max(tail.cleaned_offset, tail.log_start_offset)
+        staging = os.path.join(self.directory, CLEANER_STAGING)
+        shutil.rmtree(staging, ignore_errors=True)
+        offset_map = OffsetMap(self.dedupe_buffer_bytes, self.dedupe_load_factor)
+        map_end = self._build_map(segments, first_dirty, offset_map)
+        chosen = [(b, e) for b, e in segments if b < map_end]
+        before = after = bytes_before = bytes_after = 0
+        segments_after = 0
+        for group in self._groups(chosen):
+            got = self._clean_group(group, offset_map, map_end, now_ms, staging)
+            if got is None:
+                continue                      # retention or a truncation got there first
+            before += got[0]
+            after += got[1]
+            bytes_before += got[2]
+            bytes_after += got[3]
+            segments_after += 1
+        shutil.rmtree(staging, ignore_errors=True)
+        checkpoint = self._publish_checkpoint(map_end)
+        report = CleanReport(before, after, bytes_before, bytes_after, len(chosen),
+                             segments_after, checkpoint, time.perf_counter() - started)
+        log.info("%s: cleaned %d segment(s) into %d: %d -> %d records, %d -> %d bytes, "
+                 "checkpoint %d, %.3f s", self.name, len(chosen), segments_after, before,
+                 after, bytes_before, bytes_after, checkpoint, report.seconds)
+        return report
+
+    def _open_sealed(self, base: int) -> tuple[LogSegment, int, tuple[int, int]]:
+        """A sealed segment opened for the pass alone: (segment, size, file identity)."""
+        segment = LogSegment(self.directory, base, active=False, read_only=True)
+        segment.gaps = True
+        return segment, segment.sealed_size, segment.identity
+
+    def _build_map(self, segments: list[tuple[int, int]], first_dirty: int,
+                   offset_map: OffsetMap) -> int:
+        """Map every key of the dirty range (from `first_dirty` through the cleanable
+        segments) to its latest offset; returns the map's end: the offset after the last
+        batch mapped (a pass keeps everything at or past it). Stops at a batch that no
+        longer fits in the map."""
+        map_end = first_dirty
+        for base, end in segments:
+            if end <= first_dirty:
+                continue
+            segment, size, _ = self._open_sealed(base)
+            try:
+                buf = segment.view(size) if size else b""
+                for pos, header in segment.headers(0, size, verify=True):
+                    if header.last_offset < first_dirty or header.attributes & ATTR_CONTROL:
+                        map_end = max(map_end, header.last_offset + 1)
+                        continue
+                    if header.records_count > offset_map.room():
+                        if len(offset_map) == 0:
+                            raise ConfigError(
+                                f"{self.name}: log.cleaner.dedupe.buffer.size holds "
+                                f"{offset_map.capacity} keys, fewer than one batch's "
+                                f"{header.records_count} records")
+                        return map_end
+                    offset_map.put_all(decode_batch(buf, pos, header, self.topic,
+                                                    self.partition, min_offset=first_dirty,
+                                                    path=segment.path, verify=False))
+                    map_end = header.last_offset + 1
+            finally:
+                segment.close()
+            map_end = max(map_end, end)
+        return map_end
+
+    def _groups(self, segments: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        """Consecutive segments whose bytes fit in one segment.bytes and whose offsets
+        fit an index's relative offsets: each group becomes one cleaned segment."""
+        limit = self.config["segment.bytes"]
+        groups: list[list[tuple[int, int]]] = []
+        size = 0
+        for base, end in segments:
+            seg_size = self._with_tail(lambda t, b=base: self._sealed_size(b))
+            if groups and size + seg_size <= limit and end - groups[-1][0][0] < _MAX_SPAN:
+                groups[-1].append((base, end))
+                size += seg_size
+            else:
+                groups.append([(base, end)])
+                size = seg_size
+        return groups
+
+    def _clean_group(self, group: list[tuple[int, int]], offset_map: OffsetMap,
+                     map_end: int, now_ms: int, staging: str
+                     ) -> tuple[int, int, int, int] | None:
+        """Write the group's cleaned segment into the staging directory, then swap it
+        in. Returns (records before, after, bytes before, after), or None when the group
+        changed meanwhile (nothing swapped)."""
+        config = self.config
+        base = group[0][0]
+        os.makedirs(staging, exist_ok=True)
+        out = LogSegment(staging, base, active=True,
+                         create_index_bytes=config["segment.index.bytes"])
+        out.gaps = True
+        horizon_after = now_ms + config["delete.retention.ms"]
+        interval = config["index.interval.bytes"]
+        identities = []
+        before = after = bytes_before = position = 0
+        max_ts = max_ts_offset = -1
+        try:
+            for n, (seg_base, _) in enumerate(group):
+                segment, size, identity = self._open_sealed(seg_base)
+                identities.append(identity)
+                bytes_before += size
+                try:
+                    buf = segment.view(size) if size else b""
+                    batches = list(segment.headers(0, size, verify=True))
+                    for i, (pos, header) in enumerate(batches):
+                        last_of_group = n == len(group) - 1 and i == len(batches) - 1
+                        if header.attributes & ATTR_CONTROL:
+                            data: Any = buf[pos:pos + header.size]
+                            kept_count = 0
+                        else:
+                            records = decode_batch(buf, pos, header, self.topic,
+                                                   self.partition, path=segment.path,
+                                                   verify=False)
+                            before += len(records)
+                            stamped = header.attributes & ATTR_DELETE_HORIZON
+                            kept = keep_records(
+                                records, offset_map, map_end, now_ms=now_ms,
+                                horizon_ms=header.base_timestamp if stamped else None)
+                            kept_count = len(kept)
+                            after += kept_count
+                            needs_horizon = not stamped and any(
+                                r.value is None for r in kept)
+                            if not kept and not last_of_group:
+                                continue
+                            if kept_count == len(records) and not needs_horizon:
+                                data = buf[pos:pos + header.size]
+                            else:
+                                data = rebuild_batch(
+                                    buf, pos, header, kept,
+                                    delete_horizon_ms=horizon_after if needs_horizon
+                                    else None)
+                        batch_max = header.max_timestamp
+                        if batch_max > max_ts:
+                            max_ts, max_ts_offset = batch_max, header.last_offset
+                        out.write(bytes(data), position)
+                        out.index_batch(header.last_offset, position, interval, max_ts,
+                                        max_ts_offset)
+                        position += len(data)
+                finally:
+                    segment.close()
+            out.seal(max_ts, max_ts_offset, position)
+            out.flush()
+        finally:
+            out.close()
+        cleaned = {}
+        for suffix in _SUFFIXES:
+            name = segment_file_name(base, suffix)
+            target = os.path.join(self.directory, name + CLEANED_SUFFIX)
+            os.replace(os.path.join(staging, name), target)
+            cleaned[suffix] = target
+        if not self._swap(group, identities, cleaned):
+            for path in cleaned.values():
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            return None
+        return before, after, bytes_before, position
+
+    def _swap(self, group: list[tuple[int, int]], identities: list[tuple[int, int]],
+              cleaned: dict[str, str]) -> bool:
+        """Kafka's swap, under the partition lock (module docstring). False, with
+        nothing changed, when a segment of the group is no longer the file the pass
+        read (retention or a truncation changed the log meanwhile)."""
+        directory = self.directory
+        base = group[0][0]
+        with self._locked_tail("clean") as tail:
+            bases = self._bases
+            end = group[-1][1]
+            for (seg_base, _), identity in zip(group, identities):
+                try:
+                    stat = os.stat(os.path.join(directory,
+                                                segment_file_name(seg_base, ".log")))
+                except FileNotFoundError:
+                    return False
+                if seg_base not in bases or (stat.st_dev, stat.st_ino) != identity:
+                    return False
+            if end not in bases:
+                return False                  # the segment after the group moved
+            for suffix in _SUFFIXES:          # the decision: .swap, made durable
+                os.replace(cleaned[suffix], cleaned[suffix][:-len(CLEANED_SUFFIX)]
+                           + SWAP_SUFFIX)
+            _fsync_directory(directory)
+            # Torn from here until the new list is published: another process's
+            # readers wait, its lock holders recover (finishing the swap) first.
+            self._tail_file.publish_torn(tail)
+            for seg_base, _ in group:
+                segment = self._segments.pop(seg_base, None)
+                if segment is not None:
+                    segment.close()
+                if seg_base in self._parked:
+                    self._close_parked(seg_base)
+                self._sealed_sizes.pop(seg_base, None)
+                retire_segment(directory, seg_base)
+            for suffix in _SUFFIXES:
+                live = os.path.join(directory, segment_file_name(base, suffix))
+                os.replace(live + SWAP_SUFFIX, live)
+            _fsync_directory(directory)
+            tail = tail._replace(segments_version=tail.segments_version + 1,
+                                 clean_count=tail.clean_count + 1)
+            self._tail_file.publish(tail)
+            self._tail_file.sync()
+            self._refresh(tail)
+        return True
+
+    def _publish_checkpoint(self, map_end: int) -> int:
+        """Move the cleaner checkpoint up to `map_end` (never down); returns it."""
+        with self._locked_tail("clean") as tail:
+            checkpoint = min(max(tail.cleaned_offset, map_end), tail.log_end_offset)
+            if checkpoint != tail.cleaned_offset:
+                self._tail_file.publish(tail._replace(cleaned_offset=checkpoint))
+                self._tail_file.sync()
+            return checkpoint
