@@ -2,10 +2,11 @@
  * A stateless Kafka Streams topology for tests/kafka/test_kafka_streams.py: the same program
  * runs against the real Kafka and against logkit's listener, and the test compares the
  * output topics. Usage:
- *   StatelessStreams BOOTSTRAP APPLICATION_ID INPUT OUTPUT RECORDS STATE_DIR
+ *   StatelessStreams BOOTSTRAP APPLICATION_ID INPUT OUTPUT RECORDS STATE_DIR [GUARANTEE]
  * It reads INPUT (String keys and values), drops the values that start with "drop",
- * maps each kept value to upper case with its key appended, writes OUTPUT (at least
- * once, Kafka Streams' default), and exits 0 once RECORDS input records have been seen
+ * maps each kept value to upper case with its key appended, writes OUTPUT (GUARANTEE:
+ * processing.guarantee, at_least_once by default, Kafka Streams' default; or
+ * exactly_once_v2), and exits 0 once RECORDS input records have been seen
  * and Streams has closed (its producer flushed, its offsets committed); exit 1 when
  * that does not happen within two minutes or Streams fails.
  */
@@ -29,12 +30,13 @@ public class StatelessStreams {
         String bootstrap = args[0], applicationId = args[1], input = args[2], output = args[3];
         long records = Long.parseLong(args[4]);
         String stateDir = args[5];
+        String guarantee = args.length > 6 ? args[6] : StreamsConfig.AT_LEAST_ONCE;
 
         Properties props = new Properties();
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
         props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
-        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.AT_LEAST_ONCE);
+        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, guarantee);
         props.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 200);
         props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG),
                   "earliest");
