@@ -158,7 +158,9 @@ now_ms(void)
  * of `npieces` buffers that together hold the batch (`batch_len` bytes; the whole header
  * is in the first, where the stamps go). Returns the base offset, FALLBACK when the
  * Python append must decide, or -2 with OSError set and the position the write began
- * at in *written_at (what the caller cuts the file back to). */
+ * at in *written_at (what the caller cuts the file back to). `expect_end` >= 0: only
+ * when the log ends there (the producer state the caller checked the batch against
+ * covers the log up to it: logkit/log_txn.py), else FALLBACK. */
 static long long
 append_locked(unsigned char *tail, Py_ssize_t tail_len, unsigned char *batch,
               const struct iovec *pieces, int npieces, Py_ssize_t batch_len, int fd,
@@ -166,7 +168,7 @@ append_locked(unsigned char *tail, Py_ssize_t tail_len, unsigned char *batch,
               unsigned char *tidx, Py_ssize_t tidx_len, Py_ssize_t treserved,
               long long active_base, unsigned long long version, const char *boot_id,
               long long segment_bytes, long long segment_ms, long long interval_bytes,
-              long long flush_messages, long long *written_at)
+              long long flush_messages, long long expect_end, long long *written_at)
 {
     int64_t t[T_FIELDS];
     uint64_t seq;
@@ -184,6 +186,8 @@ append_locked(unsigned char *tail, Py_ssize_t tail_len, unsigned char *batch,
     if (t[T_DELETED] || (uint64_t)t[T_SEGMENTS_VERSION] != version
             || t[T_ACTIVE_BASE] != active_base)
         return FALLBACK;                            /* another segment list */
+    if (expect_end >= 0 && t[T_LOG_END] != expect_end)
+        return FALLBACK;                            /* appended since the caller looked */
 
     int64_t size = (int64_t)(int32_t)be32(batch + B_LENGTH) + LOG_OVERHEAD;
     if (size != batch_len)
@@ -334,7 +338,7 @@ appendpath_append_common(PyObject *self, PyObject *args)
         result = append_locked(tail.buf, tail.len, batch.buf, &whole, 1, batch.len, fd,
                                oidx.buf, oidx.len, oreserved, tidx.buf, tidx.len, treserved,
                                active_base, version, boot_id, segment_bytes, segment_ms,
-                               interval_bytes, flush_messages, &written_at);
+                               interval_bytes, flush_messages, -1, &written_at);
     PyBuffer_Release(&tail);
     PyBuffer_Release(&batch);
     PyBuffer_Release(&oidx);
@@ -553,18 +557,22 @@ ring(Appender *self)
 }
 
 PyDoc_STRVAR(appender_append_doc,
-"append(batch) -> int\n\n"
+"append(batch, expect_end=-1) -> int\n\n"
 "Append one whole encoded batch (a bytearray, or a list of buffers whose first is a\n"
 "bytearray holding the whole header) when nothing stands in the way: the base offset,\n"
 "the locks taken and released and the doorbell rung in this one call; or -1, with\n"
 "nothing taken or changed, when the Python append must decide (a lock not free at\n"
 "once, a roll, a sync, an index reservation, a batch it would refuse or rewrite, a\n"
-"forked child, another segment list). A failed write raises OSError after\n"
-"`cut_back(position)` ran under the lock.");
+"forked child, another segment list). A batch that names a producer id is appended\n"
+"only when the log ends at `expect_end` (the end of the producer state the caller\n"
+"checked it against, logkit/log_txn.py), else -1. A failed write raises OSError\n"
+"after `cut_back(position)` ran under the lock.");
 
 static PyObject *
-appender_append(Appender *self, PyObject *batch)
+appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    PyObject *batch;
+    long long expect_end = -1;
     Py_buffer views[MAX_PIECES];
     struct iovec pieces[MAX_PIECES];
     Py_buffer tail, oidx, tidx;
@@ -574,6 +582,16 @@ appender_append(Appender *self, PyObject *batch)
     unsigned char *head;
     int taken = 0, rc;
 
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "append(batch, expect_end=-1)");
+        return NULL;
+    }
+    batch = args[0];
+    if (nargs == 2) {
+        expect_end = PyLong_AsLongLong(args[1]);
+        if (expect_end == -1 && PyErr_Occurred())
+            return NULL;
+    }
     if (current_pid != self->pid)
         goto handed_back;
     if (PyByteArray_CheckExact(batch)) {
@@ -604,9 +622,11 @@ appender_append(Appender *self, PyObject *batch)
     if (views[0].len < B_HEADER || total > self->max_bytes || total > HELD_WRITE_MAX
             || (int64_t)(int32_t)be32(head + B_LENGTH) + LOG_OVERHEAD != total
             || (int64_t)(int32_t)be32(head + B_LAST_OFFSET_DELTA) + 1 >= self->flush_messages
-            || (self->codec >= 0 && (head[B_ATTRIBUTES + 1] & ATTR_CODEC_MASK) != self->codec))
-        goto release_pieces;    /* refused, rewritten, corrupt, a long write or a sync
-                                   due whatever the tail says: Python */
+            || (self->codec >= 0 && (head[B_ATTRIBUTES + 1] & ATTR_CODEC_MASK) != self->codec)
+            || ((int64_t)be64(head + B_PRODUCER_ID) >= 0 && expect_end < 0))
+        goto release_pieces;    /* refused, rewritten, corrupt, a long write, a sync
+                                   due whatever the tail says, or a producer's batch
+                                   nobody checked: Python */
     if (PyObject_GetBuffer(self->tail, &tail, PyBUF_WRITABLE) < 0) {
         PyErr_Clear();
         goto release_pieces;
@@ -650,7 +670,8 @@ appender_append(Appender *self, PyObject *batch)
                            oidx.buf, oidx.len, self->index_reserved, tidx.buf, tidx.len,
                            self->timeindex_reserved, self->active_base, self->version,
                            self->boot_id, self->segment_bytes, self->segment_ms,
-                           self->interval_bytes, self->flush_messages, &written_at);
+                           self->interval_bytes, self->flush_messages, expect_end,
+                           &written_at);
     if (result == -2) {                     /* the write failed: cut back, then let go */
         PyObject *type, *value, *trace;
         PyErr_Fetch(&type, &value, &trace);
@@ -699,7 +720,8 @@ handed_back:
 }
 
 static PyMethodDef appender_methods[] = {
-    {"append", (PyCFunction)appender_append, METH_O, appender_append_doc},
+    {"append", (PyCFunction)(void (*)(void))appender_append, METH_FASTCALL,
+     appender_append_doc},
     {NULL, NULL, 0, NULL},
 };
 

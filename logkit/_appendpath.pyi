@@ -38,7 +38,8 @@ class Appender:
                  codec: int, doorbell: Any, change_offset: int, cut_back: Any,
                  unlock: Any) -> None: ...
 
-    def append(self, batch: Any) -> int:
+    def append(self, batch: Any, expect_end: int = -1) -> int:
         """The base offset, the locks taken and let go and the doorbell rung; -1 with
-        nothing taken or changed when the Python append must decide; OSError after
+        nothing taken or changed when the Python append must decide (a batch naming a
+        producer id: also unless the log ends at `expect_end`); OSError after
         `cut_back(position)` ran under the lock when the write failed."""

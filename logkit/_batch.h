@@ -15,6 +15,7 @@
 #define B_LAST_OFFSET_DELTA 23
 #define B_BASE_TIMESTAMP 27
 #define B_MAX_TIMESTAMP 35
+#define B_PRODUCER_ID 43
 #define B_RECORDS_COUNT 57
 #define B_HEADER 61               /* records.RECORDS_OFFSET */
 #define LOG_OVERHEAD 12           /* the bytes before batchLength counts */

@@ -64,8 +64,8 @@ _producer_id_at = struct.Struct(">q").unpack_from
 
 def _names_producer(batch: Any) -> bool:
     """Whether a batch names a producer id (an idempotent or transactional producer's:
-    checked against the producer state under the lock, log_txn.py, never by the C
-    appender). A batch too short to tell goes the checked way too."""
+    checked against the producer state, log_txn.py, before any append). A batch too
+    short to tell goes the checked way too."""
     head = batch[0] if type(batch) is list and batch else batch
     return len(head) < RECORDS_OFFSET or _producer_id_at(head, PRODUCER_ID_OFFSET)[0] >= 0
 
@@ -162,11 +162,13 @@ class _LogAppends:
         then written from where it is, by one pwritev, never copied into a batch); when
         the batch is to be verified or rewritten, the pieces are joined first."""
         appender = self._appender
-        if appender is not None and not verify and not _names_producer(batch):
+        if appender is not None and not verify:
             # The whole append in one C call when nothing stands in the way (`_arm`);
-            # -1: it changed nothing, and the append below decides.
+            # a producer's next batch too, once checked (log_txn.py); -1: it changed
+            # nothing, and the append below decides.
             try:
-                base_offset = appender.append(batch)
+                base_offset = appender.append(batch) if not _names_producer(batch) \
+                    else self._append_next_fast(appender, batch)
             except OSError as exc:          # cut back under the lock (`_cut_back_fast`)
                 raise storage_error(exc, "append", self.directory) from exc
             if base_offset >= 0:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import struct
 from typing import Any
 
 from ._clock import now_ms as _now_ms
@@ -46,6 +47,8 @@ from .records import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     CONTROL_ABORT,
+    CRC_OFFSET,
+    RECORDS_OFFSET,
     BatchHeader,
     Record,
     control_record_type,
@@ -60,6 +63,9 @@ log = logging.getLogger("logkit.log")
 READ_UNCOMMITTED = "read_uncommitted"
 READ_COMMITTED = "read_committed"
 ISOLATION_LEVELS = (READ_UNCOMMITTED, READ_COMMITTED)
+# crc, attributes, lastOffsetDelta, (baseTimestamp skipped), maxTimestamp, producerId,
+# producerEpoch, baseSequence: the header fields the hot path reads, in one unpack
+_NEXT_FIELDS = struct.Struct(">Ihi8xqqhi").unpack_from
 READ_COMMITTED_ROUNDS = 64      # reads a read_committed read() tries past aborted batches
 
 
@@ -172,6 +178,33 @@ class _LogTransactions:
         lock): its kept twin when it is a duplicate, None to append it. Raises what
         `ProducerStateManager.check` raises."""
         return self._producer_state(tail, repair=True).check(header)
+
+    def _append_next_fast(self, appender: Any, batch: Any) -> int:
+        """A producer's next batch in one C call (the hot path of an idempotent
+        producer): when this process's state says the batch simply follows the
+        producer's last one, the C appender appends it only if the log still ends where
+        that state does — so nothing was appended since the check, as if it had been
+        made under the lock — and the state takes it in. -1, nothing changed, for every
+        other case (the locked path decides)."""
+        state = self._producers
+        head = batch[0] if type(batch) is list and batch else batch
+        if state is None or len(head) < RECORDS_OFFSET:
+            return -1
+        crc, attributes, delta, max_ts, producer_id, epoch, first = _NEXT_FIELDS(
+            head, CRC_OFFSET)
+        if attributes & ATTR_CONTROL:
+            return -1
+        with self._thread_lock:
+            end = state.end_offset
+            if not state.follows(producer_id, epoch, first, attributes):
+                return -1
+        base = appender.append(batch, end)
+        if base >= 0:
+            with self._thread_lock:     # unless a reader's catch-up took it in already
+                if state is self._producers and state.end_offset == base:
+                    state.append_next(producer_id, first, delta, base, attributes, max_ts,
+                                      crc)
+        return base
 
     def _append_idempotent(self, batch: Any, header: BatchHeader, size: int,
                            count: int) -> tuple[int, KeptBatch | None]:

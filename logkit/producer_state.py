@@ -66,6 +66,9 @@ class KeptBatch(NamedTuple):
     last_offset: int
 
 
+_kept = tuple.__new__          # KeptBatch without NamedTuple's slower constructor
+
+
 class ProducerEntry:
     """One producer id's state on this partition."""
 
@@ -147,6 +150,39 @@ class ProducerStateManager:
                 f"producer {header.producer_id} wrote a non-transactional batch inside "
                 f"its open transaction (from offset {entry.txn_first_offset})")
         return None
+
+    def follows(self, producer_id: int, epoch: int, first_sequence: int,
+                attributes: int) -> bool:
+        """The hot path's question: is this batch simply the next one of a producer
+        this state knows (same epoch, the sequence right after its last batch, within
+        the rules of its open transaction)? False sends it to `check`, which decides
+        every other case (duplicates, gaps, epochs, new producers)."""
+        entry = self.producers.get(producer_id)
+        if entry is None or entry.epoch != epoch or not entry.batches:
+            return False
+        last = entry.batches[-1].last_sequence
+        if first_sequence != last + 1 and not (first_sequence == 0 and last == INT32_MAX):
+            return False
+        return entry.txn_first_offset < 0 or bool(attributes & ATTR_TRANSACTIONAL)
+
+    def append_next(self, producer_id: int, first_sequence: int, last_offset_delta: int,
+                    base_offset: int, attributes: int, max_timestamp: int, crc: int) -> None:
+        """`apply` for a batch `follows` accepted and the log stored at `base_offset`,
+        from its raw header fields."""
+        entry = self.producers[producer_id]
+        last_offset = base_offset + last_offset_delta
+        if first_sequence > INT32_MAX - last_offset_delta:
+            last_sequence = last_offset_delta - (INT32_MAX - first_sequence) - 1
+        else:
+            last_sequence = first_sequence + last_offset_delta
+        entry.batches.append(_kept(KeptBatch, (first_sequence, last_sequence, base_offset,
+                                                last_offset)))
+        entry.last_timestamp = max_timestamp
+        if attributes & ATTR_TRANSACTIONAL and entry.txn_first_offset < 0:
+            entry.txn_first_offset = base_offset
+            self.ongoing[producer_id] = base_offset
+        self.end_offset = last_offset + 1
+        self.last_batch = (base_offset, crc)
 
     # ---- stored batches (appends, and replay of the log) ------------------------------
 

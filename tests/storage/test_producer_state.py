@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import logkit
+import logkit._native
 from logkit.crc import crc32c
 from logkit.errors import (InvalidProducerEpochError, InvalidTxnStateError,
                            OutOfOrderSequenceError)
@@ -218,3 +219,54 @@ def test_a_truncated_log_is_not_answered_from_the_state_of_the_cut_batches(tmp_p
         assert p.append_batch(batch(7, 0, 2)) == 2
         assert p.log_end_offset == 4
         assert values(p) == [b"v0", b"v1", b"v2", b"v3"]
+
+
+# ---- the hot path: a producer's next batch in one C call --------------------------------
+
+needs_c = pytest.mark.skipif(logkit._native.appendpath is None,
+                             reason="the C append path is not built")
+
+
+def appended_in_one_call(p):
+    appender = p._log._appender
+    return 0 if appender is None else appender.appended
+
+
+@needs_c
+def test_a_producers_next_batch_is_appended_in_one_c_call(part):
+    part.append_batch_nowait(batch(7, 0, 0), verify=False)  # the checked path loads state
+    part.append([(b"k", b"plain", None, None)])              # ... and arms the C appender
+    part.append_batch_nowait(batch(7, 0, 2), verify=False)   # caught up under the lock
+    before = appended_in_one_call(part)
+    for n in range(2, 12):
+        assert part.append_batch_nowait(batch(7, 0, 2 * n), verify=False) == (
+            2 * n + 1, None)
+    assert appended_in_one_call(part) - before == 10
+    # a duplicate or a gap is never taken by the one-call path
+    assert part.append_batch_nowait(batch(7, 0, 22), verify=False) == (23, None)
+    with pytest.raises(OutOfOrderSequenceError):
+        part.append_batch_nowait(batch(7, 0, 40), verify=False)
+    assert appended_in_one_call(part) - before == 10
+    assert part.producer_states() == [(7, 0, 23, -1)]
+
+
+@needs_c
+def test_the_one_call_path_refuses_a_batch_when_another_process_appended_since(tmp_path):
+    """This process's state says seq 6 follows; another process stored seq 6 meanwhile.
+    The C appender sees the log end moved and hands the batch back: it is answered as
+    the duplicate it is, not written twice."""
+    with logkit.Broker(tmp_path, background=False) as broker:
+        broker.create_topic("t", 1)
+        p = broker.topic("t").partition(0)
+        p.append_batch_nowait(batch(7, 0, 0), verify=False)
+        p.append([(b"k", b"plain", None, None)])
+        assert p.append_batch_nowait(batch(7, 0, 2), verify=False) == (3, None)
+        assert p.append_batch_nowait(batch(7, 0, 4), verify=False) == (5, None)
+        assert run_child(tmp_path, 7, 0, 6, 1) == [7]
+        before = appended_in_one_call(p)
+        assert p.append_batch_nowait(batch(7, 0, 6, tag=b"c"), verify=False) == (7, None)
+        assert appended_in_one_call(p) == before
+        assert p.log_end_offset == 9
+        assert p.append_batch_nowait(batch(7, 0, 8), verify=False) == (9, None)
+        assert values(p) == [b"v0", b"v1", b"plain", b"v2", b"v3", b"v4", b"v5", b"c6",
+                             b"c7", b"v8", b"v9"]
