@@ -42,6 +42,7 @@ def test_the_batch_header_in_c_is_records_py_s_table():
         "B_LAST_OFFSET_DELTA": records.LAST_OFFSET_DELTA_OFFSET,
         "B_BASE_TIMESTAMP": records.BASE_TIMESTAMP_OFFSET,
         "B_MAX_TIMESTAMP": records.MAX_TIMESTAMP_OFFSET,
+        "B_PRODUCER_ID": records.PRODUCER_ID_OFFSET,
         "B_RECORDS_COUNT": records.RECORDS_COUNT_OFFSET,
         "B_HEADER": records.RECORDS_OFFSET,
         "LOG_OVERHEAD": records.LOG_OVERHEAD,
