@@ -740,7 +740,7 @@ APIS: dict[int, Api] = {api.key: api for api in (
     _api(42, "DeleteGroups", "0-2", "2+", DELETE_GROUPS),
     _api(44, "IncrementalAlterConfigs", "0-1", "1+", INCREMENTAL_ALTER_CONFIGS),
     _api(65, "DescribeTransactions", "0", "0+", DESCRIBE_TRANSACTIONS),
-    _api(66, "ListTransactions", "0-2", "0+", LIST_TRANSACTIONS),
+    _api(66, "ListTransactions", "0-1", "0+", LIST_TRANSACTIONS),
 )}
 
 
