@@ -262,3 +262,35 @@ def test_a_transaction_open_across_rolls_keeps_the_lso_after_reopen(tmp_path):
         assert p.last_stable_offset == 0
         p.append_control(3, 0, commit=True)
         assert len(values(p, "read_committed")) == 42
+
+
+# ---- Kafka's own DumpLogSegments reads the markers, the .txnindex and the .snapshot ------
+
+def test_kafkas_dump_tool_reads_the_markers_txnindex_and_snapshot(tmp_path):
+    from tests.helpers.kafka import skip_reason
+    if skip_reason() is not None:
+        pytest.skip(str(skip_reason()))
+    from tests.helpers.kafka_tools import tool
+    with logkit.Broker(tmp_path, background=False) as broker:
+        broker.create_topic("t", 1)
+        p = broker.topic("t").partition(0)
+        p.append_batch(txn(1, 0, 0))                         # 0-1, aborted at 4
+        p.append_batch(txn(2, 3, 0))                         # 2-3, committed at 5
+        p.append_control(1, 0, commit=False, coordinator_epoch=7)
+        p.append_control(2, 3, commit=True)
+        p.append_batch(txn(2, 3, 2))                         # 6-7, left open
+        directory = p.directory
+    files = [os.path.join(directory, f"{0:020d}.log"),
+             os.path.join(directory, f"{0:020d}.txnindex"),
+             os.path.join(directory, f"{8:020d}.snapshot")]
+    out = tool("kafka-dump-log", "--deep-iteration", "--files", ",".join(files)).stdout
+    assert "version: 0 producerId: 1 firstOffset: 0 lastOffset: 4 lastStableOffset: 2" in out
+    assert "endTxnMarker: ABORT coordinatorEpoch: 7" in out
+    assert "endTxnMarker: COMMIT coordinatorEpoch: 0" in out
+    snapshot = [line for line in out.splitlines() if line.startswith("producerId:")]
+    assert len(snapshot) == 2, out
+    two = next(line for line in snapshot if line.startswith("producerId: 2 "))
+    assert "producerEpoch: 3" in two and "currentTxnFirstOffset: OptionalLong[6]" in two
+    assert "lastSequence: 3" in two and "lastOffset: 7" in two
+    one = next(line for line in snapshot if line.startswith("producerId: 1 "))
+    assert "coordinatorEpoch: 7" in one and "currentTxnFirstOffset: OptionalLong.empty" in one
