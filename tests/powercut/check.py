@@ -86,7 +86,7 @@ class PowerCutChecker(cp.Checker):
         # deterministic: a record that survives holds the value the run gave it)
         self.values: dict[tuple[str, int, int], set[bytes]] = {}
         for e in written:
-            if e["kind"] == "record":
+            if e["kind"] == "record" and e["value"] is not None:     # not a tombstone
                 self.values.setdefault((e["topic"], e["partition"], e["offset"]),
                                        set()).add(e["value"].encode())
 

@@ -7,8 +7,9 @@ operations) the disk holds:
 - every directory-entry change (create, mkdir, rename, unlink, rmdir) followed, before
   the cut, by an fsync of its parent directory (either parent for a rename) or by a
   syncfs; of the others, mode "synced" keeps none, "prefix" a prefix in program order,
-  "subset" any subset (each kept or not at random, applied in order; one whose source
-  is gone is skipped);
+  "subset" any subset (each kept or not at random, applied in order; a rename whose
+  source is gone still names the file at its destination, any other such change is
+  skipped);
 - of each file, every content and size change followed by an fsync/fdatasync of that
   file (or a syncfs); of the later ones, "synced" keeps none, "prefix" a random prefix,
   "subset" a random subset of their 4 KiB pieces (reordered writes) and of the size
@@ -64,7 +65,14 @@ def _apply_entry(ns: dict, op: Op) -> None:
         if ns.get(os.path.dirname(op.path)) == DIR:
             ns[op.path] = DIR if op.kind == "mkdir" else op.ino
     elif op.kind == "rename":
-        if op.path not in ns or ns.get(os.path.dirname(op.dest)) != DIR:
+        if ns.get(os.path.dirname(op.dest)) != DIR:
+            return
+        if op.path not in ns:
+            # a file whose old name never reached the disk (made in a directory that was
+            # not synced, renamed out of it, the new directory synced): the new name
+            # still points at its inode, which the file's own fsync made durable
+            if op.ino >= 0:
+                ns[op.dest] = op.ino
             return
         moved = {p: n for p, n in ns.items() if p == op.path or p.startswith(op.path + "/")}
         for p in [p for p in ns if p == op.dest or p.startswith(op.dest + "/")]:

@@ -58,7 +58,8 @@ def record(root: str, variant: str, ledger: str, trace: str, *, timeout: float =
 @dataclass
 class Op:
     """One replayable operation. kind and its fields:
-    create(path, ino) mkdir(path) rename(path, dest) unlink(path) rmdir(path) — entries;
+    create(path, ino) mkdir(path) rename(path, dest, ino: the file's, -1 for a directory)
+    unlink(path) rmdir(path) — entries;
     write(ino, offset, data) truncate(ino, size) extend(ino, size) zero(ino, offset,
     size) — a file's content; fsync(ino) — a file's data and size; dirsync(path);
     syncfs; snap(ino, snap, data) — a mapped file's bytes (snap: tail-version,
@@ -292,7 +293,11 @@ class Parser:
             del self.ns[p]
             if self.under(dst):
                 self.ns[dst + p[len(src):]] = n
-        self.ops.append(Op("rename", path=src, dest=dst))
+        # the file's inode rides along: a synced rename names it in its new directory
+        # even when its old name (a staging directory's) never reached the disk
+        node = moved.get(src)
+        self.ops.append(Op("rename", path=src, dest=dst,
+                           ino=node if isinstance(node, int) else -1))
 
     def on_rename(self, a, ret):
         self._rename(self.resolve(None, _string(a[0])), self.resolve(None, _string(a[1])))
