@@ -30,9 +30,10 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 from ._clock import now_ms as _now_ms
 from .config import is_compacted
 from .records import iter_batches
-from .segment import (LogSegment, SegmentRecovery, parse_segment_name, retire_segment,
-                      segment_file_name, unlink_segment)
+from .segment import (DELETED_SUFFIX, LogSegment, SegmentRecovery, parse_segment_name,
+                      retire_segment, segment_file_name, unlink_segment)
 from .tail import BOOT_ID, Tail, TailFile
+from .txn_index import txn_index_path
 
 __all__ = ["RecoveryReport", "needs_recovery", "clean_open", "recover", "live_bases",
            "leftovers", "finish_swaps", "CLEANED_SUFFIX", "SWAP_SUFFIX", "CLEANER_STAGING"]
@@ -181,7 +182,10 @@ def finish_swaps(directory: str, name: str) -> int:
         for other in sorted(b for b in map(parse_segment_name, os.listdir(directory))
                             if b is not None and base <= b <= last):
             retire_segment(directory, other)
-        for suffix in (".index", ".timeindex", ".log"):
+            index = txn_index_path(directory, other)
+            if os.path.exists(index) and not os.path.exists(index + SWAP_SUFFIX):
+                os.rename(index, index + DELETED_SUFFIX)
+        for suffix in (".txnindex", ".index", ".timeindex", ".log"):
             path = os.path.join(directory, segment_file_name(base, suffix))
             if os.path.exists(path + SWAP_SUFFIX):
                 os.replace(path + SWAP_SUFFIX, path)

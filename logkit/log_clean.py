@@ -39,14 +39,16 @@ from .cleaner import CleanReport, OffsetMap, keep_records
 from .config import is_compacted
 from .errors import ConfigError, LogkitTimeoutError, storage_error
 from .loader import CLEANED_SUFFIX, CLEANER_STAGING, SWAP_SUFFIX
-from .records import ATTR_CONTROL, ATTR_DELETE_HORIZON, decode_batch, rebuild_batch
-from .segment import LogSegment, retire_segment, segment_file_name
+from .records import (ATTR_CONTROL, ATTR_DELETE_HORIZON, ATTR_TRANSACTIONAL, BatchHeader,
+                      decode_batch, rebuild_batch)
+from .segment import DELETED_SUFFIX, LogSegment, retire_segment, segment_file_name
+from .txn_index import AbortedTxn, append_entry, read_entries, txn_index_path
 
 log = logging.getLogger("logkit.log")
 
 CLEANER_LOCK_FILE = "logkit.cleaner"
 CLEANER_LOCK_TIMEOUT_S = 120.0
-_SUFFIXES = (".index", ".timeindex", ".log")     # the .log renamed last: the marker
+_SUFFIXES = (".txnindex", ".index", ".timeindex", ".log")   # the .log last: the marker
 _MAX_SPAN = (1 << 31) - 1                        # offsets relative to a base: int32
 
 
@@ -56,6 +58,46 @@ def _fsync_directory(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def retire_txn_index(directory: str, base: int) -> None:
+    """Rename a segment's `.txnindex` `.deleted`, as its other files are."""
+    path = txn_index_path(directory, base)
+    try:
+        os.rename(path, path + DELETED_SUFFIX)
+    except FileNotFoundError:
+        pass
+
+
+def _records_count(batch: Any) -> int:
+    return int.from_bytes(bytes(batch[57:61]), "big", signed=True)
+
+
+class _Aborted:
+    """The aborted transactions a pass meets: which data batches it must drop."""
+
+    def __init__(self, entries: list[AbortedTxn]) -> None:
+        self._spans: dict[int, list[tuple[int, int]]] = {}
+        for entry in entries:
+            self._spans.setdefault(entry.producer_id, []).append(
+                (entry.first_offset, entry.last_offset))
+
+    def holds(self, header: BatchHeader) -> bool:
+        """Whether a transactional data batch belongs to an aborted transaction."""
+        if not header.attributes & ATTR_TRANSACTIONAL or header.attributes & ATTR_CONTROL:
+            return False
+        for first, last in self._spans.get(header.producer_id, ()):
+            if first <= header.base_offset <= last:
+                return True
+        return False
 
 
 class _LogClean:
@@ -195,12 +237,18 @@ class _LogClean:
         staging = os.path.join(self.directory, CLEANER_STAGING)
         shutil.rmtree(staging, ignore_errors=True)
         offset_map = OffsetMap(self.dedupe_buffer_bytes, self.dedupe_load_factor)
-        map_end = self._build_map(segments, first_dirty, offset_map)
+        end = segments[-1][1] if segments else first_dirty
+        aborted = _Aborted(self._with_tail(self._aborted_entries, tail.log_start_offset,
+                                           end) if segments else [])
+        map_end = self._build_map(segments, first_dirty, offset_map, aborted)
         chosen = [(b, e) for b, e in segments if b < map_end]
+        producers_last = self._producers_last_batches(chosen)
         before = after = bytes_before = bytes_after = 0
         segments_after = 0
+        txn_kept: dict[int, bool] = {}       # producer id -> its open txn kept a record
         for group in self._groups(chosen):
-            got = self._clean_group(group, offset_map, map_end, now_ms, staging)
+            got = self._clean_group(group, offset_map, map_end, now_ms, staging, aborted,
+                                    producers_last, txn_kept)
             if got is None:
                 continue                      # retention or a truncation got there first
             before += got[0]
@@ -223,12 +271,28 @@ class _LogClean:
         segment.gaps = True
         return segment, segment.sealed_size, segment.identity
 
+    def _producers_last_batches(self, segments: list[tuple[int, int]]) -> dict[int, int]:
+        """Producer id -> the last offset of its last batch in `segments`: a pass keeps
+        that batch (empty if need be), so the producer's state survives a rebuild from
+        the log (Kafka keeps each active producer's last batch the same way)."""
+        last: dict[int, int] = {}
+        for base, _ in segments:
+            segment, size, _ = self._open_sealed(base)
+            try:
+                for _, header in segment.headers(0, size):
+                    if header.producer_id >= 0:
+                        last[header.producer_id] = header.last_offset
+            finally:
+                segment.close()
+        return last
+
     def _build_map(self, segments: list[tuple[int, int]], first_dirty: int,
-                   offset_map: OffsetMap) -> int:
+                   offset_map: OffsetMap, aborted: "_Aborted") -> int:
         """Map every key of the dirty range (from `first_dirty` through the cleanable
         segments) to its latest offset; returns the map's end: the offset after the last
-        batch mapped (a pass keeps everything at or past it). Stops at a batch that no
-        longer fits in the map."""
+        batch mapped (a pass keeps everything at or past it). Control batches and the
+        batches of aborted transactions are not mapped. Stops at a batch that no longer
+        fits in the map."""
         map_end = first_dirty
         for base, end in segments:
             if end <= first_dirty:
@@ -237,7 +301,8 @@ class _LogClean:
             try:
                 buf = segment.view(size) if size else b""
                 for pos, header in segment.headers(0, size, verify=True):
-                    if header.last_offset < first_dirty or header.attributes & ATTR_CONTROL:
+                    if header.last_offset < first_dirty or header.attributes & ATTR_CONTROL \
+                            or aborted.holds(header):
                         map_end = max(map_end, header.last_offset + 1)
                         continue
                     if header.records_count > offset_map.room():
@@ -273,7 +338,8 @@ class _LogClean:
         return groups
 
     def _clean_group(self, group: list[tuple[int, int]], offset_map: OffsetMap,
-                     map_end: int, now_ms: int, staging: str
+                     map_end: int, now_ms: int, staging: str, aborted: "_Aborted",
+                     producers_last: dict[int, int], txn_kept: dict[int, bool]
                      ) -> tuple[int, int, int, int] | None:
         """Write the group's cleaned segment into the staging directory, then swap it
         in. Returns (records before, after, bytes before, after), or None when the group
@@ -298,32 +364,18 @@ class _LogClean:
                     buf = segment.view(size) if size else b""
                     batches = list(segment.headers(0, size, verify=True))
                     for i, (pos, header) in enumerate(batches):
-                        last_of_group = n == len(group) - 1 and i == len(batches) - 1
-                        if header.attributes & ATTR_CONTROL:
-                            data: Any = buf[pos:pos + header.size]
-                            kept_count = 0
-                        else:
-                            records = decode_batch(buf, pos, header, self.topic,
-                                                   self.partition, path=segment.path,
-                                                   verify=False)
-                            before += len(records)
-                            stamped = header.attributes & ATTR_DELETE_HORIZON
-                            kept = keep_records(
-                                records, offset_map, map_end, now_ms=now_ms,
-                                horizon_ms=header.base_timestamp if stamped else None)
-                            kept_count = len(kept)
-                            after += kept_count
-                            needs_horizon = not stamped and any(
-                                r.value is None for r in kept)
-                            if not kept and not last_of_group:
-                                continue
-                            if kept_count == len(records) and not needs_horizon:
-                                data = buf[pos:pos + header.size]
-                            else:
-                                data = rebuild_batch(
-                                    buf, pos, header, kept,
-                                    delete_horizon_ms=horizon_after if needs_horizon
-                                    else None)
+                        keep_anyway = (n == len(group) - 1 and i == len(batches) - 1) or (
+                            header.producer_id >= 0
+                            and producers_last.get(header.producer_id) == header.last_offset)
+                        if not header.attributes & ATTR_CONTROL:
+                            before += header.records_count
+                        data = self._cleaned_batch(
+                            buf, pos, header, segment.path, offset_map, map_end, now_ms,
+                            horizon_after, aborted, txn_kept, keep_anyway)
+                        if data is None:
+                            continue
+                        if not header.attributes & ATTR_CONTROL:
+                            after += _records_count(data)
                         batch_max = header.max_timestamp
                         if batch_max > max_ts:
                             max_ts, max_ts_offset = batch_max, header.last_offset
@@ -337,8 +389,16 @@ class _LogClean:
             out.flush()
         finally:
             out.close()
+        entries = [e for seg_base, _ in group
+                   for e in read_entries(txn_index_path(self.directory, seg_base))]
+        for entry in entries:          # the group's aborted transactions, in order
+            append_entry(txn_index_path(staging, base), entry)
+        if entries:
+            _fsync_file(txn_index_path(staging, base))
         cleaned = {}
         for suffix in _SUFFIXES:
+            if suffix == ".txnindex" and not entries:
+                continue
             name = segment_file_name(base, suffix)
             target = os.path.join(self.directory, name + CLEANED_SUFFIX)
             os.replace(os.path.join(staging, name), target)
@@ -351,6 +411,47 @@ class _LogClean:
                     pass
             return None
         return before, after, bytes_before, position
+
+    def _cleaned_batch(self, buf: Any, pos: int, header: BatchHeader, path: str,
+                       offset_map: OffsetMap, map_end: int, now_ms: int,
+                       horizon_after: int, aborted: _Aborted, txn_kept: dict[int, bool],
+                       keep_anyway: bool) -> Any:
+        """The bytes a pass writes for one batch, or None to drop it (Kafka's rules:
+        module docstring). Records of aborted transactions go; a COMMIT/ABORT marker
+        stays while a record of its transaction stays, else until its delete horizon;
+        `keep_anyway` (a group's last batch, a producer's last batch) keeps the batch,
+        empty if nothing of it survives."""
+        stamped = header.attributes & ATTR_DELETE_HORIZON
+        if header.attributes & ATTR_CONTROL:
+            if txn_kept.pop(header.producer_id, False):
+                return buf[pos:pos + header.size]      # its transaction's records stay
+            if stamped:
+                if now_ms < header.base_timestamp or keep_anyway:
+                    return buf[pos:pos + header.size]
+                return None
+            return rebuild_batch(buf, pos, header,
+                                 decode_batch(buf, pos, header, self.topic, self.partition,
+                                              path=path, verify=False),
+                                 delete_horizon_ms=horizon_after)
+        if aborted.holds(header):
+            kept = []
+        else:
+            records = decode_batch(buf, pos, header, self.topic, self.partition,
+                                   path=path, verify=False)
+            kept = keep_records(records, offset_map, map_end, now_ms=now_ms,
+                                horizon_ms=header.base_timestamp if stamped else None)
+            if kept and header.attributes & ATTR_TRANSACTIONAL:
+                txn_kept[header.producer_id] = True
+            needs_horizon = not stamped and any(r.value is None for r in kept)
+            if len(kept) == header.records_count and not needs_horizon:
+                return buf[pos:pos + header.size]
+            if kept:
+                return rebuild_batch(buf, pos, header, kept,
+                                     delete_horizon_ms=horizon_after if needs_horizon
+                                     else None)
+        if not keep_anyway:
+            return None
+        return rebuild_batch(buf, pos, header, [])
 
     def _swap(self, group: list[tuple[int, int]], identities: list[tuple[int, int]],
               cleaned: dict[str, str]) -> bool:
@@ -373,8 +474,9 @@ class _LogClean:
             if end not in bases:
                 return False                  # the segment after the group moved
             for suffix in _SUFFIXES:          # the decision: .swap, made durable
-                os.replace(cleaned[suffix], cleaned[suffix][:-len(CLEANED_SUFFIX)]
-                           + SWAP_SUFFIX)
+                if suffix in cleaned:
+                    os.replace(cleaned[suffix], cleaned[suffix][:-len(CLEANED_SUFFIX)]
+                               + SWAP_SUFFIX)
             _fsync_directory(directory)
             # Torn from here until the new list is published: another process's
             # readers wait, its lock holders recover (finishing the swap) first.
@@ -387,9 +489,14 @@ class _LogClean:
                     self._close_parked(seg_base)
                 self._sealed_sizes.pop(seg_base, None)
                 retire_segment(directory, seg_base)
+                retire_txn_index(directory, seg_base)
             for suffix in _SUFFIXES:
-                live = os.path.join(directory, segment_file_name(base, suffix))
-                os.replace(live + SWAP_SUFFIX, live)
+                if suffix in cleaned:
+                    live = os.path.join(directory, segment_file_name(base, suffix))
+                    os.replace(live + SWAP_SUFFIX, live)
+            forget = getattr(self, "_txn_indexes", None)
+            if forget is not None:
+                forget.forget()
             _fsync_directory(directory)
             tail = tail._replace(segments_version=tail.segments_version + 1,
                                  clean_count=tail.clean_count + 1)

@@ -194,3 +194,39 @@ def test_a_reader_in_another_process_sees_the_cleaned_log(broker, tmp_path):
         child.join(30)
     assert child.exitcode == 0
     assert not any(n.endswith((".cleaned", ".swap")) for n in os.listdir(p.directory))
+
+
+def test_a_pass_drops_aborted_records_and_then_the_markers_past_their_horizon(broker):
+    """Kafka's cleaner rules for transactions: an aborted transaction's records go (and
+    never shadow a committed record of their key), a marker stays while its
+    transaction keeps a record, then until its delete horizon."""
+    p = _compacted(broker, **{"segment.bytes": 1024, "delete.retention.ms": 1000})
+    producer = broker.producer(transactional_id="cleaner-txn", acks="all")
+    producer.init_transactions()
+    with producer.transaction():
+        producer.send("t", b"committed", key=b"a")
+    producer.begin_transaction()
+    producer.send("t", b"aborted", key=b"a")
+    producer.send("t", b"aborted", key=b"b")
+    producer.abort_transaction()
+    for i in range(30):
+        with producer.transaction():
+            producer.send("t", b"c%d" % i, key=b"k%d" % (i % 3))
+    producer.close()
+    p.roll()
+    now = int(time.time() * 1000)
+    p.compact(now_ms=now)
+    committed = [(r.key, r.value) for r in p.read(0, max_records=1000,
+                                                   isolation_level="read_committed")]
+    everything = [(r.key, r.value) for r in p.read(0, max_records=1000)]
+    assert committed == everything == [(b"a", b"committed"), (b"k0", b"c27"),
+                                       (b"k1", b"c28"), (b"k2", b"c29")]
+    markers_before = sum(h.attributes & 0x20 != 0 for h in p.batch_headers(0))
+    p.compact(now_ms=now + 5000)                     # past every marker's horizon
+    markers_after = sum(h.attributes & 0x20 != 0 for h in p.batch_headers(0))
+    assert markers_after < markers_before
+    assert [(r.key, r.value) for r in p.read(0, max_records=1000,
+                                             isolation_level="read_committed")] == committed
+    assert p.fetch_records(p.log_start_offset, max_records=1000,
+                           isolation_level="read_committed").records[-1].value == b"c29"
+    p.check()
