@@ -422,7 +422,7 @@ class _LogAppends:
         self._segments.pop(sealed.active_base_offset, None)   # a reader reopens it:
         old.close()                                # appenders hold no sealed segment
         self._refresh(tail)
-        self._snapshot_producer_state(tail, sync=True)    # Kafka's snapshot at each roll
+        self._after_roll(tail)      # the producer snapshot, old .txnindex files (log_txn.py)
         log.debug("%s: rolled segment %d (%d bytes) to a new one at offset %d", self.name,
                   sealed.active_base_offset, sealed.active_size, new_base)
         return tail

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import struct
 from typing import Any
 
@@ -56,7 +57,13 @@ from .records import (
     read_header,
 )
 from .tail import Tail
-from .txn_index import AbortedTxn, append_entry, truncate_entries, txn_index_path
+from .txn_index import (
+    TXN_INDEX_SUFFIX,
+    AbortedTxn,
+    append_entry,
+    truncate_entries,
+    txn_index_path,
+)
 
 log = logging.getLogger("logkit.log")
 
@@ -312,13 +319,27 @@ class _LogTransactions:
                         "was never written", self.name, len(entries) - keep)
             truncate_entries(txn_index_path(self.directory, base), keep)
 
+    def _after_roll(self, tail: Tail) -> None:
+        """At a roll (under the lock): Kafka's producer snapshot at the new segment's
+        base, and the `.txnindex` files of segments retention has removed go."""
+        self._snapshot_producer_state(tail, sync=True)
+        first = self._bases[0] if self._bases else tail.log_start_offset
+        try:
+            for name in os.listdir(self.directory):
+                if name.endswith(TXN_INDEX_SUFFIX) and name[:20].isdigit() \
+                        and int(name[:20]) < first:
+                    os.unlink(os.path.join(self.directory, name))
+        except OSError as exc:            # derived data, below the log start: harmless
+            log.warning("%s: could not remove an old .txnindex: %s", self.name, exc)
+
     def _snapshot_producer_state(self, tail: Tail, *, sync: bool) -> None:
         """Write this process's producer state as a snapshot at the log end (at a roll
         and a clean close, under the lock), when this process has it loaded."""
         if self._producers is None:
             return
         try:
-            write_snapshot(self.directory, self._producer_state(tail), sync=sync)
+            write_snapshot(self.directory, self._producer_state(tail, repair=True),
+                           sync=sync)
         except OSError as exc:           # derived data: the log rebuilds it
             log.warning("%s: could not write a producer snapshot: %s", self.name, exc)
 

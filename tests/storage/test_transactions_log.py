@@ -294,3 +294,43 @@ def test_kafkas_dump_tool_reads_the_markers_txnindex_and_snapshot(tmp_path):
     assert "lastSequence: 3" in two and "lastOffset: 7" in two
     one = next(line for line in snapshot if line.startswith("producerId: 1 "))
     assert "coordinatorEpoch: 7" in one and "currentTxnFirstOffset: OptionalLong.empty" in one
+
+
+def test_a_follower_copying_an_abort_marker_indexes_it_as_its_leader_did(tmp_path):
+    with logkit.Broker(tmp_path, background=False) as broker:
+        broker.create_topic("leader", 1, config={"segment.bytes": 1024})
+        broker.create_topic("follower", 1, config={"segment.bytes": 1024})
+        leader = broker.topic("leader").partition(0)
+        follower = broker.topic("follower").partition(0)
+        leader.append_batch(txn(1, 0, 0, tag=b"x"))
+        for n in range(20):
+            plain(leader, b"p%d" % n)
+        leader.append_control(1, 0, commit=False)
+        leader.append_batch(txn(2, 0, 0, tag=b"c"))
+        leader.append_control(2, 0, commit=True)
+        for n in range(20):                                  # a roll after the markers
+            plain(leader, b"q%d" % n)
+        assert follower.last_stable_offset == 0        # its producer state, loaded
+        follower.append_replicated(leader.batches_since(0, max_bytes=10**7),
+                                   segment_base_offsets=leader.segment_base_offsets())
+        assert follower.segment_base_offsets() == leader.segment_base_offsets()
+        assert txn_entries(follower.directory) == txn_entries(leader.directory) != {}
+        assert values(follower, "read_committed") == values(leader, "read_committed")
+        assert follower.last_stable_offset == leader.last_stable_offset
+
+
+def test_retention_takes_the_txnindex_of_the_segments_it_deletes(tmp_path):
+    with logkit.Broker(tmp_path, background=False) as broker:
+        broker.create_topic("t", 1, config={"segment.bytes": 1024, "retention.bytes": 2048,
+                                            "file.delete.delay.ms": 0})
+        p = broker.topic("t").partition(0)
+        p.append_batch(txn(1, 0, 0, tag=b"x"))
+        p.append_control(1, 0, commit=False)
+        assert list(txn_entries(p.directory)) == [0]
+        for n in range(60):
+            plain(p, b"filler %d" % n)
+            p.enforce_retention()
+        assert p.log_start_offset > 3
+        plain(p, b"x" * 900)                                 # one more roll
+        assert txn_entries(p.directory) == {}
+        assert p.aborted_transactions(0, p.log_end_offset) == []
