@@ -334,3 +334,82 @@ def test_retention_takes_the_txnindex_of_the_segments_it_deletes(tmp_path):
         plain(p, b"x" * 900)                                 # one more roll
         assert txn_entries(p.directory) == {}
         assert p.aborted_transactions(0, p.log_end_offset) == []
+
+
+# ---- SIGKILL at random points of a transactional writer: the state always matches the log --
+
+TXN_WRITER = r"""
+import random, sys, logkit
+from logkit.records import encode_batch
+root, seed = sys.argv[1], int(sys.argv[2])
+rng = random.Random(seed)
+with logkit.Broker(root, background=False) as broker:
+    p = broker.topic("t").partition(0)
+    states = {pid: [epoch, last + 1] for pid, epoch, last, _ in p.producer_states()}
+    while True:
+        pid = rng.choice((1, 2, 3))
+        epoch, seq = states.setdefault(pid, [0, 0])
+        if rng.random() < 0.25:
+            p.append_control(pid, epoch, commit=rng.random() < 0.5)
+        else:
+            n = rng.randint(1, 3)
+            p.append_batch(encode_batch([(b"k", b"%d" % pid, None, 1000)] * n,
+                                        producer_id=pid, producer_epoch=epoch,
+                                        base_sequence=seq, transactional=True))
+            states[pid][1] = seq + n
+        print(".", flush=True)
+"""
+
+
+def expected_from_the_log(p):
+    """What the producer state and the index must say, from every batch header and
+    marker: the open transactions, the aborted (producer, first offset) pairs, and the
+    offsets read_committed returns below the LSO."""
+    from logkit.records import CONTROL_ABORT, control_record_type, iter_batches
+    open_txns, aborted, ranges, visible = {}, [], {}, set()
+    data = p.batches_since(0, max_bytes=10**8)
+    for pos, h in iter_batches(data, 0, len(data)):
+        pid = h.producer_id
+        if h.is_control:
+            first = open_txns.pop(pid, None)
+            if first is None:
+                continue
+            offsets = ranges.pop(pid)
+            if control_record_type(data, pos, h) == CONTROL_ABORT:
+                aborted.append((pid, first))
+            else:
+                visible.update(offsets)
+        else:
+            open_txns.setdefault(pid, h.base_offset)
+            ranges.setdefault(pid, []).extend(range(h.base_offset, h.last_offset + 1))
+    return open_txns, aborted, visible
+
+
+def test_a_transactional_writer_killed_at_random_points_leaves_a_consistent_state(tmp_path):
+    import random
+    with logkit.Broker(tmp_path, background=False) as broker:
+        broker.create_topic("t", 1, config={"segment.bytes": 2048})
+    rng = random.Random(33)
+    for round_ in range(12):
+        child = subprocess.Popen([sys.executable, "-c", TXN_WRITER, str(tmp_path),
+                                  str(round_)], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": ROOT_DIR})
+        try:
+            for _ in range(rng.randint(1, 60)):          # killed after that many steps,
+                assert child.stdout.readline() == ".\n"   # somewhere in the next one
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        with logkit.Broker(tmp_path, background=False) as broker:
+            p = broker.topic("t").partition(0)
+            p.check()
+            open_txns, aborted, visible = expected_from_the_log(p)
+            assert p.open_transactions() == open_txns
+            lso = min([*open_txns.values(), p.log_end_offset])
+            assert p.last_stable_offset == lso
+            assert p.aborted_transactions(0, p.log_end_offset) == aborted
+            committed = [r.offset for r in p.read(0, max_records=10**6,
+                                                  isolation_level="read_committed")]
+            assert committed == sorted(o for o in visible if o < lso)
