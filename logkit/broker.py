@@ -1185,8 +1185,9 @@ class Broker:
                 errors.append(exc)
         self._clients.clear()
         self._stop.set()
-        if self._cleaner is not None:
-            self._cleaner.stop()
+        cleaner = getattr(self, "_cleaner", None)    # none in a read-only broker
+        if cleaner is not None:
+            cleaner.stop()
         if self._scheduler is not None and self._scheduler is not threading.current_thread():
             self._scheduler.join(timeout=10)
         if self._txn_thread is not None and self._txn_thread is not threading.current_thread():
