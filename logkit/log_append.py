@@ -454,9 +454,12 @@ class _LogAppends:
         started before each batch whose base offset is in `segment_bases` (where the
         leader started one), so the segment files come out byte-identical to the
         leader's. Every batch is checked before any is written — whole, CRC-valid, the
-        first starting at the log end, the rest contiguous — else CorruptRecordError
-        and nothing is written. The tail's leader epoch follows the batches. Returns
-        the new log end offset."""
+        first starting at the log end, the rest contiguous (in a compacted log: at or
+        past it, the offsets between removed by the leader's cleaner, each batch
+        keeping its base offset, and a segment started at a leader's segment base the
+        log end reaches even when that segment's first batch is gone) — else
+        CorruptRecordError and nothing is written. The tail's leader epoch follows the
+        batches. Returns the new log end offset."""
         size = len(data)
         with self._locked_tail("replicate", lock_timeout_s) as tail:
             batches = list(iter_batches(data, 0, size, f"batches shipped to {self.name}",
@@ -464,10 +467,15 @@ class _LogAppends:
                                         gaps=self._gaps))
             try:
                 for pos, header in batches:
+                    if tail.active_size and (header.base_offset in segment_bases
+                                             or tail.log_end_offset in segment_bases):
+                        tail = self._roll(tail)     # a replica rolls where its leader did
+                    # the batch's own base offset: past the log end after a gap
                     self._append_locked(bytearray(data[pos:pos + header.size]), header,
                                         header.size, header.last_offset_delta + 1,
-                                        tail._replace(leader_epoch=header.leader_epoch),
-                                        shipped_roll=header.base_offset in segment_bases)
+                                        tail._replace(leader_epoch=header.leader_epoch,
+                                                      log_end_offset=header.base_offset),
+                                        shipped_roll=False)
                     tail = self._tail_under_lock()
                 if any(h.attributes & ATTR_CONTROL and h.producer_id >= 0
                        for _, h in batches):        # the leader's ABORT markers: index them

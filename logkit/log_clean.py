@@ -37,10 +37,10 @@ from ._clock import now_ms as _now_ms
 from ._files import open_file
 from .cleaner import CleanReport, OffsetMap, keep_records
 from .config import is_compacted
-from .errors import ConfigError, LogkitTimeoutError, storage_error
+from .errors import ConfigError, CorruptRecordError, LogkitTimeoutError, storage_error
 from .loader import CLEANED_SUFFIX, CLEANER_STAGING, SWAP_SUFFIX
 from .records import (ATTR_CONTROL, ATTR_DELETE_HORIZON, ATTR_TRANSACTIONAL, BatchHeader,
-                      decode_batch, rebuild_batch)
+                      decode_batch, iter_batches, rebuild_batch)
 from .segment import DELETED_SUFFIX, LogSegment, retire_segment, segment_file_name
 from .txn_index import AbortedTxn, append_entry, read_entries, txn_index_path
 
@@ -182,6 +182,11 @@ class _LogClean:
     def first_dirty_offset(self) -> int:
         """The cleaner checkpoint: offsets below it were cleaned (0: never cleaned)."""
         return self.tail().cleaned_offset
+
+    @property
+    def clean_count(self) -> int:
+        """Swaps of cleaned segments so far (passes, and installs of a leader's)."""
+        return self.tail().clean_count
 
     def cleanable_bytes(self, now_ms: int) -> tuple[int, int, int]:
         """(dirty bytes, cleanable bytes, the oldest dirty segment's newest timestamp or
@@ -513,3 +518,95 @@ class _LogClean:
                 self._tail_file.publish(tail._replace(cleaned_offset=checkpoint))
                 self._tail_file.sync()
             return checkpoint
+
+    # ---- a follower's copy of its leader's cleaning ------------------------------------
+
+    def install_segment(self, base: int, end: int, data: Any) -> bool:
+        """Put `data`, the whole batches of a leader's sealed segment holding offsets
+        [base, end) (as a cleaning pass left it), in place of this log's sealed segments
+        from `base` to `end`: a follower copying its leader's cleaning, whose file then
+        comes out byte-identical to the leader's. The pass's swap does it (the file
+        written beside, renamed `.cleaned`, `.swap`, the old segments retired, `.swap`
+        renamed live), so a kill at any step leaves the old segments or the new one
+        (`loader.finish_swaps`); their aborted-transaction entries are carried over as
+        a pass carries them. Returns False, changing nothing, when `base` and `end` are
+        not both segment bases here with sealed segments between them (the segments do
+        not line up, or the log changed meanwhile). CorruptRecordError when `data` is
+        not whole CRC-valid batches at or past `base`, the last ending at `end` - 1."""
+        where = f"a segment installed in {self.name}"
+        headers = [h for _, h in iter_batches(data, 0, len(data), where, verify=True,
+                                              gaps=True)]
+        if not headers or headers[0].base_offset < base or \
+                headers[-1].last_offset + 1 != end:
+            raise CorruptRecordError(
+                f"the batches do not make segment {base} (offsets {base}..{end - 1})",
+                path=where, position=0, expected=end,
+                actual=headers[-1].last_offset + 1 if headers else None)
+        self._check_usable()
+        try:
+            with self._cleaner_locked(True):
+                return self._install_segment(base, end, data, headers)
+        except OSError as exc:
+            raise storage_error(exc, "install segment", self.directory) from exc
+
+    def _install_segment(self, base: int, end: int, data: Any,
+                         headers: list[BatchHeader]) -> bool:
+        bases = self.segment_bases()
+        if base not in bases or end not in bases:
+            return False
+        starts = [b for b in bases if base <= b < end]
+        group = list(zip(starts, starts[1:] + [end]))
+        identities = []
+        for seg_base in starts:
+            try:
+                stat = os.stat(os.path.join(self.directory,
+                                            segment_file_name(seg_base, ".log")))
+            except FileNotFoundError:
+                return False
+            identities.append((stat.st_dev, stat.st_ino))
+        staging = os.path.join(self.directory, CLEANER_STAGING)
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+        out = LogSegment(staging, base, active=True,
+                         create_index_bytes=self.config["segment.index.bytes"])
+        out.gaps = True
+        interval = self.config["index.interval.bytes"]
+        position = 0
+        max_ts = max_ts_offset = -1
+        try:
+            for header in headers:
+                if header.max_timestamp > max_ts:
+                    max_ts, max_ts_offset = header.max_timestamp, header.last_offset
+                out.write(bytes(data[position:position + header.size]), position)
+                out.index_batch(header.last_offset, position, interval, max_ts,
+                                max_ts_offset)
+                position += header.size
+            out.seal(max_ts, max_ts_offset, position)
+            out.flush()
+        finally:
+            out.close()
+        entries = [e for seg_base in starts
+                   for e in read_entries(txn_index_path(self.directory, seg_base))]
+        for entry in entries:
+            append_entry(txn_index_path(staging, base), entry)
+        if entries:
+            _fsync_file(txn_index_path(staging, base))
+        cleaned = {}
+        for suffix in _SUFFIXES:
+            if suffix == ".txnindex" and not entries:
+                continue
+            name = segment_file_name(base, suffix)
+            cleaned[suffix] = os.path.join(self.directory, name + CLEANED_SUFFIX)
+            os.replace(os.path.join(staging, name), cleaned[suffix])
+        shutil.rmtree(staging, ignore_errors=True)
+        if self._swap(group, identities, cleaned):
+            log.info("%s: installed a copy of the leader's segment %d (offsets up to %d, "
+                     "%d bytes) in place of %d segment(s)", self.name, base, end - 1,
+                     position, len(group))
+            return True
+        for path in cleaned.values():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        return False

@@ -192,6 +192,19 @@ class Partition:
         what makes the background cleaner take this partition."""
         return self._log.cleanable_bytes(now_ms)
 
+    @property
+    def clean_count(self) -> int:
+        """Cleaning passes (or installs of a leader's cleaned segment) that swapped
+        segments in: a follower copies its leader's cleaning when this moves."""
+        return self._log.clean_count
+
+    def install_segment(self, base: int, end: int, data: bytes) -> bool:
+        """Replace the sealed segments holding offsets [base, end) with a leader's
+        cleaned segment, `data` its whole batches (a follower's copy of the leader's
+        cleaning; the swap a pass uses, kill-safe). False when the segments do not
+        line up; CorruptRecordError when `data` does not make that segment."""
+        return self._log.install_segment(base, end, data)
+
     def fetch(self, offset: int, max_records: int = 500, *,
               max_bytes: int = MAX_FETCH_BYTES,
               isolation_level: str = "read_uncommitted") -> tuple[list[Record], int]:
