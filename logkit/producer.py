@@ -451,6 +451,7 @@ _IN_TRANSACTION = "IN_TRANSACTION"
 _ABORTABLE = "ABORTABLE_ERROR"          # a send of the transaction failed: abort it
 _FENCED = "FENCED"                      # another producer took the transactional id
 _SEQUENCE_MASK = 0x7FFFFFFF             # sequence numbers wrap at 2**31 (Kafka's)
+TXN_WHOLE_TOPIC_PARTITIONS = 16         # a topic this small joins a transaction whole
 
 
 def _settle_idempotence(settings: dict[str, Any], acks_given: bool) -> None:
@@ -525,8 +526,15 @@ class Producer:
         self._txn_partitions: set[tuple[str, int]] = set()
         self._txn_begun_at_coordinator = False   # partitions or offsets added
         self._txn_error: BaseException | None = None
+        self._register_lock = threading.Lock()     # registering partitions (no _txn_lock:
+        # the sender thread registers too, while a commit holding _txn_lock flushes)
+        # The topics the compiled send path may take while a transaction is open: those
+        # registered whole (empty outside a transaction, so every send there takes the
+        # Python path, which refuses it).
+        self._txn_states: dict[str, _TopicState] = {}
+        fast = not self._slow
         if self._transactional_id is not None:
-            self._slow = True               # every send checks the transaction first
+            self._slow = True               # the Python send checks the transaction
         self._accumulator = RecordAccumulator(
             batch_size=self._batch_size, buffer_memory=self._buffer_memory,
             linger_ms=settings["linger_ms"], max_block_ms=settings["max_block_ms"])
@@ -541,10 +549,12 @@ class Producer:
         self._sender = threading.Thread(target=self._run_sender, name="logkit-producer",
                                         daemon=True)
         start_thread(self._sender, "the producer's sender thread")
-        if _CSender is not None and not self._slow:
+        if _CSender is not None and fast:
             # The instance attribute shadows the method: the C twin does the fast path
             # and hands every other call to the Python method, arguments unchanged.
-            self.send = _CSender(Producer.send.__get__(self), self._states,
+            self.send = _CSender(Producer.send.__get__(self),
+                                 self._states if self._transactional_id is None
+                                 else self._txn_states,
                                  FutureRecordMetadata, self._acks, self._batch_size,
                                  self._look, CALLER_LOOK_EVERY)
         _producers.add(self)
@@ -660,7 +670,7 @@ class Producer:
                                         f"(it has {state.count})")
         if self._transactional_id is not None and \
                 (topic, partition) not in self._txn_partitions:
-            self._add_partition(topic, partition)
+            self._add_partition(topic, partition, state.count)
         self._look_countdown -= 1              # send()'s own count skipped this one
         if self._look_countdown <= 0:
             self._look()
@@ -844,6 +854,11 @@ class Producer:
                 partition = batch.state.topic.partition(batch.partition)
                 if self._acks_all:
                     self._check_in_sync_replicas(batch, partition)
+                if self._transactional_id is not None and \
+                        (batch.state.name, batch.partition) not in self._txn_partitions:
+                    # a partition the send path did not register (the topic grew
+                    # under the compiled path): the coordinator learns of it first
+                    self._add_partition(batch.state.name, batch.partition, 0)
                 now_ms = int(time.time() * 1000)
                 batch.timestamp_ms = now_ms
                 encoded = None
@@ -1207,20 +1222,30 @@ class Producer:
             return call(self._transactional_id, self._producer_id, self._producer_epoch,
                         *args, **options)
         except ProducerFencedError as exc:
+            self._txn_states.clear()
             self._txn_state, self._txn_error = _FENCED, exc
             raise
 
-    def _add_partition(self, topic: str, partition: int) -> None:
+    def _add_partition(self, topic: str, partition: int, count: int) -> None:
         """Register a partition with the open transaction before its first record is
-        queued (Kafka's AddPartitionsToTxn), so no batch reaches the log unannounced."""
-        with self._txn_lock:
+        queued (Kafka's AddPartitionsToTxn), so no batch reaches the log unannounced.
+        A topic of at most TXN_WHOLE_TOPIC_PARTITIONS partitions is registered whole at
+        its first send (one durable coordinator write instead of one per partition;
+        a partition with no record of the transaction gets no marker)."""
+        with self._register_lock:
             if (topic, partition) in self._txn_partitions:
                 return
             self._check_state("send", (_IN_TRANSACTION,))
+            whole = 0 < count <= TXN_WHOLE_TOPIC_PARTITIONS      # 0: this one only
+            numbers = range(count) if whole else (partition,)
+            wanted = [(topic, n) for n in numbers if (topic, n) not in self._txn_partitions]
             self._coordinator_call(self._broker.transaction_coordinator.add_partitions,
-                                   [TopicPartition(topic, partition)])
-            self._txn_partitions.add((topic, partition))
+                                   [TopicPartition(t, n) for t, n in wanted])
+            self._txn_partitions.update(wanted)
             self._txn_begun_at_coordinator = True
+            state = self._states.get(topic)
+            if whole and state is not None and state.count == count:
+                self._txn_states[topic] = state      # the compiled path may take it now
 
     def _transaction_failed(self, batch: Batch) -> None:
         """A batch of the transaction failed (sender side): the transaction can only be
@@ -1231,6 +1256,7 @@ class Producer:
             errors = [o for o in batch.outcomes.values() if isinstance(o, BaseException)]
         if not errors:
             return
+        self._txn_states.clear()                 # the next send takes the checking path
         error = errors[0]
         if isinstance(error, (InvalidProducerEpochError, ProducerFencedError)):
             if not isinstance(error, ProducerFencedError):
@@ -1267,6 +1293,7 @@ class Producer:
         send_offsets_to_transaction)."""
         with self._txn_lock:
             self._check_state("begin_transaction", (_READY,))
+            self._txn_states.clear()
             self._txn_partitions = set()
             self._txn_begun_at_coordinator = False
             self._txn_state, self._txn_error = _IN_TRANSACTION, None
@@ -1316,6 +1343,7 @@ class Producer:
             self._check_state("commit_transaction", (_IN_TRANSACTION,))
             self.flush(timeout)
             self._check_state("commit_transaction", (_IN_TRANSACTION,))
+            self._txn_states.clear()             # sends from now on are refused
             if self._txn_begun_at_coordinator:
                 self._coordinator_call(self._broker.transaction_coordinator.end_txn, True)
             self._txn_state = _READY
@@ -1325,6 +1353,7 @@ class Producer:
         read_committed readers by an ABORT marker; its offsets are dropped."""
         with self._txn_lock:
             self._check_state("abort_transaction", (_IN_TRANSACTION, _ABORTABLE))
+            self._txn_states.clear()
             try:
                 self.flush(timeout)
             except LogkitTimeoutError:
