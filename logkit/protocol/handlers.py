@@ -329,7 +329,7 @@ class Handlers:
                     results.append(_produce_result(part["index"], topic_error))
                 elif body["transactional_id"] is not None and (unverified := (
                         self.txn.verify_produce(body["transactional_id"], part["records"],
-                                                topic.name, part["index"], request.version))):
+                                                topic, part["index"], request.version))):
                     results.append(_produce_result(part["index"], unverified,
                                                    "the partition is not in the producer's "
                                                    "transaction: AddPartitionsToTxn first"))

@@ -344,3 +344,30 @@ def test_two_listeners_over_one_directory_share_each_producers_sequence(tmp_path
         assert one.topic("t").partition(0).log_end_offset == 3
         a.close()
         b.close()
+
+
+def test_a_finished_or_fenced_transaction_takes_no_more_batches(raw, broker):
+    """A partition holding the producer's open transaction takes its next batches
+    without asking the coordinator again; once the transaction ends (a commit, or the
+    abort a new producer's InitProducerId makes) a batch is verified afresh: without
+    AddPartitionsToTxn INVALID_TXN_STATE, from the fenced epoch INVALID_PRODUCER_EPOCH,
+    and nothing of either is written."""
+    partition = broker.topic("t").partition(0)
+    txn_id, pid, epoch = _producer(raw)
+    assert _add(raw, txn_id, pid, epoch, [("t", [0])]) == {("t", 0): E.NONE}
+    for sequence in range(3):
+        assert _produce(raw, txn_id, 0, _txn_batch(pid, epoch, sequence, [b"x"]))[
+            "error_code"] == E.NONE
+    assert _end(raw, txn_id, pid, epoch, True) == E.NONE
+    end = partition.log_end_offset
+    assert _produce(raw, txn_id, 0, _txn_batch(pid, epoch, 3, [b"late"]))[
+        "error_code"] == E.INVALID_TXN_STATE
+    assert _add(raw, txn_id, pid, epoch, [("t", [0])]) == {("t", 0): E.NONE}
+    assert _produce(raw, txn_id, 0, _txn_batch(pid, epoch, 3, [b"open"]))[
+        "error_code"] == E.NONE
+    assert _init(raw, txn_id)["producer_epoch"] > epoch        # fences, aborts "open"
+    zombie = _produce(raw, txn_id, 0, _txn_batch(pid, epoch, 4, [b"zombie"]))
+    assert zombie["error_code"] == E.INVALID_PRODUCER_EPOCH
+    assert partition.log_end_offset == end + 2                  # "open" and its ABORT
+    assert [r.value for r in partition.read(0, isolation_level="read_committed")] == [
+        b"x", b"x", b"x"]
