@@ -250,3 +250,35 @@ def test_aiokafka_transactions_and_read_committed(broker, server, topics):
     assert asyncio.run(consume("read_committed", len(committed))) == sorted(committed)
     assert asyncio.run(consume("read_uncommitted", len(committed + ABORTED))) == sorted(
         committed + ABORTED)
+
+
+def test_kafka_python_admin_lists_and_describes_an_open_transaction(broker, server, topics):
+    """kafka-python's admin (ListTransactions, DescribeTransactions after FindCoordinator
+    for the transactional id) sees the open transaction with its partitions, then its
+    commit, in Kafka's state names."""
+    kafka = pytest.importorskip("kafka")
+    from kafka.admin import KafkaAdminClient
+    out, _, _ = topics
+    servers = server.bootstrap_servers
+    txn_id = f"kp-admin-{out}"
+    producer = kafka.KafkaProducer(bootstrap_servers=servers, transactional_id=txn_id)
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(out, value=b"v", key=b"k", partition=1)
+        producer.flush()
+        listed = [x for rows in admin.list_transactions(state_filters=["Ongoing"]).values()
+                  for x in rows]
+        assert [(x.transactional_id, str(x.state.value)) for x in listed] == [
+            (txn_id, "Ongoing")]
+        described = admin.describe_transactions([txn_id])[txn_id]
+        assert described.state.value == "Ongoing"
+        assert described.topic_partitions == {kafka.TopicPartition(out, 1)}
+        assert described.transaction_start_time_ms > 0
+        producer.commit_transaction()
+        described = admin.describe_transactions([txn_id])[txn_id]
+        assert described.state.value == "CompleteCommit" and not described.topic_partitions
+    finally:
+        admin.close()
+        producer.close()
