@@ -18,7 +18,7 @@ import logkit
 from logkit import TopicPartition
 from tests.helpers.kafka import compile_java, java_command, skip_reason
 from tests.helpers.kafka_ecosystem import kafka_rows, unique, without_offsets
-from tests.helpers.kafka_tools import QUICK_JVM_FLAGS, describe, scenario_lines
+from tests.helpers.kafka_tools import QUICK_JVM_FLAGS, describe, scenario_lines, tool
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
@@ -76,6 +76,34 @@ def test_java_a_second_producer_of_the_id_fences_the_first(served):
     partition = broker.topic(topic).partition(0)
     assert [r.value for r in partition.read(0, isolation_level="read_committed")] == [
         b"live"]
+
+
+def test_kafka_transactions_tool_lists_and_describes_an_open_transaction(served):
+    """Kafka's own kafka-transactions (TransactionsCommand: ListTransactions on every
+    broker, FindCoordinator for the id, DescribeTransactions) sees an embedded
+    producer's open transaction: one namespace of transactional ids."""
+    broker, servers = served
+    topic, txn_id = f"jt-tool-{next(_names)}", f"tool-{next(_names)}"
+    broker.create_topic(topic, 1)
+    with broker.producer(transactional_id=txn_id) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"v", key=b"k")
+        producer.flush()
+        listed = tool("org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server",
+                      servers, "list").stdout.split("\n")
+        described = tool("org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server",
+                         servers, "describe", "--transactional-id", txn_id).stdout
+        producer.commit_transaction()
+    assert listed[0].split() == ["TransactionalId", "Coordinator", "ProducerId",
+                                 "TransactionState"]
+    row = next(line.split() for line in listed if line.split()[:1] == [txn_id])
+    assert row[3] == "Ongoing"
+    header, values = (line.split() for line in described.strip().split("\n"))
+    fields = dict(zip(header, values))
+    assert (fields["TransactionalId"], fields["TransactionState"],
+            fields["TopicPartitions"]) == (txn_id, "Ongoing", f"{topic}-0")
+    assert fields["ProducerId"] == row[2]
 
 
 def _streams(servers, tmp_path, guarantee, records):
