@@ -201,16 +201,16 @@ class _AnonPeak:
 
 
 def _open(root: str, **config: Any) -> Any:
-    """A broker over a data set with no background chores (the cleaner, retention),
-    so only what the benchmark calls runs. (Not read_only=True: on 2026-11-28 a read-only
-    Broker's close raised AttributeError.)"""
+    """A writable broker over a data set with no background chores (the cleaner,
+    retention), so only what the benchmark calls runs."""
     import logkit
     return logkit.Broker(root, config={"log.cleaner.enable": False, **config},
                          background=False)
 
 
 def _child_scan(root: str) -> dict[str, Any]:
-    with _open(root) as broker:
+    import logkit
+    with logkit.Broker(root, read_only=True) as broker:
         partition = broker.topic(TOPIC).partition(0)
         end = partition.segment_base_offsets()[-1]
         records = 0
@@ -312,8 +312,9 @@ def _child_produce(root: str, keys: int, records: int) -> dict[str, Any]:
 def _child_ideal(root: str, out: str, batch_size: int) -> dict[str, Any]:
     """The surviving records of a cleaned partition written afresh into an empty
     topic: what a perfect compaction would leave."""
+    import logkit
     survivors = []
-    with _open(root) as broker:
+    with logkit.Broker(root, read_only=True) as broker:
         partition = broker.topic(TOPIC).partition(0)
         end = partition.segment_base_offsets()[-1]
         offset = partition.log_start_offset
