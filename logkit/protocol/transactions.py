@@ -201,23 +201,25 @@ class TxnHandlers:
 
     def add_offsets_to_txn(self, request: Any, session: Any) -> dict[str, Any]:
         body = request.body
-        code = self._call(25, request.version, self.coordinator.add_offsets,
-                          body["transactional_id"], body["producer_id"],
-                          body["producer_epoch"], body["group_id"])
+        code = self._call(25, request.version, lambda: self.coordinator.add_offsets(
+            body["transactional_id"], body["producer_id"], body["producer_epoch"],
+            body["group_id"]))
         return {"error_code": code}
 
     def end_txn(self, request: Any, session: Any) -> dict[str, Any]:
         body = request.body
-        code = self._call(26, request.version, self.coordinator.end_txn,
-                          body["transactional_id"], body["producer_id"],
-                          body["producer_epoch"], body["committed"])
+        code = self._call(26, request.version, lambda: self.coordinator.end_txn(
+            body["transactional_id"], body["producer_id"], body["producer_epoch"],
+            body["committed"]))
         return {"error_code": code}
 
-    def _call(self, api_key: int, version: int, method: Callable[..., Any], *args: Any) -> int:
+    def _call(self, api_key: int, version: int, call: Callable[[], Any]) -> int:
+        """NONE when `call()` (the coordinator met inside it, so a listener that does
+        not lead answers NOT_COORDINATOR) returns, else Kafka's code for its error."""
         try:
-            method(*args)
+            call()
         except LogkitError as exc:
-            log.debug("%s%r refused: %s", method.__name__, args[:1], exc)
+            log.debug("api %d refused: %s", api_key, exc)
             return self.code(exc, api_key, version)
         return E.NONE
 
@@ -244,7 +246,8 @@ class TxnHandlers:
                     offsets[TopicPartition(*tp)] = (p["committed_offset"],
                                                     p["committed_metadata"])
         if offsets:
-            found = self._call(28, request.version, self._commit_offsets, body, offsets)
+            found = self._call(28, request.version,
+                               lambda: self._commit_offsets(body, offsets))
             if found:
                 codes = {tp: c or found for tp, c in codes.items()}
         return {"topics": _offset_results(body["topics"],

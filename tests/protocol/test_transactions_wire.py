@@ -371,3 +371,35 @@ def test_a_finished_or_fenced_transaction_takes_no_more_batches(raw, broker):
     assert partition.log_end_offset == end + 2                  # "open" and its ABORT
     assert [r.value for r in partition.read(0, isolation_level="read_committed")] == [
         b"x", b"x", b"x"]
+
+
+def test_a_followers_listener_sends_transactional_producers_to_the_leader(tmp_path):
+    """The coordinator's store is the leader's: a follower's listener answers the
+    transaction APIs NOT_COORDINATOR (the client asks FindCoordinator again, which
+    names the leader) and hands an idempotent producer an id of its own range."""
+    with logkit.Broker(tmp_path / "L", config={"broker.id": 1}) as leader, \
+            leader.serve() as leader_server:
+        leader.create_topic("t", 1)
+        follower = logkit.Follower(tmp_path / "F", logkit.DirectorySource(leader.path),
+                                   config={"broker.id": 2})
+        follower.start()
+        try:
+            follower.catch_up(timeout=20)
+            with follower.serve() as follower_server:
+                raw = Raw(follower_server)
+                assert _init(raw, "txn-f")["error_code"] == E.NOT_COORDINATOR
+                assert _add(raw, "txn-f", 0, 0, [("t", [0])]) == {
+                    ("t", 0): E.NOT_COORDINATOR}
+                assert _end(raw, "txn-f", 0, 0, True) == E.NOT_COORDINATOR
+                listed = raw.call(66, 0, {"state_filters": [], "producer_id_filters": []})
+                assert listed["error_code"] == E.NOT_COORDINATOR
+                idempotent = _init(raw, None, version=4)
+                assert idempotent["error_code"] == E.NONE
+                assert idempotent["producer_id"] > 1 << 40     # the clock's range
+                found = raw.call(10, 3, {"key": "txn-f", "key_type": 1})
+                assert found["error_code"] in (E.NONE, E.COORDINATOR_NOT_AVAILABLE)
+                if found["error_code"] == E.NONE:
+                    assert found["port"] == leader_server.port
+                raw.close()
+        finally:
+            follower.stop()
