@@ -236,12 +236,15 @@ class TxnHandlers:
             self._handlers.groups.check_txn_commit(group_id, body["generation_id"],
                                                     body["member_id"],
                                                     body["group_instance_id"])
+        most = self._handlers.broker.config["offset.metadata.max.bytes"]
         codes: dict[tuple[str, int], int] = {}
         offsets: dict[TopicPartition, tuple[int, str | None]] = {}
         for t in body["topics"]:
             for p in t["partitions"]:
                 tp = (t["name"], p["partition_index"])
-                codes[tp] = code or self._partition_exists(*tp)
+                metadata = (p["committed_metadata"] or "").encode("utf-8", "surrogatepass")
+                codes[tp] = code or self._partition_exists(*tp) or (
+                    E.OFFSET_METADATA_TOO_LARGE if len(metadata) > most else E.NONE)
                 if not codes[tp]:
                     offsets[TopicPartition(*tp)] = (p["committed_offset"],
                                                     p["committed_metadata"])

@@ -403,3 +403,22 @@ def test_a_followers_listener_sends_transactional_producers_to_the_leader(tmp_pa
                 raw.close()
         finally:
             follower.stop()
+
+
+def test_txn_offset_commit_refuses_metadata_above_the_limit_per_partition(raw, broker):
+    txn_id, pid, epoch = _producer(raw)
+    assert raw.call(25, 3, {"transactional_id": txn_id, "producer_id": pid,
+                            "producer_epoch": epoch, "group_id": "g"})["error_code"] == 0
+    most = broker.config["offset.metadata.max.bytes"]
+    answer = raw.call(28, 3, {
+        "transactional_id": txn_id, "group_id": "g", "producer_id": pid,
+        "producer_epoch": epoch, "generation_id": -1, "member_id": "",
+        "group_instance_id": None, "topics": [{"name": "t", "partitions": [
+            {"partition_index": 0, "committed_offset": 1,
+             "committed_metadata": "x" * (most + 1)},
+            {"partition_index": 1, "committed_offset": 2, "committed_metadata": "ok"}]}]})
+    assert [p["error_code"] for p in answer["topics"][0]["partitions"]] == [
+        E.OFFSET_METADATA_TOO_LARGE, E.NONE]
+    assert _end(raw, txn_id, pid, epoch, True) == E.NONE
+    committed = broker.group("g").committed()
+    assert committed == {logkit.TopicPartition("t", 1): 2}
