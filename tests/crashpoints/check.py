@@ -26,7 +26,7 @@ import logkit
 from logkit.errors import MetadataStoreError
 from logkit.topic import TopicPartition
 
-from . import compaction
+from . import compaction, transactions
 from .workload import GROUP, TEMP_TOPIC
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -175,6 +175,7 @@ class Checker:
         self.check_commits(broker, commits, names)
         if probes:
             self.check_probes(broker, probes)
+        transactions.check_transactions(self, broker)    # the txn workload's, if it ran
 
     def check_partition(self, broker, topic: str, partition: int,
                         expected: list[dict]) -> None:

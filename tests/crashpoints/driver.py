@@ -49,7 +49,7 @@ PYTHON = sys.executable
 SYSCALLS = ("openat", "write", "pwrite64", "pwritev", "fsync", "fdatasync", "msync",
             "ftruncate", "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir",
             "rmdir", "mmap", "munmap", "flock", "fallocate", "syncfs")
-VARIANTS = ("acks1", "flush1", "twowriters", "clean")    # clean: compaction.py
+VARIANTS = ("acks1", "flush1", "twowriters", "clean", "txn")   # compaction.py, transactions.py
 CLASSES = ("integrity", "wedge", "raw-error", "hang", "reopen-error")
 KILL_MODES = ("kill-before", "kill-after")
 DELAY = "1s"          # the kill lands while strace holds the thread (see kill-after)
@@ -264,6 +264,8 @@ def injected_lines(trace: str, mode: str) -> list[str]:
         for ln in lines:
             parts = ln.split(None, 1)
             if len(parts) == 2 and not parts[1].startswith(("+++", "---")):
+                if "resumed>" in parts[1] and "<unfinished" in last.get(parts[0], ""):
+                    ln = last[parts[0]] + " " + parts[1]     # the call's path is there
                 last[parts[0]] = ln
         # SIGKILL takes the whole process: pick the threads whose last call is unfinished
         return [last[t] for t in last if t in killed and (

@@ -10,7 +10,8 @@ after each flush of the producer, a roll seen (the active segment's base moved) 
 ledgered as `{"kind": "rolled", "topic", "partition", "below": base}`: a roll fsyncs
 the segment it seals, so every record below that base is durable. `twowriterssync` is
 `acks1sync` with the second writer. `clean` and `cleansync` (log compaction, one
-compacted partition cleaned three times) are tests/crashpoints/compaction.py's.
+compacted partition cleaned three times) are tests/crashpoints/compaction.py's; `txn`
+(transactions committed, aborted, fenced and left open) is tests/crashpoints/transactions.py's.
 
 Every acknowledged outcome is appended to LEDGER *after* the acknowledgement, as one JSON
 line: so the ledger is a subset of what was acknowledged, and the checker trusts only
@@ -258,6 +259,9 @@ def main(argv: list[str]) -> int:
     if variant in ("clean", "cleansync"):     # log compaction (compaction.py)
         from tests.crashpoints import compaction
         return compaction.clean_workload(root, variant, ledger_path)
+    if variant == "txn":                      # transactions (transactions.py)
+        from tests.crashpoints import transactions
+        return transactions.txn_workload(root, variant, ledger_path)
     return main_workload(root, variant, ledger_path)
 
 
