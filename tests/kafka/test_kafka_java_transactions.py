@@ -65,6 +65,27 @@ def test_java_transactions_commit_abort_and_read_committed(served):
         assert p.last_stable_offset == p.high_watermark and not p.open_transactions()
 
 
+def test_java_transactions_leave_the_same_offsets_as_at_kafka(served, kafka):
+    """The same scenario against the real Kafka 4.3.1: the same records read under
+    both isolation levels, and the consumers end at the same positions, so each
+    transaction left one marker per partition, at the same offsets."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient, NewTopic
+    broker, servers = served
+    answers = []
+    for bootstrap in (kafka.bootstrap_servers, servers):
+        out, source, group = unique("jt-out"), unique("jt-in"), unique("jt-group")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.create_topics([NewTopic(out, PARTITIONS, 1),
+                                           NewTopic(source, 1, 1)]).values():
+            future.result(timeout=30)
+        proc = _run("TransactionScenarios", "transactions", bootstrap, out, PARTITIONS,
+                    source, group)
+        assert proc.returncode == 0, describe(proc)
+        answers.append((scenario_lines(proc, "READ"), scenario_lines(proc, "POSITION")))
+    assert answers[0] == answers[1]
+
+
 def test_java_a_second_producer_of_the_id_fences_the_first(served):
     broker, servers = served
     topic = f"jt-fence-{next(_names)}"
