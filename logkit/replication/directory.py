@@ -24,6 +24,7 @@ only when `report_progress=True`, and the lease (and its lock file) by `take_lea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -33,20 +34,24 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from ..broker import Broker
 from ..config import resolve_config
-from ..errors import ConfigError, NotLeaderError, StorageError, UnknownTopicError
+from ..errors import (ConfigError, NotLeaderError, OffsetOutOfRangeError, StorageError,
+                      UnknownTopicError)
 from ..notify import DOORBELL_FILE, Doorbell
 from .._files import open_file
+from ..records import iter_batches
+from ..segment import segment_file_name
 from ..topic import Partition, Topic, TopicPartition
 from ..leader.epochs import CHECKPOINT_FILE, EpochEntry, epochs_from_headers, read_checkpoint
 from ..leader.lease import Lease, read_lease, replica_id, take_next, wire_topic_ids
 from ..leader.replicas import progress_body
-from .source import PartitionInfo, ReplicaSource, TopicInfo
+from .source import PartitionInfo, ReplicaSource, SegmentInfo, TopicInfo
 
 __all__ = ["DirectorySource", "REPLICAS_DIR"]
 
 log = logging.getLogger(__name__)
 
 REPLICAS_DIR = "replicas"            # <leader root>/replicas/<follower id>.json
+DIGEST_CHUNK_BYTES = 1 << 20      # bytes read at a time to checksum a segment file
 _FOLLOWER_ID = re.compile(r"[a-zA-Z0-9._-]{1,64}")
 _DEFAULTS = resolve_config("topic", None)
 _T = TypeVar("_T")
@@ -100,6 +105,64 @@ class _Epochs:
         return self.entries
 
 
+def last_offset_of(data: bytes) -> int:
+    """The last offset of the last whole batch in `data` (batches as stored)."""
+    last = -1
+    for _, header in iter_batches(data, 0, len(data), gaps=True):
+        last = header.last_offset
+    return last
+
+
+class SegmentDigests:
+    """The SHA-256 of one partition's sealed segments, kept by file identity (a
+    leader's, for `segments()`; a follower's own, to compare with them)."""
+
+    TRIES = 3
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[tuple[int, int, int], int, str]] = {}
+
+    def listing(self, p: Partition) -> tuple[SegmentInfo, ...]:
+        for _ in range(self.TRIES):
+            count, start = p.clean_count, p.log_start_offset
+            bases = p.segment_base_offsets()
+            try:
+                found = tuple(self.segment(p, base, end, start)
+                              for base, end in zip(bases, bases[1:]))
+            except (FileNotFoundError, OffsetOutOfRangeError):
+                continue                      # retired or swapped meanwhile
+            if p.clean_count == count and p.segment_base_offsets() == bases:
+                for base in set(self.known) - set(bases):
+                    del self.known[base]
+                return found
+        raise StorageError(f"{p.directory}: the segments kept changing while they were "
+                           "listed; asking again later", operation="list segments",
+                           path=p.directory)
+
+    def segment(self, p: Partition, base: int, end: int, start: int) -> SegmentInfo:
+        if start > base:                  # the log start inside: from its batch on
+            digest, size, at = hashlib.sha256(), 0, start
+            while at < end:
+                data = p.batches_since(at, upto=end, max_bytes=DIGEST_CHUNK_BYTES)
+                if not data:
+                    break
+                digest.update(data)
+                size += len(data)
+                at = last_offset_of(data) + 1
+            return SegmentInfo(base, end, start, size, digest.hexdigest())
+        path = os.path.join(p.directory, segment_file_name(base, ".log"))
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            known = self.known.get(base)
+            if known is None or known[0] != key:
+                digest = hashlib.sha256()
+                while chunk := f.read(DIGEST_CHUNK_BYTES):
+                    digest.update(chunk)
+                known = self.known[base] = (key, st.st_size, digest.hexdigest())
+        return SegmentInfo(base, end, base, known[1], known[2])
+
+
 class DirectorySource(ReplicaSource):
     """`logkit.DirectorySource(path)`: copy from the leader whose root is `path`.
 
@@ -112,6 +175,7 @@ class DirectorySource(ReplicaSource):
         self._broker: Broker | None = None
         self._topics: dict[str, Topic] = {}
         self._epochs: dict[TopicPartition, _Epochs] = {}
+        self._digests: dict[TopicPartition, SegmentDigests] = {}
         self._doorbell: Doorbell | None = None
         self._doorbell_tried = False
         self._seen: int | None = None        # the doorbell at the cycle's first look
@@ -169,11 +233,21 @@ class DirectorySource(ReplicaSource):
             self._seen = None if doorbell is None else doorbell.value()
 
         def state(p: Partition) -> PartitionInfo:
+            count = p.clean_count           # before the segments: a swap after is news
             start, end = p.log_start_offset, p.log_end_offset
             bases = tuple(p.segment_base_offsets())
             cache = self._epochs.setdefault(TopicPartition(topic, partition), _Epochs())
-            return PartitionInfo(start, end, cache.get(p, start, end), bases)
+            return PartitionInfo(start, end, cache.get(p, start, end), bases, count)
         return self._call(topic, partition, state)
+
+    def segments(self, topic: str, partition: int) -> tuple[SegmentInfo, ...]:
+        """Each sealed segment of the leader's partition with the SHA-256 of its file
+        (kept per file identity: a sealed file is replaced, never changed in place);
+        for the first segment when the log start lies inside it, of its batches from
+        the one holding the log start. A listing that a swap or a roll overtook is
+        made again; StorageError when that keeps happening."""
+        digests = self._digests.setdefault(TopicPartition(topic, partition), SegmentDigests())
+        return self._call(topic, partition, digests.listing)
 
     def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int) -> bytes:
         return self._call(topic, partition, lambda p: p.batches_since(
@@ -291,6 +365,7 @@ class DirectorySource(ReplicaSource):
         self._doorbell_tried = False
         self._seen = None
         self._epochs.clear()
+        self._digests.clear()
         self._topics.clear()
         if doorbell is not None:
             doorbell.close()

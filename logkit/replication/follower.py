@@ -138,6 +138,10 @@ class Follower(_Election, _MetadataSync, _PartitionCopy):
         self._leader_ends: dict[TopicPartition, int] = {}     # as last read
         self._next_lease_check = 0.0
         self._caught_up_ms: dict[TopicPartition, int] = {}   # Kafka's lastCaughtUpTimeMs
+        # a compacted log's copy of the leader's cleaning (partition_copy.py)
+        self._clean_pending: dict[TopicPartition, Any] = {}  # a segment copied in part
+        self._clean_mismatches: dict[TopicPartition, int] = {}
+        self._local_digests: dict[TopicPartition, Any] = {}
 
     def __repr__(self) -> str:
         return f"Follower({self.path!r}, {self.source.describe()})"
@@ -320,7 +324,8 @@ class Follower(_Election, _MetadataSync, _PartitionCopy):
 
     def _open(self) -> None:
         """Open the follower's broker and take the directory's follower lock."""
-        broker = Broker(self.path, config=self.config)
+        # The leader's cleaning is copied (partition_copy.py): no cleaner of its own.
+        broker = Broker(self.path, config={**self.config, "log.cleaner.enable": False})
         assert broker._lease is not None
         broker._lease.follow()            # a follower's broker writes what the leader wrote
         try:
@@ -340,7 +345,7 @@ class Follower(_Election, _MetadataSync, _PartitionCopy):
         self._reset_run_state()
         state = self._read_state()
         state.setdefault("follower_id", replica_id(self.path) or uuid.uuid4().hex[:16])
-        for key in ("topics", "configs", "leader_epochs"):
+        for key in ("topics", "configs", "leader_epochs", "clean_counts"):
             state.setdefault(key, {})
         state.setdefault("groups", [])
         state["source"] = self.source.describe()
@@ -538,17 +543,17 @@ class Follower(_Election, _MetadataSync, _PartitionCopy):
                 with self._driver:
                     self._close()
 
-    def _targets_by(self, deadline: float) -> dict[TopicPartition, int]:
-        """The leader's log end offsets now; a source that fails is asked again after
-        replica.fetch.backoff.ms until `deadline`."""
+    def _targets_by(self, deadline: float) -> dict[TopicPartition, tuple[int, int]]:
+        """The leader's (log end offset, clean count) per partition now; a source that
+        fails is asked again after replica.fetch.backoff.ms until `deadline`."""
         backoff_s = self.config["replica.fetch.backoff.ms"] / 1000
         while True:
             try:
                 with self._driver:
-                    return {TopicPartition(name, n):
-                            self.source.partition(name, n).log_end_offset
+                    return {TopicPartition(name, n): (p.log_end_offset, p.clean_count)
                             for name, info in self.source.topics().items()
-                            for n in range(info.partitions)}
+                            for n in range(info.partitions)
+                            for p in (self.source.partition(name, n),)}
             except (LogkitError, OSError) as exc:
                 if self._fatal(exc):
                     raise
@@ -558,11 +563,18 @@ class Follower(_Election, _MetadataSync, _PartitionCopy):
                 raise self._timeout({})
             time.sleep(min(backoff_s, left))
 
-    def _reached(self, targets: Mapping[TopicPartition, int], asked: int) -> bool:
+    def _reached(self, targets: Mapping[TopicPartition, tuple[int, int]], asked: int
+                 ) -> bool:
+        """The metadata round `asked` is done, and each partition holds the target's
+        log end and, with a clean count, the leader's cleaning as of that count
+        (partition_copy.py)."""
+        cleaned = self._state.get("clean_counts", {})
         return self._metadata_done >= asked and all(
-            self._ends.get(tp, -1) >= end for tp, end in targets.items())
+            self._ends.get(tp, -1) >= end and (
+                count == 0 or cleaned.get(_tp_name(tp), 0) >= count)
+            for tp, (end, count) in targets.items())
 
-    def _wait_for(self, targets: Mapping[TopicPartition, int], asked: int,
+    def _wait_for(self, targets: Mapping[TopicPartition, tuple[int, int]], asked: int,
                   deadline: float) -> None:
         with self._cond:
             while True:
@@ -577,7 +589,7 @@ class Follower(_Election, _MetadataSync, _PartitionCopy):
                     raise self._timeout(targets)
                 self._cond.wait(min(left, STOP_CHECK_S))
 
-    def _drive_to(self, targets: Mapping[TopicPartition, int], asked: int,
+    def _drive_to(self, targets: Mapping[TopicPartition, tuple[int, int]], asked: int,
                   deadline: float) -> None:
         backoff_s = self.config["replica.fetch.backoff.ms"] / 1000
         while True:
@@ -598,9 +610,10 @@ class Follower(_Election, _MetadataSync, _PartitionCopy):
             if not copied:
                 self.source.wait(min(left, STOP_CHECK_S))
 
-    def _timeout(self, targets: Mapping[TopicPartition, int]) -> LogkitTimeoutError:
-        behind = {_tp_name(tp): (self._ends.get(tp), end) for tp, end in targets.items()
-                  if self._ends.get(tp, -1) < end}
+    def _timeout(self, targets: Mapping[TopicPartition, tuple[int, int]]
+                 ) -> LogkitTimeoutError:
+        behind = {_tp_name(tp): (self._ends.get(tp), end)
+                  for tp, (end, _) in targets.items() if self._ends.get(tp, -1) < end}
         shown = ", ".join(f"{name} at {have} of {want}"
                           for name, (have, want) in sorted(behind.items())[:5])
         last = f"; last error: {self._last_error}" if self._last_error else ""

@@ -14,21 +14,56 @@ A mixin of `Follower` (follower.py), which owns the state it reads and writes.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from typing import Any
 
 from ..errors import CorruptRecordError, IllegalStateError, OffsetOutOfRangeError
-from ..records import iter_batches
+from ..config import is_compacted
+from ..records import BatchHeader, decode_batch, iter_batches, read_header
 from ..topic import Partition, TopicPartition
 from ..leader.epochs import (EpochEntry, divergence_offset, epochs_from_headers, read_checkpoint,
                      truncate_from_end, write_checkpoint)
-from .source import PartitionInfo
+from .directory import SegmentDigests
+from .source import PartitionInfo, SegmentInfo
 
 log = logging.getLogger("logkit.replication.follower")
 
 MAX_CORRUPT_FETCHES = 3            # refused fetches in a row before the follower stops
+MAX_SEGMENT_MISMATCHES = 3         # a leader segment's bytes unlike its listing, in a row
+SEGMENT_FETCH_BYTES = 1 << 20      # asked per fetch when copying a cleaned segment
+
+
 def _tp_name(tp: TopicPartition) -> str:
     return f"{tp.topic}-{tp.partition}"
+
+
+def _has_gaps(p: Partition) -> bool:
+    """Whether the partition's log may have offset gaps (a compacted topic, or one that
+    was cleaned before its policy changed)."""
+    return is_compacted(p.config) or p.clean_count > 0
+
+
+def _cleaned_form(mine: bytes, theirs: bytes) -> bool:
+    """Whether the leader's first batch in `theirs` is what a cleaning pass leaves of
+    the batch `mine` begins with: gone (the leader's next batch starts past it), or
+    the same offsets, leader epoch and producer with a subset of its records."""
+    a, b = read_header(mine, 0, len(mine)), read_header(theirs, 0, len(theirs))
+    if a is None or b is None:
+        return False
+    if b.base_offset > a.last_offset:
+        return True
+    if (b.base_offset, b.last_offset, b.leader_epoch, b.producer_id) != \
+            (a.base_offset, a.last_offset, a.leader_epoch, a.producer_id):
+        return False
+    def rows(data: bytes, header: BatchHeader) -> set[tuple[int, Any, Any]]:
+        return {(r.offset, r.key, r.value)
+                for r in decode_batch(data, 0, header, "", 0, verify=True)}
+    try:
+        return rows(theirs, b) <= rows(mine, a)
+    except CorruptRecordError:
+        return False
 
 
 class _PartitionCopy:
@@ -67,19 +102,24 @@ class _PartitionCopy:
             self._checked.add(tp)
             end = p.log_end_offset
         self._ends[tp] = end
+        gaps = _has_gaps(p)
         if end >= info.log_end_offset:
             self._caught_up_ms[tp] = asked_ms      # ... reached: caught up at asked_ms
             self._mirror_epochs(tp, p, info, end)
+            if gaps:
+                self._copy_cleaning(tp, p, info)
             return False
         data = self.source.fetch(tp.topic, tp.partition, end,
                                  max_bytes=self.config["replica.fetch.max.bytes"])
         if not data:
             return False
         where = f"a fetch of {_tp_name(tp)} from {self.source.describe()}"
-        headers = [h for _, h in iter_batches(data, 0, len(data), where)]
+        headers = [h for _, h in iter_batches(data, 0, len(data), where, gaps=gaps)]
         first, new_end = headers[0].base_offset, headers[-1].last_offset + 1
-        if first != end:
+        if first < end or (first > end and not gaps):
             end = self._restart_at(tp, p, first, end)
+        # (a compacted log's fetch may start past the end: the leader's cleaner removed
+        # the batches between, and the copy keeps the gap at the same offsets)
         # Batches the leader had published when `info` was read had their segments
         # published too: ask again only for the segment bases of newer ones.
         after = info if new_end <= info.log_end_offset else \
@@ -89,6 +129,8 @@ class _PartitionCopy:
         if p.log_start_offset < after.log_start_offset:
             p.increase_log_start_offset(after.log_start_offset)
         self._corrupt.pop(tp, None)
+        if gaps:
+            self._copy_cleaning(tp, p, after)
         self._ends[tp] = p.log_end_offset
         if self._ends[tp] >= info.log_end_offset:
             self._caught_up_ms[tp] = asked_ms
@@ -179,7 +221,7 @@ class _PartitionCopy:
             theirs = self.source.fetch(tp.topic, tp.partition, base, max_bytes=1)
         except OffsetOutOfRangeError:
             return                                # gone by retention there: nothing to compare
-        if theirs[:len(mine)] != mine:
+        if theirs[:len(mine)] != mine and not (_has_gaps(p) and _cleaned_form(mine, theirs)):
             raise IllegalStateError(
                 f"{self.path}: {_tp_name(tp)} is not a copy of {self.source.describe()}: "
                 f"the batch at offset {base} differs from the leader's (this directory "
@@ -197,3 +239,104 @@ class _PartitionCopy:
                      entries: list[EpochEntry]) -> None:
         write_checkpoint(p.directory, entries)
         self._epochs[tp] = entries
+
+    # ---- a compacted log: the leader's cleaning ---------------------------------------
+
+    def _roll_where_the_leader_did(self, p: Partition, info: PartitionInfo,
+                                   end: int) -> None:
+        """Caught up to a leader whose segment starts at the log end (it rolled, or its
+        active segment is empty): roll here too, so the segment below is sealed as
+        the leader's is, and a cleaning of it can be copied."""
+        if end in info.segment_base_offsets and p.segment_base_offsets()[-1] < end:
+            p.roll()
+
+    def _copy_cleaning(self, tp: TopicPartition, p: Partition, info: PartitionInfo
+                       ) -> None:
+        """Copy the leader's cleaning (the module docstring): when its clean count
+        moved since the last copy, list its sealed segments and make every one this
+        log holds whole byte-identical to it; a segment this log holds only part of
+        (it copied the start before the leader cleaned it) waits until the log end
+        passes it. Runs before the log end is reported, so `catch_up()` never sees a
+        copy that holds more than the leader's survivors below its end."""
+        end = p.log_end_offset
+        self._roll_where_the_leader_did(p, info, end)
+        pending = self._clean_pending.get(tp)
+        synced = self._state["clean_counts"].get(_tp_name(tp))
+        if synced == info.clean_count and (pending is None or pending.end > end):
+            return
+        if synced != info.clean_count:
+            listing = self.source.segments(tp.topic, tp.partition)
+            todo = list(listing) if listing is not None else []
+        else:
+            todo = [pending] if pending is not None else []
+        self._clean_pending.pop(tp, None)
+        for segment in todo:
+            if segment.end > end:
+                if segment.base < end:                # copied in part: wait for the rest
+                    self._clean_pending[tp] = segment
+                break
+            if not self._copy_segment(tp, p, segment):
+                return                                # the leader moved on: list again
+        if synced != info.clean_count:
+            self._state["clean_counts"][_tp_name(tp)] = info.clean_count
+            self._save_state()
+
+    def _copy_segment(self, tp: TopicPartition, p: Partition, segment: SegmentInfo
+                      ) -> bool:
+        """Make this log's segment `segment.base` byte-identical to the leader's;
+        False when the leader's bytes no longer match its listing (it cleaned again:
+        the caller lists again, up to MAX_SEGMENT_MISMATCHES times in a row)."""
+        bases = p.segment_base_offsets()
+        whole = segment.base in bases and segment.end in bases and \
+            bases[bases.index(segment.base) + 1] == segment.end
+        wanted = (segment.size, segment.sha256)
+        data: bytes | None = None
+        if whole:
+            digests = self._local_digests.setdefault(tp, SegmentDigests())
+            mine = digests.segment(p, segment.base, segment.end, segment.first_offset)
+            if (mine.size, mine.sha256) == wanted:
+                return True                           # the same bytes already
+        else:                                         # the same batches in other files?
+            data = _read_range(lambda at, upto, n: p.batches_since(at, upto, max_bytes=n),
+                               segment.first_offset, segment.end)
+            if (len(data), hashlib.sha256(data).hexdigest()) != wanted:
+                data = None
+        if data is None:
+            data = _read_range(lambda at, upto, n: self.source.fetch(
+                tp.topic, tp.partition, at, max_bytes=n), segment.first_offset, segment.end)
+            if (len(data), hashlib.sha256(data).hexdigest()) != wanted:
+                count = self._clean_mismatches.get(tp, 0) + 1
+                self._clean_mismatches[tp] = count
+                log.info("%s: %s: the leader's segment %d changed while it was copied "
+                         "(%d in a row); listing again", self.path, _tp_name(tp),
+                         segment.base, count)
+                return count >= MAX_SEGMENT_MISMATCHES     # else give it up as it is
+        self._clean_mismatches.pop(tp, None)
+        if not p.install_segment(segment.base, segment.end, data):
+            self._warn_once(f"segments {tp}", "%s: %s: the leader's cleaned segment %d "
+                            "(offsets up to %d) does not line up with this log's "
+                            "segments %s; it keeps its own copy of those offsets",
+                            self.path, _tp_name(tp), segment.base, segment.end - 1,
+                            bases[:20])
+        return True
+
+
+def _read_range(fetch: Any, first: int, end: int) -> bytes:
+    """The whole batches from the one holding `first` up to offset `end` - 1, by
+    `fetch(offset, upto, max_bytes)` calls (a batch past `end` is left out)."""
+    out = bytearray()
+    at = first
+    while at < end:
+        data = fetch(at, end, SEGMENT_FETCH_BYTES)
+        if not data:
+            break
+        taken = 0
+        for pos, header in iter_batches(data, 0, len(data), gaps=True):
+            if header.base_offset >= end:
+                break
+            taken = pos + header.size
+            at = header.last_offset + 1
+        if taken == 0:
+            break
+        out += data[:taken]
+    return bytes(out)

@@ -7,7 +7,8 @@ methods return (`TopicInfo`, `PartitionInfo`). A source answers for one leader:
 | method | answers |
 |---|---|
 | `topics()` | every topic: partitions, config overrides, topic id |
-| `partition(topic, n)` | log start and end, leader epochs, segment base offsets |
+| `partition(topic, n)` | log start and end, leader epochs, segment base offsets, the count of cleaning swaps |
+| `segments(topic, n)` | each sealed segment's base, end, size and SHA-256 (a compacted log's; optional) |
 | `fetch(topic, n, offset, max_bytes=)` | stored bytes of whole batches from `offset` on |
 | `committed_offsets()` | every consumer group's committed offsets |
 | `report_progress(follower_id, ends)` | the follower's log end offsets, for the ISR |
@@ -34,7 +35,7 @@ from ..topic import TopicPartition
 from ..leader.epochs import EpochEntry
 from ..leader.lease import Lease
 
-__all__ = ["ReplicaSource", "TopicInfo", "PartitionInfo"]
+__all__ = ["ReplicaSource", "TopicInfo", "PartitionInfo", "SegmentInfo"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,20 @@ class PartitionInfo(NamedTuple):
     log_end_offset: int
     epochs: tuple[EpochEntry, ...]
     segment_base_offsets: tuple[int, ...]
+    clean_count: int = 0       # the leader's cleaning swaps so far (tail.clean_count)
+
+
+class SegmentInfo(NamedTuple):
+    """One sealed segment of the leader, as `segments()` lists it: the segment holding
+    offsets [base, end), whose batches from the one holding `first_offset` (the base,
+    or the log start inside the first segment) are `size` bytes with this SHA-256 (hex).
+    A follower fetches those batches from `first_offset` to `end` to copy it whole."""
+
+    base: int
+    end: int
+    first_offset: int
+    size: int
+    sha256: str
 
 
 class ReplicaSource(abc.ABC):
@@ -78,6 +93,14 @@ class ReplicaSource(abc.ABC):
     def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int) -> bytes:
         """Whole batches as stored, from the batch holding `offset` up to the leader's
         log end, about `max_bytes` (at least one batch); b"" at the log end."""
+
+    def segments(self, topic: str, partition: int) -> tuple[SegmentInfo, ...] | None:
+        """The leader's sealed segments, oldest first, for a follower copying a
+        compacted log's cleaning segment by segment (it asks when `clean_count`
+        moves). None (the default) when this source cannot list them: a follower then
+        copies batches only, and a cleaning the leader did after it copied a range
+        stays out of its copy."""
+        return None
 
     @abc.abstractmethod
     def committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:

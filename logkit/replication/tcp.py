@@ -53,7 +53,7 @@ from ..errors import ConfigError, LogkitError, LogkitTimeoutError
 from ..topic import TopicPartition
 from ..leader.epochs import EpochEntry
 from ..leader.lease import Lease
-from .source import PartitionInfo, ReplicaSource, TopicInfo
+from .source import PartitionInfo, ReplicaSource, SegmentInfo, TopicInfo
 
 if TYPE_CHECKING:                  # ssl is imported by whoever makes a context
     import ssl
@@ -74,11 +74,12 @@ SERVER_LABEL = b"logkit-replication/1 server proof"
 
 # request kinds (client -> server)
 AUTH = 0x10
-TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE, TAKE_LEASE, LISTENER = \
-    range(1, 10)
+TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE, TAKE_LEASE, LISTENER, \
+    SEGMENTS = range(1, 11)
 REQUEST_KINDS = {TOPICS: "topics", PARTITION: "partition", FETCH: "fetch",
                  COMMITTED: "committed_offsets", REPORT: "report_progress", WAIT: "wait",
-                 LEASE: "lease", TAKE_LEASE: "take_lease", LISTENER: "leader_listener"}
+                 LEASE: "lease", TAKE_LEASE: "take_lease", LISTENER: "leader_listener",
+                 SEGMENTS: "segments"}
 # answer kinds (server -> client)
 RESULT, BATCHES, ERROR, HELLO, AUTH_OK = 0x80, 0x81, 0x82, 0x83, 0x84
 
@@ -311,7 +312,16 @@ class TcpSource(ReplicaSource):
             self._bell = a["bell"]
         return PartitionInfo(a["log_start_offset"], a["log_end_offset"],
                              tuple(EpochEntry(e, s) for e, s in a["epochs"]),
-                             tuple(a["segment_base_offsets"]))
+                             tuple(a["segment_base_offsets"]), a.get("clean_count", 0))
+
+    def segments(self, topic: str, partition: int) -> tuple[SegmentInfo, ...]:
+        """The leader's sealed segments with their SHA-256, as the server's
+        DirectorySource lists them (a compacted log's follower asks when the clean
+        count moves)."""
+        a = self._json(SEGMENTS, {"topic": topic, "partition": partition},
+                       limit=MAX_ANSWER_BYTES)
+        return tuple(SegmentInfo(int(base), int(end), int(first), int(size), str(sha))
+                     for base, end, first, size, sha in a["segments"])
 
     def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int) -> bytes:
         kind, data = self._call(FETCH, {"topic": topic, "partition": partition,

@@ -48,11 +48,12 @@ from ..listener import POLL_SLICE_S, Slot, ThreadedListener, tls_handshake
 from ..notify import Doorbell
 from ..segment import DELETED_SUFFIX
 from ..topic import TopicPartition
-from .directory import DirectorySource
+from .directory import DirectorySource, SegmentDigests
 from ..leader.replicas import Progress
 from .tcp import (AUTH, AUTH_OK, BATCHES, COMMITTED, ERROR, FETCH, HELLO, LEASE, LISTENER,
                   MAC_BYTES, MAGIC, MAX_FETCH_BYTES, MAX_REQUEST_BYTES, MAX_WAIT_MS, NONCE_BYTES,
-                  PARTITION, REPORT, REQUEST_KINDS, RESULT, SIZE, TAKE_LEASE, TOPICS, WAIT,
+                  PARTITION, REPORT, REQUEST_KINDS, RESULT, SEGMENTS, SIZE, TAKE_LEASE, TOPICS,
+                  WAIT,
                   client_proof, frame, json_frame, lease_body, secret_bytes, server_proof)
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ class ReplicationServer(ThreadedListener):
         self.unauthenticated_timeout_s = unauthenticated_timeout_ms / 1000
         self._source = DirectorySource(broker.path)
         self._source_lock = threading.Lock()
+        self._digests: dict[TopicPartition, SegmentDigests] = {}
         self._doorbell = Doorbell(broker.path)
         try:
             super().__init__(host, port, max_connections=max_connections,
@@ -169,7 +171,7 @@ class ReplicationServer(ThreadedListener):
         return {TOPICS: self._topics, PARTITION: self._partition, FETCH: self._fetch,
                 COMMITTED: self._committed, REPORT: self._report, WAIT: self._wait,
                 LEASE: self._lease, TAKE_LEASE: self._take_lease,
-                LISTENER: self._leader_listener}
+                LISTENER: self._leader_listener, SEGMENTS: self._segments}
 
     def __repr__(self) -> str:
         return f"ReplicationServer('{self.host}:{self.port}')"
@@ -323,7 +325,17 @@ class ReplicationServer(ThreadedListener):
         return {"log_start_offset": info.log_start_offset,
                 "log_end_offset": info.log_end_offset,
                 "epochs": [[e.epoch, e.start_offset] for e in info.epochs],
-                "segment_base_offsets": list(info.segment_base_offsets), "bell": bell}
+                "segment_base_offsets": list(info.segment_base_offsets), "bell": bell,
+                "clean_count": info.clean_count}
+
+    def _segments(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The sealed segments and their SHA-256 (DirectorySource.segments' listing),
+        read from the serving broker's partition without the source's lock: the
+        checksums of a freshly cleaned log take a while."""
+        topic, number = _str(request, "topic"), _int(request, "partition", 0, 1 << 31)
+        partition = self._broker.topic(topic).partition(number)
+        digests = self._digests.setdefault(TopicPartition(topic, number), SegmentDigests())
+        return {"segments": [list(s) for s in digests.listing(partition)]}
 
     def _fetch(self, request: dict[str, Any]) -> _Ranges:
         topic, number = _str(request, "topic"), _int(request, "partition", 0, 1 << 31)
@@ -435,4 +447,4 @@ class ReplicationServer(ThreadedListener):
 
 
 assert set(REQUEST_KINDS) == {TOPICS, PARTITION, FETCH, COMMITTED, REPORT, WAIT, LEASE,
-                              TAKE_LEASE, LISTENER}
+                              TAKE_LEASE, LISTENER, SEGMENTS}
