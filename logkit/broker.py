@@ -1089,9 +1089,9 @@ class Broker:
         """The coordinator's second phase: a COMMIT or ABORT control batch on each
         partition of the transaction (a no-op where the producer has none open). A
         deleted topic has nothing to end."""
-        for tp in partitions:
+        for tp in partitions:        # _topic: also while close() aborts a producer's
             try:
-                partition = self.topic(tp.topic).partition(tp.partition)
+                partition = self._topic(tp.topic).partition(tp.partition)
             except UnknownTopicError:
                 continue
             partition.append_control(producer_id, epoch, commit=commit)
@@ -1102,7 +1102,7 @@ class Broker:
         (the rule group commits follow)."""
         for tp in partitions:
             try:
-                self.topic(tp.topic).partition(tp.partition).flush()
+                self._topic(tp.topic).partition(tp.partition).flush()
             except UnknownTopicError:
                 continue
 
