@@ -19,8 +19,9 @@ query id read from `<checkpointLocation>/metadata` (stable across restarts of on
 query, new when the checkpoint is deleted), else the checkpoint path, else the query
 name; a streaming write without any of them is refused. Every record batch the sink
 appends carries Kafka's idempotent-producer fields: a producer id derived from that
-identity, the micro-batch id
-as epoch (mod 2^15) and a per-micro-batch sequence number. Before appending micro-batch
+identity (a new one every 2^15 micro-batches), the micro-batch id as epoch (mod 2^15)
+and, per partition, Kafka's sequence numbering (the records before the batch in that
+micro-batch), which the log's producer state checks. Before appending micro-batch
 N, the commit records in LMDB (sub-database `spark`) the log end offset of every
 partition it will touch; after appending it records N as committed. A replay of N —
 Spark crashed between our commit and its checkpoint — finds N committed and appends
@@ -313,8 +314,18 @@ def read_staged(file_path: str) -> Iterator[tuple[str, int, bytearray]]:
         pos += length
 
 
-def _producer_id(sink_id: str) -> int:
-    return int.from_bytes(hashlib.sha256(sink_id.encode()).digest()[:8], "big") >> 1
+EPOCHS_PER_PRODUCER_ID = 32768      # a producer epoch is an int16 that may only grow
+_LAST_OFFSET_DELTA = struct.Struct(">i")    # a Kafka v2 batch's lastOffsetDelta field ...
+_LAST_OFFSET_DELTA_AT = 23                  # ... at this byte (docs/design.md §3)
+
+
+def _producer_id(sink_id: str, batch_id: int = 0) -> int:
+    """The sink's producer id for a micro-batch, whose epoch is batch_id % 32768: a new
+    id every 32768 micro-batches, so the log's producer state never sees an epoch go
+    back (the first block keeps the id of the sink alone)."""
+    block = batch_id // EPOCHS_PER_PRODUCER_ID
+    name = sink_id if block == 0 else f"{sink_id}/{block}"
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") >> 1
 
 
 def _cleanup(path: str, writer_id: str) -> None:
@@ -339,8 +350,8 @@ def append_staged(path: str, files: list[str], *, sink_id: str | None,
         log.debug("sink %s: micro-batch %d is already committed (a replay): nothing "
                   "appended", sink_id, batch_id)
         return 0
-    producer_id = _producer_id(sink_id)
-    epoch = batch_id % 32768
+    producer_id = _producer_id(sink_id, batch_id)
+    epoch = batch_id % EPOCHS_PER_PRODUCER_ID
     intent = state.get("intent")
     present: set[tuple[str, int, int]] = set()
     if intent and intent["batch"] == batch_id:       # crashed mid-commit: what got in?
@@ -359,7 +370,13 @@ def append_staged(path: str, files: list[str], *, sink_id: str | None,
         with meta.begin(write=True) as txn:
             txn.put(key, json.dumps(state).encode(), db=meta.db("spark"))
     appended = 0
-    for sequence, (topic, partition, batch) in enumerate(staged):
+    # Kafka's numbering, which the log's producer state checks: per partition, each
+    # batch's base sequence counts the records before it in this epoch.
+    next_sequence: dict[tuple[str, int], int] = {}
+    for topic, partition, batch in staged:
+        sequence = next_sequence.get((topic, partition), 0)
+        next_sequence[(topic, partition)] = sequence + \
+            _LAST_OFFSET_DELTA.unpack_from(batch, _LAST_OFFSET_DELTA_AT)[0] + 1
         if (topic, partition, sequence) in present:
             continue
         logkit.stamp_producer(batch, producer_id, epoch, sequence)
