@@ -6,14 +6,18 @@ runs in the broker (its backoff lowered for the test, its dirty ratio 0.01); log
 one `p.compact()`. In two rounds (the second on top of the cleaned first: keys of the
 clean part written again, a segment that empties whole), below the active segment both
 keep the same surviving (offset, key, value, headers, timestamp) records, each key's
-latest. Then Kafka's own DumpLogSegments reads logkit's cleaned segments: every batch
+latest, and tombstones are stamped by the first pass that sees them and removed by
+the next (`delete.retention.ms` 0, KIP-534's delete horizon). Then Kafka's own DumpLogSegments reads logkit's cleaned segments: every batch
 valid and walked to the file's end, each segment ending where the next begins, the
 records it prints the ones logkit reads, every index sound.
 
 How the segments match: Kafka rolls on `segment.ms` measured in the records' own
 timestamps (the first batch's against the new one's), so each segment's records are
 stamped 2 minutes after the previous segment's with `segment.ms` 1 minute, and each
-segment is flushed before the next; logkit rolls where the test calls `p.roll()`. A
+segment is flushed before the next; logkit rolls where the test calls `p.roll()`.
+Kafka's topic keeps `min.cleanable.dirty.ratio` at 1.0 (never due) while a round is
+written and 0.01 until its cleaner checkpoint reaches the round's end, so it makes one
+pass a round, as logkit does. A
 record under the key "sentinel" opens the active segment at the end of each round on
 both, so the cleaned range is exactly that round's input."""
 
@@ -37,9 +41,14 @@ PER_SEGMENT = 300
 GAP_MS = 120_000                      # between segments' timestamps; > SEGMENT_MS
 SEGMENT_MS = 60_000
 BASE_MS = int(time.time() * 1000) - 3_600_000   # inside Kafka's timestamp bounds
-TOPIC_CONFIG = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01",
-                "min.compaction.lag.ms": "0", "delete.retention.ms": "86400000",
+# delete.retention.ms 0: a pass stamps the delete horizon (now) into the batches of the
+# tombstones it sees first and keeps them; the next pass removes them (KIP-534)
+TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+                "delete.retention.ms": "0",
                 "index.interval.bytes": "256"}   # index entries in small segments
+# Kafka cleans a log whose dirty ratio is above this: never at 1.0, at once at 0.01, so
+# the test makes it clean once per round, as logkit's one p.compact() does
+IDLE_RATIO, CLEAN_RATIO = "1.0", "0.01"
 CLEANER_BACKOFF_MS = "100"            # Kafka's default is 15 s
 
 
@@ -114,14 +123,15 @@ def _produce(bootstrap: str, topic: str, segments, roll) -> None:
         assert producer.flush(30) == 0
 
 
-def _latest_per_key(end: int):
-    """What compaction must leave below `end`: each key's last record (tombstones
-    included: delete.retention.ms is a day), at its offset."""
+def _latest_per_key(end: int, seen_before: int):
+    """What compaction must leave below `end`: each key's last record at its offset,
+    less the tombstones below `seen_before`, which an earlier pass saw (and stamped)."""
     last = {}
     rows = (r for s in INPUT for r in s)
     for offset, (key, value, headers, timestamp) in zip(range(end), rows):
         last[key] = (offset, (key, value, tuple(headers or ()), timestamp))
-    return sorted(last.values())
+    return sorted((offset, row) for offset, row in last.values()
+                  if row[1] is not None or offset >= seen_before)
 
 
 def _kafka_checkpoint(kafka, topic: str) -> int | None:
@@ -134,6 +144,14 @@ def _kafka_checkpoint(kafka, topic: str) -> int | None:
         if name == topic and partition == "0":
             return int(offset)
     return None
+
+
+def _set_topic_config(admin, topic: str, name: str, value: str) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+    resource = ConfigResource("TOPIC", topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
 
 
 def _set_cleaner_backoff(admin, value: str | None) -> None:
@@ -165,13 +183,16 @@ def _clean_on_kafka(kafka, out: Cleaned) -> None:
     _set_cleaner_backoff(admin, CLEANER_BACKOFF_MS)
     try:
         topic = unique("compacted")
-        config = {**TOPIC_CONFIG, "segment.ms": str(SEGMENT_MS)}
+        config = {**TOPIC_CONFIG, "segment.ms": str(SEGMENT_MS),
+                  "min.cleanable.dirty.ratio": IDLE_RATIO}
         for future in admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
             future.result(timeout=30)
         for segments, end in zip(ROUNDS, ENDS, strict=True):
             _produce(kafka.bootstrap_servers, topic, segments, lambda: None)
+            _set_topic_config(admin, topic, "min.cleanable.dirty.ratio", CLEAN_RATIO)
             wait_for(lambda: _kafka_checkpoint(kafka, topic) == end,
                      "Kafka's cleaner checkpoint at the active segment", timeout_s=60)
+            _set_topic_config(admin, topic, "min.cleanable.dirty.ratio", IDLE_RATIO)
             bases = sorted(int(p.stem) for p in kafka.partition_dir(topic, 0).glob("*.log"))
             assert bases[-1] == end                     # the sentinel alone is active
             rows = kafka_rows(kafka.bootstrap_servers, topic)[0]
@@ -208,7 +229,7 @@ def cleaned(kafka, tmp_path_factory) -> Cleaned:
 
 @pytest.mark.parametrize("round_", [0, 1])
 def test_kafka_and_logkit_keep_the_same_records_below_the_active_segment(cleaned, round_):
-    expected = _latest_per_key(ENDS[round_])
+    expected = _latest_per_key(ENDS[round_], 0 if round_ == 0 else ENDS[0])
     assert cleaned.kafka_rows[round_] == expected              # Kafka's cleaner, the oracle
     assert cleaned.logkit_rows[round_] == cleaned.kafka_rows[round_]
     # the shapes the input was chosen to have: gaps, survivors from the first segment,
@@ -220,6 +241,8 @@ def test_kafka_and_logkit_keep_the_same_records_below_the_active_segment(cleaned
     assert any(row[1] == b"" for _, row in cleaned.logkit_rows[round_])
     if round_ == 1:       # the first sentinel, alone in its segment, was written again
         assert ENDS[0] not in offsets and ENDS[1] - 1 in offsets
+        # the first round's pass stamped its tombstones' horizon; this one removed them
+        assert not {o for o, row in cleaned.logkit_rows[0] if row[1] is None} & set(offsets)
 
 
 def test_logkits_clean_reports_count_what_survived(cleaned):
