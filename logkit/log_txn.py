@@ -30,10 +30,10 @@ import bisect
 import logging
 import os
 import struct
-from typing import Any
+from typing import Any, Iterator
 
 from ._clock import now_ms as _now_ms
-from .errors import InvalidProducerEpochError, storage_error
+from .errors import CorruptRecordError, InvalidProducerEpochError, storage_error
 from .group_commit import SyncTicket
 from .partition_lock import LOCK_TIMEOUT_S
 from .producer_state import (
@@ -45,11 +45,19 @@ from .producer_state import (
     write_snapshot,
 )
 from .records import (
+    _HEADER,
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     CONTROL_ABORT,
     CRC_OFFSET,
+    FIELD_BASE_OFFSET,
+    FIELD_BATCH_LENGTH,
+    FIELD_MAGIC,
+    LOG_OVERHEAD,
+    MAGIC,
+    MIN_BATCH_LENGTH,
     RECORDS_OFFSET,
+    TORN_BATCH,
     BatchHeader,
     Record,
     control_record_type,
@@ -73,6 +81,8 @@ ISOLATION_LEVELS = (READ_UNCOMMITTED, READ_COMMITTED)
 # crc, attributes, lastOffsetDelta, (baseTimestamp skipped), maxTimestamp, producerId,
 # producerEpoch, baseSequence: the header fields the hot path reads, in one unpack
 _NEXT_FIELDS = struct.Struct(">Ihi8xqqhi").unpack_from
+_unpack_header = _HEADER.unpack_from
+_FIELD_PRODUCER_ID = BatchHeader._fields.index("producer_id")
 READ_COMMITTED_ROUNDS = 64      # reads a read_committed read() tries past aborted batches
 
 
@@ -84,6 +94,29 @@ def check_isolation_level(isolation_level: str) -> bool:
         return True
     raise ValueError(f"isolation_level must be one of {ISOLATION_LEVELS}, not "
                      f"{isolation_level!r}")
+
+
+def _producer_batches(buf: Any, pos: int, size: int, end_offset: int, path: str
+                      ) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of the batches in buf[pos:size] below `end_offset` that name a
+    producer: the replay's walk, which skips the others without building their headers
+    (`records.iter_batches`' framing checks, not its offset chain: the state needs none).
+    A torn or impossible header raises CorruptRecordError as there."""
+    while pos < size:
+        fields = _unpack_header(buf, pos) if size - pos >= RECORDS_OFFSET else None
+        length = -1 if fields is None else fields[FIELD_BATCH_LENGTH]
+        if fields is None or fields[FIELD_MAGIC] != MAGIC or length < MIN_BATCH_LENGTH \
+                or pos + LOG_OVERHEAD + length > size:
+            header = read_header(buf, pos, size, path)      # raises the precise error
+            if header is None:
+                raise CorruptRecordError(TORN_BATCH, path=path, position=pos,
+                                         expected=size)
+            fields = tuple(header)
+        if fields[FIELD_BASE_OFFSET] >= end_offset:
+            return
+        if fields[_FIELD_PRODUCER_ID] >= 0:
+            yield pos, BatchHeader._make(fields)
+        pos += LOG_OVERHEAD + fields[FIELD_BATCH_LENGTH]
 
 
 class _LogTransactions:
@@ -146,14 +179,12 @@ class _LogTransactions:
         i = self._first_segment(offset, end) if offset < end else len(bases)
         while i < len(bases) and offset < end:
             segment, size = self._sized(bases[i], tail)
-            for pos, header in segment.headers(segment.find(offset, size), size):
-                if header.base_offset >= end:
-                    break
-                if header.producer_id >= 0:
-                    if repair and header.attributes & ATTR_CONTROL:
-                        self._repair_txn_index(state, segment, pos, size, header)
-                    state.apply(header)
-                offset = header.last_offset + 1
+            for pos, header in _producer_batches(segment.view(size),
+                                                 segment.find(offset, size), size, end,
+                                                 segment.path):
+                if repair and header.attributes & ATTR_CONTROL:
+                    self._repair_txn_index(state, segment, pos, size, header)
+                state.apply(header)
             i += 1
             if i < len(bases):
                 offset = max(offset, bases[i])
