@@ -1097,9 +1097,9 @@ class Broker:
             partition.append_control(producer_id, epoch, commit=commit)
 
     def _sync_partitions(self, partitions: list[TopicPartition]) -> None:
-        """fsync the partitions a committing transaction wrote or consumed, before its
-        offsets commit: after a power cut the offsets never point past durable records
-        (the rule group commits follow)."""
+        """fsync the partitions a committing transaction's offsets name, before the
+        offsets commit: after a power cut they never point past durable records (the
+        rule group commits follow)."""
         for tp in partitions:
             try:
                 self._topic(tp.topic).partition(tp.partition).flush()

@@ -1332,8 +1332,9 @@ class Producer:
                 else:
                     clean[tp] = (value, "")
             coordinator = self._broker.transaction_coordinator
-            self._coordinator_call(coordinator.add_offsets, group_id)
-            self._txn_begun_at_coordinator = True
+            if not self._txn_begun_at_coordinator:   # else the offsets add the group
+                self._coordinator_call(coordinator.add_offsets, group_id)
+                self._txn_begun_at_coordinator = True
             try:
                 self._coordinator_call(coordinator.txn_offset_commit, group_id, clean,
                                        generation_id=generation, member_id=member,

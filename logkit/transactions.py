@@ -209,8 +209,8 @@ class _StripeLock:
 class TransactionCoordinator:
     """Transaction state in LMDB, and the calls of Kafka's transaction APIs (see the
     module docstring). `write_markers(partitions, producer_id, epoch, commit)` appends
-    one control batch to each partition (the broker's); `sync(partitions)` makes those
-    partitions durable before a commit's offsets are (optional)."""
+    one control batch to each partition (the broker's); `sync(partitions)` makes the
+    partitions a commit's offsets name durable before the offsets are (optional)."""
 
     def __init__(self, meta: MetaStore, write_markers: Callable[..., Any], *,
                  lock_path: str | None = None,
@@ -509,9 +509,11 @@ class TransactionCoordinator:
             self._write_markers(partitions, pid, epoch, commit)
         offsets = record["offsets"] if commit else {}
         if offsets and self._sync is not None:
-            named = {TopicPartition(t, p) for entries in offsets.values()
-                     for t, p, _, _ in entries}
-            self._sync(sorted(named | set(partitions)))
+            # as a group commit does: the offsets never point past the durable end of
+            # the logs they name (after a power cut, new appends would reuse offsets
+            # the group has passed)
+            self._sync(sorted({TopicPartition(t, p) for entries in offsets.values()
+                               for t, p, _, _ in entries}))
 
         def complete(txn: Any) -> str | None:
             now = self._load(txn, key)
