@@ -369,6 +369,7 @@ class _LogTransactions:
         if self._producers is None:
             return
         try:
+            self._producers.expire(_now_ms())
             write_snapshot(self.directory, self._producer_state(tail, repair=True),
                            sync=sync)
         except OSError as exc:           # derived data: the log rebuilds it

@@ -51,6 +51,7 @@ SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 2                    # the newest snapshots a partition keeps
 SNAPSHOT_VERSION = 1
 INT32_MAX = 2**31 - 1
+PRODUCER_ID_EXPIRATION_MS = 86400000  # Kafka's producer.id.expiration.ms default
 NO_EPOCH = -1
 
 _SNAPSHOT_HEAD = struct.Struct(">hIi")                 # version, crc, entry count
@@ -223,6 +224,16 @@ class ProducerStateManager:
     def skip_to(self, offset: int) -> None:
         """Batches below `offset` without a producer: only the end moves."""
         self.end_offset = offset
+
+    def expire(self, now_ms: int, expiration_ms: int = PRODUCER_ID_EXPIRATION_MS) -> int:
+        """Forget producers idle for `expiration_ms` (by their last batch's timestamp)
+        without an open transaction, as Kafka's broker does; returns how many."""
+        idle = [pid for pid, entry in self.producers.items()
+                if entry.txn_first_offset < 0 and 0 <= entry.last_timestamp
+                < now_ms - expiration_ms]
+        for pid in idle:
+            del self.producers[pid]
+        return len(idle)
 
     # ---- transactions ------------------------------------------------------------------
 

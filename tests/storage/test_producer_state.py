@@ -270,3 +270,16 @@ def test_the_one_call_path_refuses_a_batch_when_another_process_appended_since(t
         assert p.append_batch_nowait(batch(7, 0, 8), verify=False) == (9, None)
         assert values(p) == [b"v0", b"v1", b"plain", b"v2", b"v3", b"v4", b"v5", b"c6",
                              b"c7", b"v8", b"v9"]
+
+
+def test_a_producer_idle_for_producer_id_expiration_ms_is_forgotten_at_the_next_snapshot(part):
+    old = encode_batch([(b"k", b"old", None, 1000)], producer_id=7, producer_epoch=0,
+                       base_sequence=0)                      # a timestamp from 1970
+    part.append_batch(old)
+    part.append_batch(encode_batch([(b"k", b"v", None, None)], producer_id=8,
+                                   producer_epoch=0, base_sequence=0))     # now
+    part.append_batch(encode_batch([(b"k", b"v", None, 1000)], producer_id=9,
+                                   producer_epoch=0, base_sequence=0, transactional=True))
+    part.roll()                          # 9 is as old as 7, but its transaction is open
+    assert sorted(pid for pid, *_ in part.producer_states()) == [8, 9]
+    assert part.append_batch(old) == 3                       # unknown again: appended
