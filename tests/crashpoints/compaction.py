@@ -368,10 +368,12 @@ def _detail(now: set, post: set) -> str:
 _LINE = re.compile(r"^(\w+)\((.*)\)\s+=\s+(\S+)")
 
 
-def pass_targets(prefix: str, ledger: str, targets: dict) -> dict:
+def pass_targets(prefix: str, ledger: str, targets: dict, passes: tuple[int, ...] = ()
+                 ) -> dict:
     """Of the driver's targets ({"syscall#n": Target}), those whose call ran inside a
     `compact()` (between the workload's pass-begin and pass-end opens) in some thread of
-    the counting run's trace files `prefix.<tid>`."""
+    the counting run's trace files `prefix.<tid>`; only inside the passes numbered in
+    `passes` (1, 2, 3) when it is given."""
     from .driver import SYSCALLS
     inside_keys: set[str] = set()
     directory, base = os.path.split(prefix)
@@ -379,7 +381,7 @@ def pass_targets(prefix: str, ledger: str, targets: dict) -> dict:
         if not name.startswith(base + "."):
             continue
         counts: dict[str, int] = {}
-        inside = False
+        inside, number = False, 0
         with open(os.path.join(directory, name), errors="replace") as f:
             for raw in f:
                 m = _LINE.match(raw)
@@ -388,7 +390,8 @@ def pass_targets(prefix: str, ledger: str, targets: dict) -> dict:
                 syscall = m.group(1)
                 counts[syscall] = n = counts.get(syscall, 0) + 1
                 if syscall == "openat" and ledger + ".pass-begin" in raw:
-                    inside = True
+                    number += 1
+                    inside = not passes or number in passes
                 elif syscall == "openat" and ledger + ".pass-end" in raw:
                     inside = False
                 elif inside:
@@ -397,8 +400,9 @@ def pass_targets(prefix: str, ledger: str, targets: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m tests.crashpoints.compaction --crashpoints [--jobs N] [--results F]`:
-    every file operation of the `clean` workload's passes, in every mode."""
+    """`python -m tests.crashpoints.compaction --crashpoints [--jobs N] [--results F]
+    [--pass N] [--mode M]`: every file operation of the `clean` workload's passes (or of
+    the passes named), in every mode (or the modes named)."""
     import argparse
     import json
     import tempfile
@@ -410,12 +414,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--results", default="compaction-crashpoints.jsonl")
     ap.add_argument("--keep", default=None)
+    ap.add_argument("--pass", dest="passes", type=int, action="append", default=[],
+                    help="only the file operations of this pass (1, 2, 3; repeatable)")
+    ap.add_argument("--mode", action="append", help="only these modes (repeatable)")
     args = ap.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="cp-clean-count-")
     counted = driver.count("clean", workdir)
     in_pass = pass_targets(os.path.join(workdir, "trace"), os.path.join(workdir, "ledger"),
-                           counted["targets"])
-    work = driver.plan(in_pass)
+                           counted["targets"], tuple(args.passes))
+    work = driver.plan(in_pass, modes=tuple(args.mode) if args.mode else None)
     print(f"clean: {len(counted['targets'])} targets, {len(in_pass)} inside the passes; "
           f"baseline failures {counted['baseline_check'].get('failures')}; "
           f"{len(work)} trials", flush=True)
