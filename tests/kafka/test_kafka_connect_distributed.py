@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -25,6 +26,7 @@ from tests.helpers.kafka_ecosystem import wait_for
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
 LINES = 4000
+BUDGET_S = 85.0                     # the whole test, both workers' starts included
 # A short-lived JVM on two busy cores: the C1 compiler only, and one GC thread.
 FAST_START = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 INTERNAL = {"config.storage.topic": "connect-configs",
@@ -123,13 +125,18 @@ def test_connect_distributed_runs_on_logkit_and_resumes_from_its_compacted_topic
     source, sink = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text(first, encoding="utf-8")
     port = free_port()
+    deadline = time.monotonic() + BUDGET_S
+
+    def left():
+        return max(deadline - time.monotonic(), 0.0)
+
     with logkit.Broker(tmp_path / "data") as broker, broker.serve() as server:
         broker.create_topic(topic, 1)
         config = _worker_config(tmp_path, server.bootstrap_servers, port)
         worker = _Worker(tmp_path, config, port)
         try:
             wait_for(lambda: worker.alive() and worker.request("GET", "/connectors")
-                     is not None, "Connect's REST API", timeout_s=60, interval_s=0.2)
+                     is not None, "Connect's REST API", timeout_s=left(), interval_s=0.2)
             for name, connector, setting in (
                     ("file-source", "FileStreamSourceConnector", {"file": str(source),
                                                                   "topic": topic}),
@@ -140,7 +147,7 @@ def test_connect_distributed_runs_on_logkit_and_resumes_from_its_compacted_topic
                     "tasks.max": "1", **setting}})
                 assert created is not None and created["name"] == name
             wait_for(lambda: worker.alive() and _line_count(sink) >= LINES // 2,
-                     "the first half in the sink's file", timeout_s=60)
+                     "the first half in the sink's file", timeout_s=left())
             assert worker.running("file-source") and worker.running("file-sink")
         finally:
             worker.stop()
@@ -163,7 +170,7 @@ def test_connect_distributed_runs_on_logkit_and_resumes_from_its_compacted_topic
         worker = _Worker(tmp_path, config, port)
         try:
             wait_for(lambda: worker.alive() and _line_count(sink) >= LINES,
-                     "all lines in the sink's file", timeout_s=60)
+                     "all lines in the sink's file", timeout_s=left())
             assert sorted(worker.request("GET", "/connectors")) == ["file-sink", "file-source"]
         finally:
             worker.stop()
