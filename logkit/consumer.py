@@ -297,13 +297,20 @@ class Consumer:
     def _partition(self, tp: TopicPartition) -> Any:
         return self._broker.topic(tp.topic).partition(tp.partition)
 
+    def _end(self, partition: Any) -> int:
+        """Where this consumer's reading ends for now: the high watermark, or for
+        read_committed the last stable offset (Kafka's end offsets by isolation level)."""
+        if self._isolation_level == "read_committed":
+            return partition.last_stable_offset
+        return partition.high_watermark
+
     def _reset(self, tp: TopicPartition) -> int:
         policy = self._subscriptions.reset_policy
         partition = self._handle(tp)
         if policy == "earliest":
             return partition.log_start_offset
         if policy == "latest":
-            return partition.high_watermark
+            return self._end(partition)
         raise NoOffsetForPartitionError(
             f"no valid offset for {tp.topic}-{tp.partition} and auto_offset_reset='none'")
 
@@ -367,10 +374,11 @@ class Consumer:
             self.seek(tp, self._partition(tp).log_start_offset)
 
     def seek_to_end(self, *tps: TopicPartition) -> None:
-        """Every given (default: assigned) partition to its high watermark."""
+        """Every given (default: assigned) partition to its high watermark (its last
+        stable offset for read_committed)."""
         for tp in (tps or tuple(self._subscriptions.assigned)):
             tp = self._subscriptions.require_assigned(tp)
-            self.seek(tp, self._partition(tp).high_watermark)
+            self.seek(tp, self._end(self._partition(tp)))
 
     def _drop_buffered(self, tp: TopicPartition) -> None:
         if self._buffer:
@@ -396,7 +404,7 @@ class Consumer:
 
     def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         tps = [as_topic_partition(tp) for tp in tps]
-        return {tp: self._partition(tp).high_watermark for tp in tps}
+        return {tp: self._end(self._partition(tp)) for tp in tps}
 
     def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]
                           ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
@@ -407,11 +415,11 @@ class Consumer:
             tp = as_topic_partition(tp)
             partition = self._partition(tp)
             offset = partition.offset_for_timestamp(ts)
-            if offset is None:
-                out[tp] = None
-            else:
-                record = partition.read(offset, max_records=1)[0]
-                out[tp] = OffsetAndTimestamp(offset, record.timestamp)
+            # the offset may be one compaction removed: the record read is the next
+            # survivor, whose offset is answered (none: nothing at or after ts is left)
+            found = [] if offset is None else partition.read(offset, max_records=1)
+            out[tp] = OffsetAndTimestamp(found[0].offset, found[0].timestamp) \
+                if found else None
         return out
 
     # ---- commits ---------------------------------------------------------------------
@@ -560,11 +568,13 @@ class Consumer:
                 continue                       # at its log end, and nobody appended since
             want = max_records - len(out)
             try:
-                records, end = self._read(tp, position, want, min(per_partition, budget))
+                records, after, end = self._read(tp, position, want,
+                                                 min(per_partition, budget))
             except OffsetOutOfRangeError:
                 positions[tp] = self._reset(tp)           # retention passed us (Kafka)
                 continue
             if not records:
+                positions[tp] = position = after          # past batches with no record
                 drained[tp] = position
                 if pending is not None:
                     pending.discard(tp)
@@ -585,7 +595,7 @@ class Consumer:
                     if not out:
                         raise error
                     return out
-            position = positions[tp] = records[-1].offset + 1
+            position = positions[tp] = after
             out.extend(records)
             if len(records) < want and end <= position:
                 # read to its end (the high watermark that read stopped at): skip it
@@ -675,19 +685,40 @@ class Consumer:
         return partition
 
     def _read(self, tp: TopicPartition, position: int, max_records: int,
-              max_bytes: int) -> tuple[list[Record], int]:
-        """`Partition.fetch` (the records and the high watermark they were read below)
-        through the cached handle; a handle that went stale (its topic deleted, perhaps
-        re-created, or closed) is looked up again once."""
+              max_bytes: int) -> tuple[list[Record], int, int]:
+        """`Partition.fetch_records` through the cached handle: the records, where the
+        next read starts (past every batch walked, so offsets removed by compaction
+        are stepped over) and the high watermark they were read below. A read that
+        walked only batches with no record left is repeated from where it stopped, so
+        a poll never returns empty below the high watermark. A handle that went stale
+        (its topic deleted, perhaps re-created, or closed) is looked up again once."""
         partition = self._handle(tp)
         try:
+            level = self._isolation_level
             try:
-                return partition.fetch(position, max_records, max_bytes=max_bytes)
+                fetched = partition.fetch_records(position, max_records,
+                                                  max_bytes=max_bytes,
+                                                  isolation_level=level)
             except (UnknownTopicError, ClosedError):
                 self._handles.pop(tp, None)
                 self._topic_handles.pop(tp.topic, None)
                 partition = self._handle(tp)        # raises if it is really gone
-                return partition.fetch(position, max_records, max_bytes=max_bytes)
+                fetched = partition.fetch_records(position, max_records,
+                                                  max_bytes=max_bytes,
+                                                  isolation_level=level)
+            # read_committed reads below the last stable offset: markers and aborted
+            # records are stepped over like removed ones, and the read ends there
+            end = fetched.last_stable_offset if level == "read_committed" \
+                else fetched.high_watermark
+            # each repeat starts further on: the loop ends at the end
+            while not fetched.records and position < fetched.next_offset < end:
+                position = fetched.next_offset
+                fetched = partition.fetch_records(position, max_records,
+                                                  max_bytes=max_bytes,
+                                                  isolation_level=level)
+                end = fetched.last_stable_offset if level == "read_committed" \
+                    else fetched.high_watermark
+            return fetched.records, fetched.next_offset, end
         except OSError as exc:                        # the log names its own; a stray
             if isinstance(exc, LogkitError):          # (LogkitTimeoutError is an OSError)
                 raise

@@ -74,12 +74,12 @@ def test_a_partition_read_to_its_end_is_not_read_again_until_the_doorbell_moves(
         consumer = broker.consumer(auto_offset_reset="earliest")
         consumer.assign([TopicPartition("t", n) for n in range(5)])
         reads = []
-        real = Partition.fetch
+        real = Partition.fetch_records
 
         def counting(self, offset, *args, **kwargs):
             reads.append((self.topic_partition.partition, offset))
             return real(self, offset, *args, **kwargs)
-        monkeypatch.setattr(Partition, "fetch", counting)
+        monkeypatch.setattr(Partition, "fetch_records", counting)
         assert len(consumer.poll(timeout_ms=0, max_records=100)) == 50
         assert sorted(p for p, _ in reads) == [0, 1, 2, 3, 4]     # one read each
         reads.clear()
@@ -95,7 +95,7 @@ def test_a_partition_read_to_its_end_is_not_read_again_until_the_doorbell_moves(
 
 def test_a_poll_takes_the_high_watermark_from_its_read(tmp_path, monkeypatch):
     """Whether a partition was read to its end comes from the read itself
-    (`Partition.fetch`), not from a second look at the partition's end per poll."""
+    (`Partition.fetch_records`), not from a second look at the partition's end per poll."""
     from logkit.topic import Partition
     with logkit.Broker(tmp_path) as broker:
         topic = broker.create_topic("t", 2)

@@ -151,7 +151,7 @@ def test_a_poll_reads_only_partitions_that_may_have_data(tmp_path, monkeypatch):
         assert sorted(int(r.value) for r in seen) == list(range(partitions))
         assert consumer.poll(timeout_ms=0) == []     # finds each at its log end, once
         fetchable = consumer._subscriptions.fetchable()
-        reads = _Counting(monkeypatch, Partition, "fetch")
+        reads = _Counting(monkeypatch, Partition, "fetch_records")
         lookups = _Counting(monkeypatch, broker, "topic")
         for _ in range(5):
             assert consumer.poll(timeout_ms=0) == []
@@ -544,7 +544,7 @@ def test_a_poll_after_one_append_reads_only_the_partitions_of_its_change_slot(
         for target in (17, 123):
             # the periodic full recheck must not fall inside a slow run's poll
             monkeypatch.setattr(consumer_module, "FULL_RECHECK_S", 3600.0)
-            reads = _Counting(monkeypatch, Partition, "fetch")
+            reads = _Counting(monkeypatch, Partition, "fetch_records")
             topic.partition(target).append([(None, b"new", [], None)])
             got = consumer.poll(timeout_ms=1000)
             assert [(r.partition, r.value) for r in got] == [(target, b"new")]
@@ -564,7 +564,7 @@ def test_drained_partitions_are_all_read_again_after_the_full_recheck_interval(
     with logkit.Broker(str(tmp_path), background=False) as broker:
         topic, consumer = _drained_consumer(broker, partitions)
         monkeypatch.setattr(consumer_module, "FULL_RECHECK_S", 0.0)
-        reads = _Counting(monkeypatch, Partition, "fetch")
+        reads = _Counting(monkeypatch, Partition, "fetch_records")
         topic.partition(4).append([(None, b"new", [], None)])
         assert [r.value for r in consumer.poll(timeout_ms=1000)] == [b"new"]
         assert reads.calls == partitions
@@ -577,7 +577,7 @@ def test_a_ring_that_names_no_partition_reads_every_drained_partition(tmp_path,
     partitions = 30
     with logkit.Broker(str(tmp_path), background=False) as broker:
         _, consumer = _drained_consumer(broker, partitions)
-        reads = _Counting(monkeypatch, Partition, "fetch")
+        reads = _Counting(monkeypatch, Partition, "fetch_records")
         broker.doorbell.ring()                     # a follower's progress, a rebalance
         assert consumer.poll(timeout_ms=0) == []
         assert reads.calls == partitions
