@@ -75,23 +75,33 @@ def _send_arguments(record: Any, index: int) -> dict[str, Any]:
 
 
 def read_all(broker: Broker, topic: str, *,
-             partitions: Iterable[int] | None = None) -> list[Record]:
+             partitions: Iterable[int] | None = None,
+             isolation_level: str = "read_uncommitted") -> list[Record]:
     """Every record now in `topic` (or in the given partitions), partition by
     partition in offset order: from each partition's log start up to the high
     watermark it had when this was called. Never blocks; a topic that does not exist
-    raises UnknownTopicError."""
+    raises UnknownTopicError. Offsets with no record (removed by a compacted topic's
+    cleaner, control batches) are stepped over. `isolation_level="read_committed"`
+    reads up to the last stable offset and leaves out aborted transactions' records
+    (docs/design.md §15)."""
+    committed = isolation_level == "read_committed"
+    if not committed and isolation_level != "read_uncommitted":
+        raise ConfigError(f"isolation_level must be 'read_uncommitted' or "
+                          f"'read_committed', got {isolation_level!r}")
     handle = broker.topic(topic)
     numbers = range(handle.num_partitions) if partitions is None else sorted(partitions)
     out: list[Record] = []
     for number in numbers:
         partition = handle.partition(number)
-        offset, stop = partition.log_start_offset, partition.high_watermark
+        offset = partition.log_start_offset
+        stop = partition.last_stable_offset if committed else partition.high_watermark
         while offset < stop:
-            chunk = partition.read(offset, max_records=10_000, stop_offset=stop)
-            if not chunk:                   # only control batches (none are written yet)
+            fetched = partition.fetch_records(offset, 10_000, stop_offset=stop,
+                                              isolation_level=isolation_level)
+            if fetched.next_offset <= offset:         # nothing more below stop
                 break
-            out += chunk
-            offset = chunk[-1].offset + 1
+            out += fetched.records
+            offset = fetched.next_offset
     return out
 
 
