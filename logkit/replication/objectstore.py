@@ -14,7 +14,15 @@ of Kafka's tiered storage, KIP-405):
 | `<topic>-<tid>/<p>/<base:020>.log` | a rolled segment, whole, its bytes those of the leader's file; uploaded once |
 | `<topic>-<tid>/<p>/<base:020>.log.<from:020>-<to:020>` | a chunk of the active segment: its whole batches from offset `from` to `to` - 1; each `ship.interval.ms` the log moved adds one with the batches appended since; the newest merge by size tiers (`_tail_merge`), so they stay few; when the segment rolls it is uploaded whole and its chunks retire |
 | `<topic>-<tid>/<p>/<base:020>.log.tail.<end:020>` | the first layout's active segment, whole below `end`: still read, never written |
-| `manifest.json` | written last: topics (partitions, config overrides, ids, replication factor), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries) and the objects in offset order with their size, SHA-256 and last batch's epoch and CRC |
+| `<topic>-<tid>/<p>/<base:020>.log.<sha:24>` | a rolled segment shipped again with other bytes (a compacted topic's segment after a cleaning pass), named by the first 24 hex digits of its SHA-256, so no key a manifest names ever gets other bytes; uploaded once |
+| `manifest.json` | written last: topics (partitions, config overrides, ids, replication factor), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries), the leader's clean count (cleaning swaps) and the objects in offset order with their size, SHA-256 and last batch's epoch and CRC |
+
+A compacted topic: its objects may leave offset gaps between and inside them (records
+the leader's cleaner removed). When the partition's clean count moved since the last
+manifest, each rolled segment's bytes are checksummed again and a segment whose bytes
+changed is shipped once more under its content key, replacing its old object in the
+manifest; when the count did not move nothing is read again, so a cleaned segment is
+shipped once.
 
 Invariant: readers trust only the manifest, and an object only after its size and
 SHA-256 equal the manifest's record and every batch in it passed its CRC. The
@@ -51,7 +59,7 @@ import uuid
 from typing import Any, Callable, Mapping, NamedTuple, TypeVar
 
 from ..broker import Broker
-from ..config import resolve_config
+from ..config import is_compacted, resolve_config
 from .._threads import start_thread
 from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       NotLeaderError, OffsetOutOfRangeError, ResourceError, StorageError,
@@ -59,12 +67,12 @@ from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalState
 from ..group import committed_offsets, list_groups
 from ..records import BatchHeader, iter_batches, read_header
 from ..topic import Partition, TopicPartition
-from .directory import _Epochs
+from .directory import _Epochs, last_offset_of
 from ..leader.epochs import EpochEntry
 from .follower import Follower
 from ..leader.lease import (LEASE_FILE, RENEWALS_PER_TTL, Lease, read_lease, release, renew,
                     replica_id, take_next)
-from .source import PartitionInfo, ReplicaSource, TopicInfo
+from .source import PartitionInfo, ReplicaSource, SegmentInfo, TopicInfo
 
 __all__ = ["ObjectStoreSource", "Shipper", "restore", "MANIFEST_KEY", "MANIFEST_FORMAT"]
 
@@ -85,7 +93,9 @@ TAIL_MERGE_FANOUT = 8                # chunks of the active segment merged at a 
 TAIL_MERGE_MAX_BYTES = 16 << 20      # ... into at most this many bytes
 # a rolled segment, an active segment's chunk, or (manifests before chunks) its tail
 _KEY = re.compile(r"[A-Za-z0-9._-]+/[0-9]{1,10}/[0-9]{20}\.log"
-                  r"(\.[0-9]{20}-[0-9]{20}|\.tail\.[0-9]{20})?")
+                  r"(\.[0-9]{20}-[0-9]{20}|\.tail\.[0-9]{20}|\.[0-9a-f]{24})?")
+_WHOLE_KEY = re.compile(r".*/[0-9]{20}\.log(\.[0-9a-f]{24})?")    # a rolled segment's
+CONTENT_KEY_DIGITS = 24              # hex digits of the SHA-256 in a content key
 _DEFAULTS = resolve_config("topic", None)
 _T = TypeVar("_T")
 
@@ -162,6 +172,7 @@ def _validate(body: dict[str, Any]) -> None:
             str(topic), int(partition), int(offset)
     for entry in body["partitions"]:
         str(entry["topic"]), int(entry["partition"])
+        gaps = _has_gaps(body, entry)
         if not 0 <= int(entry["log_start_offset"]) <= int(entry["log_end_offset"]):
             raise ValueError(f"log start above log end in {entry['topic']}")
         for epoch, start in entry["epochs"]:
@@ -176,16 +187,25 @@ def _validate(body: dict[str, Any]) -> None:
                 int(obj["size"])
             if not (first < last and size > 0 and len(obj["sha256"]) == 64):
                 raise ValueError(f"object {obj['key']!r}: bad offsets, size or checksum")
-            if end is not None and first != end:
+            if end is not None and (first < end or (first > end and not gaps)):
                 raise ValueError(f"object {obj['key']!r} does not follow the one before")
             end = last
             _Object(**obj)
         objects = entry["objects"]
         if (end if objects else int(entry["log_start_offset"])) != \
                 int(entry["log_end_offset"]) or \
-                (objects and int(objects[0]["first_offset"]) > int(entry["log_start_offset"])):
+                (objects and not gaps and
+                 int(objects[0]["first_offset"]) > int(entry["log_start_offset"])):
             raise ValueError(f"{entry['topic']}-{entry['partition']}: the objects do not "
                              "cover the log start to the log end")
+
+
+def _has_gaps(body: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
+    """Whether a manifest's partition may have offset gaps: its topic is compacted, or
+    its leader cleaned it (a clean count above 0)."""
+    topic = body["topics"].get(entry["topic"], {})
+    return int(entry.get("clean_count", 0)) > 0 or \
+        "compact" in str(topic.get("config", {}).get("cleanup.policy", ""))
 
 
 class _Object(NamedTuple):
@@ -606,10 +626,13 @@ class Shipper:
         retired by retention while it was read leaves the previous entry in place
         (its objects are still in the bucket); the next pass ships the new state."""
         for _ in range(3):           # a roll between the reads: read again
+            count = p.clean_count    # before the segments: a swap after is shipped next
             bases = p.segment_base_offsets()
             start, end = p.log_start_offset, p.log_end_offset
             if p.segment_base_offsets() == bases:
                 break
+        gaps = is_compacted(p.config) or count > 0
+        recheck = count != int((before or {}).get("clean_count", 0))
         prefix = f"{topic}-{topic_id}/{p.partition}"
         tp = p.topic_partition
         cache = self._epochs.setdefault(tp, _Epochs())
@@ -618,7 +641,7 @@ class Shipper:
         try:
             known = [o for o in map(_Object.from_record, (before or {}).get("objects", ()))
                      if o.end_offset <= end]
-            kept = _still_in_log(p, start, known)
+            kept = _still_in_log(p, start, known, gaps=gaps)
             if kept < len(known):            # truncated: the epochs may have changed too
                 known = known[:kept]
                 cache = self._epochs[tp] = _Epochs()
@@ -635,11 +658,14 @@ class Shipper:
                     objects.extend(self._ship_tail(p, prefix, base, low, upto, chunks))
                     continue
                 key = f"{prefix}/{base:020d}.log"
-                old = next((o for o in known if o.key == key), None)
-                if old is not None and old.end_offset == upto and old.first_offset <= low:
-                    objects.append(old)
+                old = next((o for o in known if o.segment == base
+                            and _WHOLE_KEY.fullmatch(o.key)), None)
+                if old is not None and old.end_offset == upto and (
+                        old.first_offset <= low or gaps) and not (
+                        recheck and _digest(p, low, upto) != (old.size, old.sha256)):
+                    objects.append(old)          # (a cleaning gap may start a segment)
                 else:
-                    objects.append(self._upload(p, key, base, low, upto))
+                    objects.append(self._upload_segment(p, key, base, low, upto))
         except OffsetOutOfRangeError as exc:
             log.debug("%s-%d: changed while shipping (%s); shipped next pass", topic,
                       p.partition, exc)
@@ -648,11 +674,15 @@ class Shipper:
             objects = []
         shipped_end = objects[-1].end_offset if objects else start
         return {"topic": topic, "partition": p.partition, "topic_id": topic_id,
+                "clean_count": count,
                 "log_start_offset": min(start, shipped_end),
                 "log_end_offset": shipped_end,
                 "epochs": [[e.epoch, e.start_offset] for e in epochs
                            if e.start_offset <= shipped_end],
-                "segment_base_offsets": sorted({o.segment for o in objects}),
+                # (a compacted log's: also an empty active segment's, so a follower
+                # rolls there and can copy the cleaning of the one below)
+                "segment_base_offsets": sorted({o.segment for o in objects} | (
+                    {bases[-1]} if gaps and bases[-1] == shipped_end else set())),
                 "objects": [o.record() for o in objects]}
 
     def _ship_tail(self, p: Partition, prefix: str, base: int, low: int, end: int,
@@ -682,6 +712,19 @@ class Shipper:
                                            first, last)]
         return chain
 
+    def _upload_segment(self, p: Partition, key: str, segment: int, low: int,
+                        upto: int) -> _Object:
+        """Upload a rolled segment under `key`, or, when a manifest names that key or
+        named it within the grace (its bytes changed: a cleaning pass), under its
+        content key; OffsetOutOfRangeError when the bytes changed again meanwhile."""
+        if key not in self._referenced and key not in self._retired:
+            return self._upload(p, key, segment, low, upto)
+        size, sha = _digest(p, low, upto)
+        obj = self._upload(p, f"{key}.{sha[:CONTENT_KEY_DIGITS]}", segment, low, upto)
+        if (obj.size, obj.sha256) != (size, sha):
+            raise OffsetOutOfRangeError(f"{key}: the segment changed while shipping")
+        return obj
+
     def _upload(self, p: Partition, key: str, segment: int, low: int, upto: int) -> _Object:
         """Upload the batches of `p` from the one holding `low` to `upto` under `key`,
         read back its size, and return its record (the manifest is written later)."""
@@ -698,8 +741,8 @@ class Shipper:
                     data = p.batches_since(pos, upto=upto, max_bytes=UPLOAD_CHUNK_BYTES)
                     if not data:
                         break
-                    last = None
-                    for _, header in iter_batches(data, 0, len(data), key):
+                    last = None       # (gaps: a compacted log's, checked when stored)
+                    for _, header in iter_batches(data, 0, len(data), key, gaps=True):
                         if first is None:
                             first = header.base_offset
                         last = header
@@ -767,24 +810,48 @@ class Shipper:
             del self._retired[key]
 
 
+def _digest(p: Partition, low: int, upto: int) -> tuple[int, str]:
+    """(size, SHA-256) of the batches of `p` from the one holding `low` to `upto`: what
+    an upload of them would hold."""
+    digest, size, at = hashlib.sha256(), 0, low
+    while at < upto:
+        data = p.batches_since(at, upto=upto, max_bytes=UPLOAD_CHUNK_BYTES)
+        if not data:
+            break
+        digest.update(data)
+        size += len(data)
+        at = last_offset_of(data) + 1
+    return size, digest.hexdigest()
+
+
 def _fingerprint(header: BatchHeader) -> str:
     """What tells a batch from another stored at the same offsets after a truncation:
     its leader epoch and CRC (which covers the rest but the offset and length)."""
     return f"{header.leader_epoch}:{header.crc}"
 
 
-def _still_in_log(p: Partition, start: int, objects: list[_Object]) -> int:
+def _still_in_log(p: Partition, start: int, objects: list[_Object], *,
+                  gaps: bool = False) -> int:
     """How many of `objects` (in offset order, all below the log end) still hold what
     the log holds. A truncation rewrites everything from some offset on, so the
     objects that match are a prefix: the last is checked, then a binary search finds
     the first whose last batch differs (a batch below the log start counts as a
-    match: retention only removes)."""
+    match: retention only removes). With `gaps` (a compacted log) a cleaning pass may
+    have rewritten that batch (its CRC) or removed it: the leader epoch alone tells a
+    truncation then, and a changed segment is found by its checksum instead."""
     def matches(obj: _Object) -> bool:
         if not obj.last_batch or obj.end_offset - 1 < start:
             return True
-        data = p.batches_since(obj.end_offset - 1, upto=obj.end_offset, max_bytes=1)
+        data = p.batches_since(obj.end_offset - 1, max_bytes=1)
         header = read_header(data, 0, len(data))
-        return header is not None and header.last_offset == obj.end_offset - 1 and \
+        if header is None:
+            return False
+        if gaps and header.base_offset > obj.end_offset - 1:
+            return True                       # cleaned away: nothing to compare
+        if gaps:
+            return header.last_offset == obj.end_offset - 1 and \
+                str(header.leader_epoch) == obj.last_batch.split(":")[0]
+        return header.last_offset == obj.end_offset - 1 and \
             _fingerprint(header) == obj.last_batch
     if not objects or matches(objects[-1]):
         return len(objects)
@@ -847,14 +914,16 @@ def _same(body: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
 class _Loaded:
     """One downloaded object, verified, with its batches' positions."""
 
-    def __init__(self, obj: _Object, buffer: Any, closer: Callable[[], None]) -> None:
+    def __init__(self, obj: _Object, buffer: Any, closer: Callable[[], None], *,
+                 gaps: bool = False) -> None:
         self.obj = obj
         self.buffer = buffer
         self.close = closer
         self.last_offsets: list[int] = []
         self.spans: list[tuple[int, int]] = []           # (position, size) per batch
         for pos, header in iter_batches(buffer, 0, obj.size, obj.key,
-                                        first_offset=obj.first_offset, verify=True):
+                                        first_offset=obj.first_offset, verify=True,
+                                        gaps=gaps):
             self.last_offsets.append(header.last_offset)
             self.spans.append((pos, header.size))
         if not self.last_offsets or self.last_offsets[-1] + 1 != obj.end_offset:
@@ -946,7 +1015,18 @@ class ObjectStoreSource(ReplicaSource):
         entry = self._entry(topic, partition)
         return PartitionInfo(int(entry["log_start_offset"]), int(entry["log_end_offset"]),
                              tuple(EpochEntry(int(e), int(s)) for e, s in entry["epochs"]),
-                             tuple(int(b) for b in entry["segment_base_offsets"]))
+                             tuple(int(b) for b in entry["segment_base_offsets"]),
+                             int(entry.get("clean_count", 0)))
+
+    def segments(self, topic: str, partition: int) -> tuple[SegmentInfo, ...]:
+        """The rolled segments the manifest names whole, with the size and SHA-256 it
+        records (a segment whose object begins below the log start is left out: it
+        cannot be fetched whole)."""
+        entry = self._entry(topic, partition)
+        start = int(entry["log_start_offset"])
+        return tuple(SegmentInfo(o.segment, o.end_offset, o.first_offset, o.size, o.sha256)
+                     for o in map(_Object.from_record, entry["objects"])
+                     if _WHOLE_KEY.fullmatch(o.key) and o.first_offset >= start)
 
     def fetch(self, topic: str, partition: int, offset: int, *, max_bytes: int) -> bytes:
         tp = TopicPartition(topic, partition)
@@ -962,7 +1042,7 @@ class ObjectStoreSource(ReplicaSource):
             loaded = self._loaded.get(tp)
             if loaded is None or loaded.obj != obj:
                 try:
-                    loaded = self._load(tp, obj)
+                    loaded = self._load(tp, obj, gaps=_has_gaps(self.manifest(), entry))
                 except FileNotFoundError:
                     if again:        # the fresh manifest names it too: it is gone
                         raise CorruptRecordError(
@@ -1026,9 +1106,10 @@ class ObjectStoreSource(ReplicaSource):
 
     # ---- objects ----------------------------------------------------------------------
 
-    def _load(self, tp: TopicPartition, obj: _Object) -> _Loaded:
+    def _load(self, tp: TopicPartition, obj: _Object, *, gaps: bool) -> _Loaded:
         """Download `obj`, check its size and SHA-256 against the manifest, index its
-        batches (CRC-checked); replaces the partition's kept object."""
+        batches (CRC-checked; with `gaps`, a compacted log's, increasing offsets);
+        replaces the partition's kept object."""
         fs, root = self._filesystem()
         path = f"{root}/{obj.key}"
         where = f"{self.url}/{obj.key}" if not self.url.endswith("/") else \
@@ -1078,7 +1159,7 @@ class ObjectStoreSource(ReplicaSource):
             else:
                 buffer, closer = bytes(sink), (lambda: None)
             try:
-                loaded = _Loaded(obj, buffer, closer)
+                loaded = _Loaded(obj, buffer, closer, gaps=gaps)
             except BaseException:
                 closer()
                 raise
@@ -1110,7 +1191,7 @@ class ObjectStoreSource(ReplicaSource):
             for record in entry["objects"]:
                 obj = _Object(**record)
                 try:
-                    self._load(tp, obj)
+                    self._load(tp, obj, gaps=_has_gaps(body, entry))
                 except FileNotFoundError:
                     raise CorruptRecordError(
                         "an object the manifest names is missing",
