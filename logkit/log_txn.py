@@ -5,16 +5,19 @@ Owns: keeping this process's `ProducerStateManager` (producer_state.py) caught u
 the log — loaded lazily from the newest `.snapshot` at or below the log end plus the
 headers of the batches after it, then, before each use, the headers of batches any
 process appended since (`_producer_state`), reloaded when the log was cut under it;
-the check of a producer's batch under the append lock (`_check_producer`, called by
-the append path in log_append.py); `append_control` (a COMMIT/ABORT marker, and for an
-ABORT the `.txnindex` entry, written and synced before the marker is published:
+the check of a producer's batch, for the append path in log_append.py: under the
+append lock (`_append_idempotent`), or, for a producer's next in-sequence batch, before
+one C call that appends it only while the log still ends where the checked state does
+(`_append_next_fast`, the hot path); `append_control` (a COMMIT/ABORT marker, and for
+an ABORT the `.txnindex` entry, written and synced before the marker is published:
 txn_index.py says why); the last stable offset; `aborted_transactions` (Kafka's
 collectAbortedTransactions, over the `.txnindex` files); read_committed reads (stop at
-the LSO, drop the batches of aborted transactions, found through the index and the
-headers of the batches read, never by decoding records that are not returned);
-snapshots at each roll and at a clean close; and the rebuild after recovery (stale
-snapshots and index entries past the log end dropped, a missing index entry for an
-ABORT marker after the snapshot re-added).
+the LSO, drop the records of aborted transactions, whose batches the index and the
+batch headers name: no record is inspected to decide); snapshots at each roll and at a
+clean close (producers idle for producer.id.expiration.ms forgotten first), and the
+`.txnindex` files of deleted segments removed at a roll; and the rebuild after
+recovery (stale snapshots and index entries past the log end dropped, the index
+entries of the ABORT markers in the segments recovery scanned re-added).
 
 Invariant: whatever process asks, the producer state it answers from reflects every
 batch below the log end it read, so the LSO and the duplicate checks are the same in
@@ -210,12 +213,6 @@ class _LogTransactions:
         append_entry(txn_index_path(self.directory, segment.base_offset), entry, sync=True)
 
     # ---- appends (under the append lock) ---------------------------------------------
-
-    def _check_producer(self, tail: Tail, header: BatchHeader) -> KeptBatch | None:
-        """Check a producer's batch against the caught-up state (under the append
-        lock): its kept twin when it is a duplicate, None to append it. Raises what
-        `ProducerStateManager.check` raises."""
-        return self._producer_state(tail, repair=True).check(header)
 
     def _append_next_fast(self, appender: Any, batch: Any) -> int:
         """A producer's next batch in one C call (the hot path of an idempotent
