@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,8 +23,11 @@ from logkit.records import encode_batch
 from tests.helpers.procs import ROOT_DIR
 
 
+NOW_MS = int(time.time() * 1000)    # the batches' timestamp (an old one would expire)
+
+
 def batch(pid, epoch, seq, n=2, *, tag=b"v", txn=False):
-    return encode_batch([(b"k", b"%s%d" % (tag, seq + i), None, 1000) for i in range(n)],
+    return encode_batch([(b"k", b"%s%d" % (tag, seq + i), None, NOW_MS) for i in range(n)],
                         producer_id=pid, producer_epoch=epoch, base_sequence=seq,
                         transactional=txn)
 
@@ -119,7 +123,7 @@ root, pid, epoch, first, count = sys.argv[1], *map(int, sys.argv[2:])
 with logkit.Broker(root, background=False) as broker:
     p = broker.topic("t").partition(0)
     for seq in range(first, first + 2 * count, 2):
-        b = encode_batch([(b"k", b"c%d" % (seq + i), None, 1000) for i in range(2)],
+        b = encode_batch([(b"k", b"c%d" % (seq + i), None, None) for i in range(2)],
                          producer_id=pid, producer_epoch=epoch, base_sequence=seq)
         print(p.append_batch(b))
 """
@@ -168,8 +172,8 @@ def test_the_state_survives_a_reopen_through_the_snapshot_in_kafkas_layout(tmp_p
     entries = {e[0]: e for e in struct.iter_unpack(">qhiqiqiq", data[10:])}
     # producerId, epoch, lastSequence, lastOffset, offsetDelta, timestamp, coordinatorEpoch,
     # currentTxnFirstOffset
-    assert entries[7] == (7, 2, 1, 1, 1, 1000, -1, -1)
-    assert entries[8] == (8, 0, 11, 3, 1, 1000, -1, 2)
+    assert entries[7] == (7, 2, 1, 1, 1, NOW_MS, -1, -1)
+    assert entries[8] == (8, 0, 11, 3, 1, NOW_MS, -1, 2)
     with logkit.Broker(tmp_path, background=False) as broker:
         p = broker.topic("t").partition(0)
         assert p.append_batch(batch(7, 2, 0)) == 0           # the duplicate, recognised

@@ -22,7 +22,7 @@ TXN_ENTRY = struct.Struct(">hqqqq")         # version, producerId, first, last, 
 
 
 def txn(pid, epoch, seq, n=2, *, tag=b"t"):
-    return encode_batch([(b"k", b"%s%d" % (tag, seq + i), None, 1000) for i in range(n)],
+    return encode_batch([(b"k", b"%s%d" % (tag, seq + i), None, None) for i in range(n)],
                         producer_id=pid, producer_epoch=epoch, base_sequence=seq,
                         transactional=True)
 
@@ -178,7 +178,7 @@ from logkit.records import encode_batch
 with logkit.Broker(sys.argv[1], background=False) as broker:
     p = broker.topic("t").partition(0)
     for seq in range(0, 20, 2):
-        p.append_batch(encode_batch([(b"k", b"x", None, 1000)] * 2, producer_id=5,
+        p.append_batch(encode_batch([(b"k", b"x", None, None)] * 2, producer_id=5,
                                     producer_epoch=0, base_sequence=seq, transactional=True))
     print("ready", flush=True)
     sys.stdin.readline()          # killed here, its transaction open
@@ -205,7 +205,7 @@ def test_a_producer_sigkilled_mid_transaction_leaves_it_open_after_a_reopen(tmp_
         assert p.last_stable_offset == 1
         assert values(p, "read_committed") == [b"before"]
         with pytest.raises(logkit.LogkitError):
-            p.append_batch(encode_batch([(b"k", b"x", None, 1000)], producer_id=5,
+            p.append_batch(encode_batch([(b"k", b"x", None, None)], producer_id=5,
                                         producer_epoch=0, base_sequence=40,
                                         transactional=True))
         marker = p.append_control(5, 1, commit=False)        # the coordinator's abort
@@ -353,7 +353,7 @@ with logkit.Broker(root, background=False) as broker:
             p.append_control(pid, epoch, commit=rng.random() < 0.5)
         else:
             n = rng.randint(1, 3)
-            p.append_batch(encode_batch([(b"k", b"%d" % pid, None, 1000)] * n,
+            p.append_batch(encode_batch([(b"k", b"%d" % pid, None, None)] * n,
                                         producer_id=pid, producer_epoch=epoch,
                                         base_sequence=seq, transactional=True))
             states[pid][1] = seq + n
