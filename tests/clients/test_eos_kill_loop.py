@@ -24,7 +24,7 @@ def test_a_confluent_kafka_copier_killed_at_random_points_copies_its_input_once(
                         chunk_records=300)
         outcome = loop.run(kills=15)
     assert not outcome.failures, outcome.failures
-    assert outcome.kills == 15 and outcome.checks == 15
+    assert outcome.kills == 15 and outcome.checks >= 15
     assert outcome.kills_mid_stream >= 5, outcome        # the kills hit the copying
     assert outcome.transactions >= 2 * outcome.kills, outcome
 
@@ -35,7 +35,7 @@ def test_an_embedded_copier_killed_at_random_points_keeps_the_invariant_at_every
         loop = KillLoop(broker, "embedded", str(tmp_path), seed=332, chunk_records=300)
         outcome = loop.run(kills=12)
     assert not outcome.failures, outcome.failures
-    assert outcome.kills == 12 and outcome.checks == 12
+    assert outcome.kills == 12 and outcome.checks >= 12
     assert outcome.kills_mid_stream >= 5, outcome
 
 
