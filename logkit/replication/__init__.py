@@ -11,8 +11,8 @@ The public names are re-exported by `logkit/__init__.py`.
 
 from .directory import DirectorySource
 from .follower import Follower
-from .source import PartitionInfo, ReplicaSource, TopicInfo
+from .source import PartitionInfo, ReplicaSource, SegmentInfo, TopicInfo
 from .tcp import ReplicationAuthError, TcpSource
 
 __all__ = ["Follower", "ReplicaSource", "DirectorySource", "TopicInfo", "PartitionInfo",
-           "TcpSource", "ReplicationAuthError"]
+           "SegmentInfo", "TcpSource", "ReplicationAuthError"]
