@@ -27,7 +27,9 @@ same records in the same kind of batches. Then:
                alone, while a pass runs on a thread of the same process (as the
                Broker's LogCleaner does), alone, while a pass runs in another process
                (`logkit topics compact`), alone: the rate while cleaning ÷ the mean of
-               the two alone runs beside it
+               the two alone runs beside it. A control last: the producer beside a
+               process that only burns CPU for as long as the other process's pass
+               took (what the CPU share alone costs on this machine)
   size         the sealed segments' bytes after the pass ÷ the ideal: the surviving
                records written afresh by the embedded producer (batch_size 16384) into
                an empty topic; Kafka's cleaned segments against the same ideal
@@ -255,6 +257,9 @@ def _send_keyed(producer: Any, keys: list[bytes], value: bytes, count: int) -> N
         send(TOPIC, value, keys[i % n], partition=0)
 
 
+_BURN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+
+
 def _child_produce(root: str, keys: int, records: int) -> dict[str, Any]:
     """Keyed sends alone, while a pass runs on a thread, alone, while a pass runs in
     another process (`logkit topics compact`), alone: each "while" is compared with the
@@ -304,9 +309,14 @@ def _child_produce(root: str, keys: int, records: int) -> dict[str, Any]:
             raise RuntimeError(f"logkit topics compact failed: {err[-2000:]!r}")
         in_process["report"] = json.loads(out)[0]
         alone_rates.append(alone())
+        # the control: another process as long as the pass took, burning CPU without
+        # touching logkit's files; what the producer loses to it is the CPU share alone
+        burner = subprocess.Popen([sys.executable, "-c", _BURN.format(
+            seconds=in_process["seconds"])])
+        beside_burner = during(lambda: burner.poll() is None)
         producer.close()
         return {"alone_records_per_s": alone_rates, "thread": in_thread,
-                "process": in_process}
+                "process": in_process, "burner": beside_burner}
 
 
 def _child_ideal(root: str, out: str, batch_size: int) -> dict[str, Any]:
