@@ -6,7 +6,9 @@ column checks, and the commit and abort of the staged files).
 Owns: turning the read options into what the JVM reads — per Spark input partition a
 topic partition's offsets [start, end) and the byte ranges of the segment files that
 hold them (`Partition.batch_file_ranges`: whole batches below each segment's published
-end). Invariant: the options, offsets and range cuts are the Python source's own
+end), each with its file's inode, and whether the topic is compacted (its cleaner may
+swap a cleaned file in for a planned one while the query runs: the JVM reader sees
+another inode and reads the cleaned file instead). Invariant: the options, offsets and range cuts are the Python source's own
 (`SourceOptions`, `LogkitBatchReader`), so both readers read the same records; a refused
 option answers {"ok": false, "error": "LogkitSparkError: logkit: ..."} and the JVM fails
 the query on the driver with that message.
@@ -32,6 +34,7 @@ __all__ = ["plan", "plan_write", "answer", "main"]
 log = logging.getLogger(__name__)
 
 ALL_BYTES = 1 << 62                  # batch_file_ranges' byte budget: no limit
+PLAN_ATTEMPTS = 5                    # a plan whose files changed under it is made again
 
 
 def plan(options: dict[str, str]) -> dict[str, Any]:
@@ -45,14 +48,37 @@ def plan(options: dict[str, str]) -> dict[str, Any]:
         offset = _past_lost(partition, part, part.start)
         while True:
             try:
-                ranges = (partition.batch_file_ranges(offset, part.end, max_bytes=ALL_BYTES)
-                          if offset < part.end else [])
+                ranges = _file_ranges(partition, offset, part.end)
                 break
             except logkit.OffsetOutOfRangeError:       # retention moved the log start
                 offset = _past_lost(partition, part, offset, raced=True)
         out.append({"topic": part.topic, "partition": part.partition, "start": offset,
-                    "end": part.end, "segments": [list(r) for r in ranges]})
+                    "end": part.end, "segments": ranges,
+                    "compacted": "compact" in partition.config["cleanup.policy"]})
     return {"ok": True, "failOnDataLoss": source.fail_on_data_loss, "partitions": out}
+
+
+def _file_ranges(partition: logkit.Partition, start: int, end: int) -> list[list[Any]]:
+    """[path, position, length, inode] of the batches holding [start, end): the inodes
+    are taken between two identical plans, so each names the file the ranges are of
+    (a cleaning pass that swapped a file between them makes the plan again)."""
+    if start >= end:
+        return []
+    ranges = partition.batch_file_ranges(start, end, max_bytes=ALL_BYTES)
+    for _ in range(PLAN_ATTEMPTS):
+        inodes = [_inode(path) for path, _, _ in ranges]
+        again = partition.batch_file_ranges(start, end, max_bytes=ALL_BYTES)
+        if again == ranges and -1 not in inodes:
+            return [[*r, inode] for r, inode in zip(ranges, inodes)]
+        ranges = again
+    return [[*r, -1] for r in ranges]        # unchecked: the reader reads them as planned
+
+
+def _inode(path: str) -> int:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return -1
 
 
 def plan_write(options: dict[str, str], schema_json: str) -> dict[str, Any]:

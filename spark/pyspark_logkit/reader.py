@@ -5,7 +5,10 @@ Arrow record batches on a Spark worker, resolving starting/ending offsets, the s
 offsets `{"topic": {"0": n}}`, read limits (`maxOffsetsPerTrigger`), Trigger.AvailableNow,
 and data-loss handling (`failOnDataLoss`). Invariant: an input partition covers one topic
 partition's [start, end) offsets and yields exactly the records in that range that still
-exist; a range partly removed by retention raises (failOnDataLoss=true) or is skipped.
+exist; a range partly removed by retention (below the log start) raises
+(failOnDataLoss=true) or is skipped. Offsets a compacted topic's cleaner removed inside
+the log are not data loss (Spark's Kafka source learned the same): the reads step over
+them (`Partition.fetch_records`' next offset) and return the survivors.
 """
 
 from __future__ import annotations
@@ -103,14 +106,18 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
         return
     while offset < part.end:
         try:
-            records = partition.read(offset, min(CHUNK_RECORDS, part.end - offset),
-                                     stop_offset=part.end)
+            fetched = partition.fetch_records(offset, min(CHUNK_RECORDS, part.end - offset),
+                                              stop_offset=part.end)
         except logkit.OffsetOutOfRangeError:
             offset = _past_lost(partition, part, offset, raced=True)
             continue
+        records = fetched.records
         if not records:
-            break
-        offset = records[-1].offset + 1
+            if fetched.next_offset <= offset:    # the end: nothing more below part.end
+                break
+            offset = fetched.next_offset         # past batches compaction emptied
+            continue
+        offset = fetched.next_offset
         count = len(records)
         # One C-level transpose of the Record tuples, then one Arrow array per column.
         _, _, offsets, timestamps, keys, values, headers = zip(*records)
@@ -185,14 +192,18 @@ def _read_columns(partition: logkit.Partition, part: OffsetRange, offset: int,
     (`logkit.Columns`, whose buffers are Arrow's layout as they stand)."""
     while offset < part.end:
         try:
-            columns, offset = partition.read_columns(offset, CHUNK_RECORDS,
-                                                     stop_offset=part.end)
+            columns, after = partition.read_columns(offset, CHUNK_RECORDS,
+                                                    stop_offset=part.end)
         except logkit.OffsetOutOfRangeError:
             offset = _past_lost(partition, part, offset, raced=True)
             continue
         count = columns.count
         if not count:
-            break
+            if after <= offset:                  # the end: nothing more below part.end
+                break
+            offset = after                       # past batches compaction emptied
+            continue
+        offset = after
         nulls = pa.Array.from_buffers(pa.uint8(), count, [None, pa.py_buffer(columns.nulls)])
         yield pa.RecordBatch.from_arrays([
             _binary(count, nulls, 1, columns.key_ends, columns.keys),

@@ -2,10 +2,12 @@
  * Reads one planned offset range on an executor: Kafka record batches (magic 2) from
  * the planned byte ranges of the segment files, decoded into Spark column vectors.
  *
- * Owns: the batch walk (header, CRC-32C check, base offsets in sequence within a
- * segment), the codecs (Codecs), the record decoding (zig-zag varints) and the
- * columns Spark asked for. Invariant: it returns exactly the records of the range with
- * offsets in [start, end), each once; a batch that does not check out raises
+ * Owns: the batch walk (header, CRC-32C check, base offsets rising within a segment:
+ * contiguous, or with the gaps a compacted log's cleaner leaves), the codecs (Codecs),
+ * the record decoding (zig-zag varints), the columns Spark asked for, and a compacted
+ * topic's planned file that its cleaner replaced while the query ran
+ * (`openReplacement`). Invariant: it returns the records of the range with offsets in
+ * [start, end) that its files hold, each once, in rising offset order; a batch that does not check out raises
  * LogkitCorruptRecordException naming the file and byte position, and its records are
  * never returned; control batches are skipped, as logkit's own reads skip them.
  */
@@ -15,6 +17,8 @@ import java.io.File;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.zip.CRC32C;
@@ -72,8 +76,17 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
     private long batchPos;
     private boolean finished;
 
+    // the next offset a record may have: rises past every record returned, so a cleaned
+    // file read whole after a swap never repeats one (starts at range.start)
+    private long nextOffset;
+    // reading a cleaned file in place of a planned one (openReplacement), and the offset
+    // its batches reached: the planned segments below it are skipped (-1: none)
+    private boolean replacing;
+    private long replacedUpTo = -1;
+
     ColumnarReader(OffsetRange range, StructType required) {
         this.range = range;
+        this.nextOffset = range.start;
         StructField[] fields = required.fields();
         columns = new ColumnVector[fields.length];
         OnHeapColumnVector k = null;
@@ -173,7 +186,7 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
             p = varPos;
             recordsLeft--;
             dataPos = recordEnd;
-            if (offset < range.start) {
+            if (offset < nextOffset) {
                 continue;
             }
             if (offset >= range.end) {
@@ -216,6 +229,7 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
                 long ms = appendTime >= 0 ? appendTime : baseTimestamp + timestampDelta;
                 timestamps.putLong(rows, ms * 1000L);
             }
+            nextOffset = offset + 1;
             rows++;
         }
         return rows;
@@ -274,9 +288,11 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
                 throw corrupt("record batch CRC mismatch (expected " + expectedCrc + ", got "
                               + crc.getValue() + ")", pos);
             }
-            if (expectedBase >= 0 && base != expectedBase) {
+            // a compacted log's batches may leave gaps (the cleaner drops whole
+            // batches), never overlap or go back
+            if (expectedBase >= 0 && base < expectedBase) {
                 throw corrupt("record batch base offset out of sequence (expected "
-                              + expectedBase + ", got " + base + ")", pos);
+                              + expectedBase + " or more, got " + base + ")", pos);
             }
             int attributes = getShort(w, at + 21);
             long lastOffset = base + getInt(w, at + 23);
@@ -285,7 +301,10 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
             if (base >= range.end) {
                 return false;
             }
-            if ((attributes & ATTR_CONTROL) != 0 || lastOffset < range.start) {
+            if (replacing) {
+                replacedUpTo = Math.max(replacedUpTo, lastOffset + 1);
+            }
+            if ((attributes & ATTR_CONTROL) != 0 || lastOffset < nextOffset) {
                 continue;
             }
             baseOffset = base;
@@ -340,7 +359,32 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
         stopPos = pos + range.lengths[segment];
         expectedBase = -1;
         windowLength = 0;
+        replacing = false;
         File file = new File(path);
+        long planned = range.inodes == null ? -1 : range.inodes[segment];
+        if (range.compacted && planned >= 0) {
+            if (baseOf(file) < replacedUpTo) {
+                pos = stopPos;                   // its records were in the replacement
+                return true;
+            }
+            // the planned file where it was, or swapped out and not yet removed; its
+            // inode is checked again once open, so a swap meanwhile is not missed
+            for (File candidate : new File[] {file, new File(path + ".deleted")}) {
+                if (inode(candidate) != planned) {
+                    continue;
+                }
+                FileChannel opened = openOrNull(candidate);
+                if (opened != null && inode(candidate) == planned
+                        && opened.size() >= stopPos) {
+                    channel = opened;
+                    return true;
+                }
+                if (opened != null) {
+                    opened.close();
+                }
+            }
+            return openReplacement(file);
+        }
         if (!file.exists()) {
             // retention renames a segment *.deleted before it unlinks it
             File renamed = new File(path + ".deleted");
@@ -369,6 +413,81 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
                 + " the query ran; run it again");
         }
         return true;
+    }
+
+    private static FileChannel openOrNull(File file) throws IOException {
+        try {
+            return FileChannel.open(file.toPath(), StandardOpenOption.READ);
+        } catch (NoSuchFileException e) {
+            return null;
+        }
+    }
+
+    /**
+     * The planned file of a compacted partition is gone or another file: the cleaner
+     * swapped in a cleaned file for a group of segments (Kafka's .cleaned/.swap). The
+     * live segment holding the planned one's base offset (the greatest base at or below
+     * it) is that cleaned file: it is read whole, its records below nextOffset skipped,
+     * and the planned segments it covers are skipped after it. No such segment: the log
+     * start passed the planned one (retention, DeleteRecords), which is data loss.
+     */
+    private boolean openReplacement(File planned) throws IOException {
+        long base = baseOf(planned);
+        File chosen = null;
+        long chosenBase = -1;
+        File[] files = planned.getParentFile().listFiles();
+        for (File f : files == null ? new File[0] : files) {
+            long b = baseOf(f);
+            if (b >= 0 && f.getName().endsWith(".log") && b <= base && b > chosenBase) {
+                chosen = f;
+                chosenBase = b;
+            }
+        }
+        if (chosen == null) {
+            if (range.failOnDataLoss) {
+                throw new LogkitReadException("logkit: records of " + range.name() + " in "
+                    + path + " were removed by retention before they were read. Set"
+                    + " failOnDataLoss=false to skip them.");
+            }
+            LOG.warn("records of {} in {} were removed by retention before they were"
+                     + " read; skipped (failOnDataLoss=false)", range.name(), path);
+            pos = stopPos;
+            return true;
+        }
+        LOG.info("{}: {} was compacted while the query ran; reading {} instead",
+                 range.name(), path, chosen);
+        path = chosen.getPath();
+        channel = openOrNull(chosen);
+        if (channel == null) {
+            throw new LogkitReadException("logkit: " + path + " of " + range.name()
+                + " was replaced twice while it was read; run the query again");
+        }
+        pos = 0;
+        stopPos = channel.size();
+        replacing = true;
+        return true;
+    }
+
+    /** A segment file's base offset from its name (20 digits), -1 for any other file. */
+    private static long baseOf(File file) {
+        String name = file.getName();
+        if (name.length() < 24 || !name.startsWith(".log", 20)) {
+            return -1;
+        }
+        try {
+            return Long.parseLong(name.substring(0, 20));
+        } catch (NumberFormatException e) {
+            return -1;
+        }
+    }
+
+    /** The file's inode number, -1 when it does not exist. */
+    private static long inode(File file) throws IOException {
+        try {
+            return ((Number) Files.getAttribute(file.toPath(), "unix:ino")).longValue();
+        } catch (NoSuchFileException e) {
+            return -1;
+        }
     }
 
     private void closeChannel() throws IOException {

@@ -120,14 +120,17 @@ final class LogkitScan implements Scan {
                 String[] paths = new String[n];
                 long[] positions = new long[n];
                 long[] lengths = new long[n];
+                long[] inodes = new long[n];
                 for (int i = 0; i < n; i++) {
                     paths[i] = segments.get(i).get(0).asText();
                     positions[i] = segments.get(i).get(1).asLong();
                     lengths[i] = segments.get(i).get(2).asLong();
+                    inodes[i] = segments.get(i).path(3).asLong(-1);
                 }
                 out.add(new OffsetRange(p.get("topic").asText(), p.get("partition").asInt(),
                                         p.get("start").asLong(), p.get("end").asLong(),
-                                        failOnDataLoss, paths, positions, lengths));
+                                        failOnDataLoss, paths, positions, lengths, inodes,
+                                        p.path("compacted").asBoolean(false)));
             }
             partitions = out.toArray(new InputPartition[0]);
         }

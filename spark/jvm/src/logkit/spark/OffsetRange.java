@@ -2,9 +2,11 @@
  * One Spark input partition of the JVM reader: a topic partition's offsets
  * [start, end) and the byte ranges of the segment files that hold them, as the Python
  * planner resolved them (logkit's Partition.batch_file_ranges: whole batches below the
- * published end of each segment).
+ * published end of each segment), with each file's inode when planned and whether the
+ * topic is compacted (its cleaner may replace a planned file while the query runs).
  *
- * Invariant: the reader reads no byte outside these ranges.
+ * Invariant: the reader reads no byte outside these ranges, except the whole of the
+ * cleaned file that replaced a planned one (ColumnarReader.openReplacement).
  */
 package logkit.spark;
 
@@ -21,9 +23,12 @@ final class OffsetRange implements InputPartition {
     final String[] paths;
     final long[] positions;
     final long[] lengths;
+    final long[] inodes;                 // -1: not planned (then not checked)
+    final boolean compacted;
 
     OffsetRange(String topic, int partition, long start, long end, boolean failOnDataLoss,
-                String[] paths, long[] positions, long[] lengths) {
+                String[] paths, long[] positions, long[] lengths, long[] inodes,
+                boolean compacted) {
         this.topic = topic;
         this.partition = partition;
         this.start = start;
@@ -32,6 +37,8 @@ final class OffsetRange implements InputPartition {
         this.paths = paths;
         this.positions = positions;
         this.lengths = lengths;
+        this.inodes = inodes;
+        this.compacted = compacted;
     }
 
     String name() {
