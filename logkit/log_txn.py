@@ -351,24 +351,32 @@ class _LogTransactions:
         """At a roll (under the lock): Kafka's producer snapshot at the new segment's
         base, and the `.txnindex` files of segments retention has removed go."""
         self._snapshot_producer_state(tail, sync=True)
-        first = self._bases[0] if self._bases else tail.log_start_offset
-        try:
-            for name in os.listdir(self.directory):
-                if name.endswith(TXN_INDEX_SUFFIX) and name[:20].isdigit() \
-                        and int(name[:20]) < first:
-                    os.unlink(os.path.join(self.directory, name))
-        except OSError as exc:            # derived data, below the log start: harmless
-            log.warning("%s: could not remove an old .txnindex: %s", self.name, exc)
+        if self._txn_index_bases():
+            first = self._bases[0] if self._bases else tail.log_start_offset
+            try:
+                for base in self._txn_index_bases():
+                    if base < first:
+                        os.unlink(txn_index_path(self.directory, base))
+            except OSError as exc:        # derived data, below the log start: harmless
+                log.warning("%s: could not remove an old .txnindex: %s", self.name, exc)
+
+    def _txn_index_bases(self) -> list[int]:
+        return [int(name[:20]) for name in os.listdir(self.directory)
+                if name.endswith(TXN_INDEX_SUFFIX) and name[:20].isdigit()]
 
     def _snapshot_producer_state(self, tail: Tail, *, sync: bool) -> None:
         """Write this process's producer state as a snapshot at the log end (at a roll
-        and a clean close, under the lock), when this process has it loaded."""
-        if self._producers is None:
+        and a clean close, under the lock), when this process has it loaded and it
+        names a producer, or an older snapshot would otherwise stand for it: a topic no
+        idempotent producer ever wrote keeps Kafka's three files per segment."""
+        state = self._producers
+        if state is None:
             return
         try:
-            self._producers.expire(_now_ms())
-            write_snapshot(self.directory, self._producer_state(tail, repair=True),
-                           sync=sync)
+            state.expire(_now_ms())
+            if state.producers or snapshot_offsets(self.directory):
+                write_snapshot(self.directory, self._producer_state(tail, repair=True),
+                               sync=sync)
         except OSError as exc:           # derived data: the log rebuilds it
             log.warning("%s: could not write a producer snapshot: %s", self.name, exc)
 
@@ -377,12 +385,15 @@ class _LogTransactions:
         `.txnindex` entries past the log end, and rebuild the producer state from a
         snapshot at or below the segment recovery scanned first (as Kafka's recovery
         rebuilds the `.txnindex` of the segments it scans), re-adding the index entries
-        missing for the ABORT markers it replays."""
+        missing for the ABORT markers it replays — when a snapshot or a `.txnindex`
+        says producers wrote here (a producer's writes leave a snapshot at the next roll
+        or clean close, an abort its index entry before its marker)."""
         end = tail.log_end_offset
-        delete_snapshots(self.directory, [o for o in snapshot_offsets(self.directory)
-                                          if o > end])
+        snapshots = snapshot_offsets(self.directory)
+        delete_snapshots(self.directory, [o for o in snapshots if o > end])
+        indexed = self._txn_index_bases()
         self._txn_indexes.forget()
-        for base in self._bases:
+        for base in indexed:
             entries = self._txn_indexes.entries(base)
             keep = sum(1 for e in entries if e.last_offset < end)
             if keep < len(entries):
@@ -390,6 +401,8 @@ class _LogTransactions:
         self._txn_indexes.forget()
         self._txn_markers_seen.clear()
         self._producers = None
+        if not snapshots and not indexed:
+            return      # no producer ever wrote here (or none left a trace): load lazily
         bases = self._bases
         scanned = bases[max(0, bisect.bisect_right(bases, tail.recovery_point) - 1)] \
             if bases else 0
