@@ -23,7 +23,8 @@ import struct
 import time
 from typing import Any, Callable, Iterable
 
-from ..errors import (ConcurrentTransactionsError, InvalidProducerEpochError,
+from ..errors import (CommitFailedError, ConcurrentTransactionsError,
+                      InvalidProducerEpochError,
                       InvalidProducerIdMappingError, InvalidTransactionTimeoutError,
                       InvalidTxnStateError, LogkitError, NotLeaderError,
                       OutOfOrderSequenceError,
@@ -78,6 +79,8 @@ class TxnHandlers:
     def code(self, exc: BaseException, api_key: int, version: int) -> int:
         if isinstance(exc, NotLeaderError):
             return E.NOT_COORDINATOR      # the client asks FindCoordinator again
+        if isinstance(exc, CommitFailedError):
+            return E.ILLEGAL_GENERATION   # KIP-447's check of an embedded group's member
         code = txn_code(exc, api_key, version)
         return self._code_for(exc) if code is None else code
 

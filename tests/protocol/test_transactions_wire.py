@@ -422,3 +422,22 @@ def test_txn_offset_commit_refuses_metadata_above_the_limit_per_partition(raw, b
     assert _end(raw, txn_id, pid, epoch, True) == E.NONE
     committed = broker.group("g").committed()
     assert committed == {logkit.TopicPartition("t", 1): 2}
+
+
+def test_txn_offset_commit_from_a_stranger_to_an_embedded_group_is_refused(raw, broker):
+    """A group of embedded consumers is checked by the coordinator (KIP-447): a member
+    id it does not hold is refused, ILLEGAL_GENERATION, and nothing is pending."""
+    consumer = broker.consumer("t", group_id="embedded")
+    try:
+        consumer.poll(timeout_ms=100)
+        assert broker.group("embedded").members()
+        txn_id, pid, epoch = _producer(raw)
+        assert raw.call(25, 3, {"transactional_id": txn_id, "producer_id": pid,
+                                "producer_epoch": epoch,
+                                "group_id": "embedded"})["error_code"] == 0
+        assert _txn_offset_commit(raw, txn_id, pid, epoch, "embedded", 1,
+                                  member_id="stranger", generation_id=1) == \
+            E.ILLEGAL_GENERATION
+        assert not broker.transaction_coordinator.pending_offset_partitions("embedded")
+    finally:
+        consumer.close()
