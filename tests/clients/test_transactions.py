@@ -361,7 +361,7 @@ def test_an_end_killed_between_its_phases_is_completed_at_the_next_open(tmp_path
 
 # ---- the headline: consume-transform-produce, SIGKILLed at random, exactly once ---------
 
-INPUT_RECORDS = 1500
+INPUT_RECORDS = 3000
 COPIER = textwrap.dedent("""
     import sys, logkit
     TP = logkit.TopicPartition
@@ -405,11 +405,14 @@ def test_a_copier_killed_at_random_points_copies_its_input_exactly_once(tmp_path
         first = ""
         if kills < 20:
             if rng.random() < 0.25:           # anywhere: opening, init, the first txn
-                time.sleep(rng.uniform(0.05, 0.6))
-            else:                             # mid-stream: after its first commit
-                first = child.stdout.readline()
-                if first.strip() == "committed":
-                    time.sleep(rng.uniform(0.0, 0.2))
+                time.sleep(rng.uniform(0.05, 0.4))
+            else:              # mid-stream: after a few commits, inside a transaction
+                for _ in range(rng.randint(1, 4)):
+                    line = child.stdout.readline()
+                    first += line
+                    if line.strip() != "committed":
+                        break
+                time.sleep(rng.uniform(0.0, 0.005))
             if child.poll() is None:
                 child.send_signal(signal.SIGKILL)
                 kills += 1
