@@ -893,11 +893,14 @@ def cmd_consume(args: argparse.Namespace) -> int:
         else:
             consumer.subscribe([args.topic])
         ends: dict[TopicPartition, int] = {}
+        committed: dict[TopicPartition, int] = {}
+        cut = False                     # --max-messages left polled records unprinted
         idle_since = time.monotonic()
         out = sys.stdout
         while not stop.requested:
             records = consumer.poll(timeout_ms=POLL_MS)
             if args.max_messages is not None:
+                cut = cut or len(records) > args.max_messages - printed
                 records = records[:args.max_messages - printed]
             for record in records:
                 out.write(format_record(record, args) + "\n")
@@ -906,6 +909,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 printed += len(records)
                 idle_since = time.monotonic()
                 if args.group is not None:
+                    committed.update(_next_offsets(records))
                     consumer.commit(_next_offsets(records))
             if args.max_messages is not None and printed >= args.max_messages:
                 break
@@ -918,10 +922,26 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 break
             if (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
                 break
+        if args.group is not None and not cut:
+            _commit_past_gaps(consumer, topic, committed)
         consumer.close(autocommit=False)
     if stop.requested:
         note("consume", f"stopped by a signal after {printed} record(s)")
     return 0
+
+
+def _commit_past_gaps(consumer: Any, topic: Any, committed: dict[TopicPartition, int]
+                      ) -> None:
+    """Commit the positions that moved past offsets with no record (a compacted topic's
+    removed records) after the last record printed, so the group's lag is what is left
+    to read; a partition the consumer never moved in keeps no commit."""
+    moved = {}
+    for tp in consumer.assignment():
+        position = consumer.position(tp)
+        if position > committed.get(tp, topic.partition(tp.partition).log_start_offset):
+            moved[tp] = position
+    if moved:
+        consumer.commit(moved)
 
 
 def _next_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:

@@ -138,3 +138,20 @@ def test_the_testing_kit_reads_compares_and_waits_across_gaps(root):
                 consumer.poll(timeout_ms=100)
             consumer.commit()
             testing.wait_for_no_lag(broker, "g", timeout=5)
+
+
+def test_consume_with_a_group_commits_past_the_removed_tail(root, capsys):
+    """consume --group over a compacted topic whose last offsets were all removed
+    commits its position past them: the group's lag is zero, as after a Kafka console
+    consumer."""
+    with logkit.Broker(root, config=NO_CLEANER) as broker:
+        expected = fill_and_compact(broker, "table", records=40, keys=4,
+                                    tombstones=[b"k3"])[0]
+        end = broker.topic("table").partition(0).high_watermark
+    assert expected[-1][0] < end - 1                  # the last offsets hold no record
+    code, out, _ = run(capsys, "consume", root, "table", "--group", "g",
+                       "--from-beginning", "--timeout-ms", "30000")
+    assert code == 0 and len(out.splitlines()) == len(expected)
+    with logkit.Broker(root, config=NO_CLEANER) as broker:
+        assert broker.group("g").committed() == {logkit.TopicPartition("table", 0): end}
+        assert set(broker.group("g").lag().values()) == {0}
