@@ -7,9 +7,11 @@ one `p.compact()`. In two rounds (the second on top of the cleaned first: keys o
 clean part written again, a segment that empties whole), below the active segment both
 keep the same surviving (offset, key, value, headers, timestamp) records, each key's
 latest, and tombstones are stamped by the first pass that sees them and removed by
-the next (`delete.retention.ms` 0, KIP-534's delete horizon). Then Kafka's own DumpLogSegments reads logkit's cleaned segments: every batch
-valid and walked to the file's end, each segment ending where the next begins, the
-records it prints the ones logkit reads, every index sound.
+the next (`delete.retention.ms` 0, KIP-534's delete horizon). Then Kafka's own
+DumpLogSegments reads logkit's cleaned segments: every batch valid and walked to the
+file's end, each segment ending where the next begins, each tombstone's batch carrying
+the delete horizon the pass stamped, the records it prints the ones logkit reads,
+every index sound.
 
 How the segments match: Kafka rolls on `segment.ms` measured in the records' own
 timestamps (the first batch's against the new one's), so each segment's records are
@@ -284,21 +286,31 @@ def test_kafkas_dump_tool_reads_logkits_cleaned_segments_as_logkit_does(cleaned)
     files = [cleaned.directory / f"{base:020d}.log" for base in sealed]
     reports, _ = _dump(files, "--deep-iteration", "--print-data-log")
     printed = []
+    stamped_tombstones = 0
     for f, next_base in zip(files, cleaned.bases[1:], strict=True):
         lines = reports[f]
         assert not [line for line in lines if "exception" in line.lower()
                     or "error" in line.lower()], f
         position, last_offset = 0, int(f.stem) - 1
-        for batch in (dict(FIELD.findall(line)) for line in lines
-                      if line.startswith("baseOffset: ")):
-            assert batch["isvalid"] == "true" and batch["magic"] == "2"
-            assert int(batch["position"]) == position
-            assert int(batch["baseOffset"]) > last_offset
-            position += int(batch["size"])
-            last_offset = int(batch["lastOffset"])
+        batch: dict[str, str] = {}
+        for line in lines:
+            if line.startswith("baseOffset: "):
+                batch = dict(FIELD.findall(line))
+                assert batch["isvalid"] == "true" and batch["magic"] == "2"
+                assert int(batch["position"]) == position
+                assert int(batch["baseOffset"]) > last_offset
+                position += int(batch["size"])
+                last_offset = int(batch["lastOffset"])
+            elif (m := RECORD.match(line)) is not None:
+                printed.append(m.groupdict())
+                if m["value_size"] == "-1":
+                    # a tombstone's batch carries the horizon the pass stamped (KIP-534)
+                    assert re.fullmatch(r"OptionalLong\[\d+\]", batch["deleteHorizonMs"]), \
+                        batch
+                    stamped_tombstones += 1
         assert position == f.stat().st_size            # Kafka walked every byte
         assert last_offset + 1 == next_base             # the segment ends where the next begins
-        printed += [m.groupdict() for line in lines if (m := RECORD.match(line))]
+    assert stamped_tombstones > 0
     mine = [r for r in cleaned.logkit_records if r.offset < ENDS[1]]
     assert [(int(p["offset"]), int(p["ts"]), p["key"], p["payload"]) for p in printed] == \
         [(r.offset, r.timestamp, r.key.decode(),
