@@ -99,8 +99,8 @@ def matching_bases(directory: str, tail: Tail) -> list[int] | None:
         stem = name[:20]
         if not stem.isdigit():
             continue
-        if name.endswith(".log" + SWAP_SUFFIX):
-            return None               # a cleaning pass's decided swap: finish it
+        if name.endswith((SWAP_SUFFIX, CLEANED_SUFFIX)):
+            return None               # a cleaning pass's files: recovery decides them
         if name.endswith(".log"):
             if len(name) == 24:
                 kinds[stem] = kinds.get(stem, 0) | _LOG
@@ -192,10 +192,9 @@ def finish_swaps(directory: str, name: str) -> int:
         finished += 1
         log.warning("%s: finished a cleaning pass's swap of segment %d (it covers offsets "
                     "up to %d)", name, base, last)
-    decided = {n[:20] for n in os.listdir(directory) if n.endswith(".log")}
+    # Every decided swap was finished above: what is left of a pass is undecided.
     for leftover in os.listdir(directory):
-        if leftover.endswith(CLEANED_SUFFIX) or (leftover.endswith(SWAP_SUFFIX)
-                                                 and leftover[:20] not in decided):
+        if leftover.endswith((CLEANED_SUFFIX, SWAP_SUFFIX)) and leftover[:20].isdigit():
             try:
                 os.unlink(os.path.join(directory, leftover))
             except FileNotFoundError:

@@ -77,6 +77,14 @@ def retire_txn_index(directory: str, base: int) -> None:
         pass
 
 
+def _unlink_all(paths: Any) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def _records_count(batch: Any) -> int:
     return int.from_bytes(bytes(batch[57:61]), "big", signed=True)
 
@@ -408,12 +416,13 @@ class _LogClean:
             target = os.path.join(self.directory, name + CLEANED_SUFFIX)
             os.replace(os.path.join(staging, name), target)
             cleaned[suffix] = target
-        if not self._swap(group, identities, cleaned):
-            for path in cleaned.values():
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+        try:
+            swapped = self._swap(group, identities, cleaned)
+        except BaseException:
+            _unlink_all(cleaned.values())     # those not renamed .swap (undecided)
+            raise
+        if not swapped:
+            _unlink_all(cleaned.values())
             return None
         return before, after, bytes_before, position
 
@@ -478,14 +487,16 @@ class _LogClean:
                     return False
             if end not in bases:
                 return False                  # the segment after the group moved
+            # Torn from here until the new list is published: another process's
+            # readers wait, and the next lock holder — any process, this one too
+            # after an error below — recovers first, which finishes a decided swap
+            # (a `.log.swap` exists) or removes an undecided one.
+            self._tail_file.publish_torn(tail)
             for suffix in _SUFFIXES:          # the decision: .swap, made durable
                 if suffix in cleaned:
                     os.replace(cleaned[suffix], cleaned[suffix][:-len(CLEANED_SUFFIX)]
                                + SWAP_SUFFIX)
             _fsync_directory(directory)
-            # Torn from here until the new list is published: another process's
-            # readers wait, its lock holders recover (finishing the swap) first.
-            self._tail_file.publish_torn(tail)
             for seg_base, _ in group:
                 segment = self._segments.pop(seg_base, None)
                 if segment is not None:

@@ -319,7 +319,7 @@ class _LogReads:
             segment_end = None
             for pos, header in segment.headers(segment.find(offset, size), size):
                 if header.base_offset >= end:
-                    break
+                    return end                 # every offset below `end` was read
                 if not header.attributes & ATTR_CONTROL:
                     columns.add_batch(buf, pos, header, min_offset=offset,
                                       stop_offset=end, path=segment.path)

@@ -45,16 +45,6 @@ POWERCUT_CUTS = 45
 POWERCUT_ANYWHERE = 15
 SEED = 32
 
-# Open findings of this file's trials (reported to the storage owner, /tmp/briefs/
-# requests.md); strict, so the fix turns the test red until its mark goes.
-OPEN_CLEANED = ("a pass that fails at its swap's lock leaves its .cleaned files, which "
-                "no open removes (the sweep runs only when cleaner.tmp/ exists)")
-OPEN_INDEX_SWAP = ("recovery keeps an undecided <base>.index.swap: finish_swaps takes a "
-                   "live <base>.log for the decision")
-OPEN_DECISION = ("a failed swap decision leaves a .log.swap that the next open finishes "
-                 "over newer segments: overlapping segments, the partition unreadable")
-
-
 def slice_plan(targets: dict) -> list:
     """PER_SYSCALL targets per system call, the modes cycled over them."""
     plan, turn = [], 0
@@ -258,7 +248,6 @@ def test_the_powercut_model_replays_the_cleaned_log(recorded, tmp_path):
 
 # ---- what the enumeration found ------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=OPEN_CLEANED)
 def test_cleaned_files_of_a_pass_failed_at_its_swap_go_at_the_next_open(tmp_path):
     """A pass whose swap could not take the partition lock (the enumeration's flock
     EIO/ENOSPC/ENOLCK at the swap) raises StorageError and leaves its `.cleaned` files
@@ -289,7 +278,6 @@ def test_cleaned_files_of_a_pass_failed_at_its_swap_go_at_the_next_open(tmp_path
     assert after_open == [] and after_pass == [], (after_open, after_pass)
 
 
-@pytest.mark.xfail(strict=True, reason=OPEN_INDEX_SWAP)
 @needs_strace
 def test_an_undecided_swap_of_the_indexes_is_removed_at_the_next_open(recorded):
     """A pass stopped (a kill, or a power cut keeping every unsynced change) right after
@@ -330,7 +318,6 @@ def decision_fsyncs(workdir: str) -> list[int]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=OPEN_DECISION)
 @needs_strace
 def test_a_pass_whose_swap_decision_fails_leaves_a_readable_partition(counted):
     """EIO (or ENOSPC) from the directory fsync that decides a group's swap makes

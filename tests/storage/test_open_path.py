@@ -25,8 +25,8 @@ def _reference(names: set[str], tail: Tail) -> list[int] | None:
     """The check as it was written before the one-pass version (two passes over the
     listing: live_bases, then leftovers and the index test)."""
     bases = live_bases(names, tail)
-    if any(name.endswith(".log.swap") and name[:20].isdigit() for name in names):
-        return None                   # a cleaning pass's decided swap: recovery ends it
+    if any(name.endswith((".swap", ".cleaned")) and name[:20].isdigit() for name in names):
+        return None                   # a cleaning pass's files: recovery decides them
     if not bases or bases[-1] != tail.active_base_offset or leftovers(names, bases):
         return None
     for base in bases:
