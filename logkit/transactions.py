@@ -51,6 +51,7 @@ transaction that re-reads the record first.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -60,6 +61,7 @@ import zlib
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
+from ._fork import at_fork_in_child
 from .errors import (ConcurrentTransactionsError, ConfigError, InvalidProducerIdMappingError,
                      InvalidTransactionTimeoutError, InvalidTxnStateError,
                      LogkitTimeoutError, ProducerFencedError, TransactionalIdNotFoundError,
@@ -146,13 +148,17 @@ def _tps(pairs: Iterable[Any]) -> list[TopicPartition]:
 class _StripeLock:
     """One lock per stripe of transactional ids, across the threads of this process
     (a thread lock) and across processes (a POSIX record lock on one byte of
-    `path`; a killed holder's lock goes with its process)."""
+    `path`; a killed holder's lock goes with its process). POSIX record locks belong
+    to the process, and closing any descriptor of the file drops them all, so a
+    process has one `_StripeLock` per lock file, shared by every coordinator on that
+    root (`_shared_lock`)."""
 
     def __init__(self, path: str | None) -> None:
         self._path = path
         self._fd: int | None = None
         self._threads = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._pid = os.getpid()
+        self.users = 0
 
     def _file(self) -> int | None:
         if self._path is None:
@@ -193,7 +199,7 @@ class _StripeLock:
             except BlockingIOError:
                 pass
             except OSError as exc:
-                if exc.errno not in (11, 13):            # EAGAIN, EACCES: held
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):   # not "held"
                     raise storage_error(exc, "lock a transaction") from exc
             if time.monotonic() >= deadline:
                 raise LogkitTimeoutError(f"another process held the transaction lock of "
@@ -204,6 +210,42 @@ class _StripeLock:
         if self._fd is not None and self._pid == os.getpid():
             os.close(self._fd)
         self._fd = None
+
+
+_shared_locks: dict[str, _StripeLock] = {}
+_shared_guard = threading.Lock()
+
+
+def _forget_locks_in_child() -> None:
+    """After fork: the parent's locks are not the child's (its record locks are not
+    inherited, its thread locks may be held by a thread the child does not have)."""
+    global _shared_guard
+    _shared_guard = threading.Lock()
+    _shared_locks.clear()
+
+
+at_fork_in_child(_forget_locks_in_child)
+
+
+def _shared_lock(path: str | None) -> _StripeLock:
+    """The process's stripe lock on `path` (a private one without a path)."""
+    if path is None:
+        return _StripeLock(None)
+    key = os.path.realpath(path)
+    with _shared_guard:
+        lock = _shared_locks.get(key)
+        if lock is None:
+            lock = _shared_locks[key] = _StripeLock(path)
+        lock.users += 1
+        return lock
+
+
+def _release_lock(lock: _StripeLock) -> None:
+    with _shared_guard:
+        lock.users -= 1
+        if lock.users <= 0 and lock._path is not None:
+            _shared_locks.pop(os.path.realpath(lock._path), None)
+            lock.close()
 
 
 class TransactionCoordinator:
@@ -220,14 +262,18 @@ class TransactionCoordinator:
         self.meta = meta
         self._write_markers = write_markers
         self._sync = sync
-        self._lock = _StripeLock(lock_path)
+        self._lock = _shared_lock(lock_path)
+        self._closed = False
         self.max_timeout_ms = max_timeout_ms
         self.offset_metadata_max_bytes = offset_metadata_max_bytes
         self._ids_lock = threading.Lock()
         self._ids: list[int] = []                   # reserved, not yet handed out
 
     def close(self) -> None:
-        self._lock.close()
+        """Let go of the lock file (safe twice)."""
+        if not self._closed:
+            self._closed = True
+            _release_lock(self._lock)
 
     # ---- records -----------------------------------------------------------------------
 

@@ -244,3 +244,28 @@ def test_a_commit_killed_between_its_phases_is_completed_at_the_next_open(tmp_pa
         assert c.complete_prepared() == 0
     finally:
         meta.close()
+
+
+def test_brokers_on_one_root_in_one_process_share_the_transaction_lock(tmp_path):
+    """POSIX record locks belong to the process (and closing any descriptor of the
+    file drops them all): two Broker objects on one root must share one lock, and
+    closing one leaves the other's working."""
+    first = logkit.Broker(tmp_path, background=False)
+    second = logkit.Broker(tmp_path, background=False)
+    try:
+        assert first.transaction_coordinator._lock is second.transaction_coordinator._lock
+        first.create_topic("out", 1)
+        producer = first.producer(transactional_id="copier")
+        producer.init_transactions()
+        with producer.transaction():
+            producer.send("out", b"v")
+        producer.close()
+        first.close()
+        c = second.transaction_coordinator
+        pid, epoch = c.init_producer_id("copier", 60000)
+        c.add_partitions("copier", pid, epoch, [TP("out", 0)])
+        c.end_txn("copier", pid, epoch, commit=False)
+        assert c.state("copier") == "CompleteAbort"
+    finally:
+        first.close()
+        second.close()
