@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import logkit
 from logkit import TopicPartition
@@ -109,20 +110,22 @@ def main(argv: list[str]) -> int:
     pace_s = float(argv[7]) / 1000 if len(argv) > 7 else 0.0
     out: dict = {"seen": [], "positions": [], "errors": [], "reads": 0, "timed_out": False}
     deadline = time.monotonic() + DEADLINE_S
-    with logkit.Broker(root, background=False) as broker:
-        p = broker.topic(topic).partition(int(partition))
-        print("ready", flush=True)
-        try:
+    try:
+        with logkit.Broker(root, background=False,
+                           config={"log.cleaner.enable": False}) as broker:
+            p = broker.topic(topic).partition(int(partition))
+            print("ready", flush=True)
             if mode == "fetch":
                 tail_fetch(p, stop_path, out, deadline, chunk, pace_s)
             else:
                 tail_consumer(broker, topic, int(partition), stop_path, out, deadline,
                               chunk, pace_s)
-        except Exception as exc:     # noqa: BLE001 — reported to the test, which fails
-            out["errors"].append(f"{type(exc).__name__}: {exc}")
-    with open(out_path + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.replace(out_path + ".tmp", out_path)
+    except Exception as exc:         # noqa: BLE001 — reported to the test, which fails
+        out["errors"].append(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    finally:
+        with open(out_path + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.replace(out_path + ".tmp", out_path)
     return 0
 
 

@@ -37,7 +37,7 @@ TOPIC = "c"
 DELETE_RETENTION_MS = 1000
 CONFIG = {"cleanup.policy": "compact", "segment.bytes": 1024, "segment.index.bytes": 1024,
           "delete.retention.ms": DELETE_RETENTION_MS, "min.compaction.lag.ms": 0}
-EXAMPLES = int(os.environ.get("LOGKIT_COMPACTION_EXAMPLES", 30))
+EXAMPLES = int(os.environ.get("LOGKIT_COMPACTION_EXAMPLES", 20))
 NO_CLEANER = {"log.cleaner.enable": False}      # the test runs every pass itself
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATS: Counter = Counter()            # what the run covered, printed at the end
@@ -193,18 +193,24 @@ class Reader:
         self.mode = mode
         self.out = os.path.join(workdir, f"reader-{mode}.json")
         self.stop = os.path.join(workdir, "stop")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.compaction_reader", root, TOPIC, "0",
-             mode, self.out, self.stop, str(READER_CHUNK), str(READER_PACE_MS)],
-            cwd=ROOT_DIR, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": ROOT_DIR})
+        self.err = os.path.join(workdir, f"reader-{mode}.stderr")
+        with open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.helpers.compaction_reader", root, TOPIC, "0",
+                 mode, self.out, self.stop, str(READER_CHUNK), str(READER_PACE_MS)],
+                cwd=ROOT_DIR, stdout=subprocess.PIPE, stderr=err, text=True,
+                env={**os.environ, "PYTHONPATH": ROOT_DIR})
 
     def wait_ready(self) -> None:
         line = self.proc.stdout.readline().strip()
         assert line == "ready", f"{self.mode} reader did not start: {line!r}"
 
     def result(self, timeout_s: float) -> dict:
-        self.proc.wait(timeout=timeout_s)
+        code = self.proc.wait(timeout=timeout_s)
+        if not os.path.exists(self.out):
+            with open(self.err) as f:
+                raise AssertionError(f"{self.mode} reader exited {code} without a report:"
+                                     f"\n{f.read()[-3000:]}")
         with open(self.out) as f:
             return json.load(f)
 
