@@ -614,8 +614,13 @@ class Follower(_Election, _MetadataSync, _PartitionCopy):
                  ) -> LogkitTimeoutError:
         behind = {_tp_name(tp): (self._ends.get(tp), end)
                   for tp, (end, _) in targets.items() if self._ends.get(tp, -1) < end}
-        shown = ", ".join(f"{name} at {have} of {want}"
-                          for name, (have, want) in sorted(behind.items())[:5])
+        cleaned = self._state.get("clean_counts", {})
+        uncleaned = sorted(_tp_name(tp) for tp, (_, count) in targets.items()
+                           if count and cleaned.get(_tp_name(tp), 0) < count)
+        shown = ", ".join([f"{name} at {have} of {want}"
+                           for name, (have, want) in sorted(behind.items())[:5]] +
+                          [f"{name} not yet holding the leader's cleaning"
+                           for name in uncleaned[:5]])
         last = f"; last error: {self._last_error}" if self._last_error else ""
         if not targets:
             shown = "the leader's log end offsets could not be read"

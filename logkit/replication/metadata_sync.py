@@ -119,6 +119,9 @@ class _MetadataSync:
             self._ends.pop(tp, None)
             self._caught_up_ms.pop(tp, None)
             self._state["leader_epochs"].pop(_tp_name(tp), None)
+            self._state.get("clean_counts", {}).pop(_tp_name(tp), None)
+            self._clean_pending.pop(tp, None)
+            self._local_digests.pop(tp, None)
 
     def _sync_offsets(self, broker: Broker, partitions: set[TopicPartition]) -> None:
         leader = self.source.committed_offsets()

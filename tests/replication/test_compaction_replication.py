@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 import logkit
+from logkit.leader.epochs import EpochEntry, read_checkpoint
 
 COMPACTED = {"cleanup.policy": "compact", "segment.bytes": 1024,
              "delete.retention.ms": 0}
@@ -296,3 +297,39 @@ def test_a_follower_killed_mid_install_holds_the_old_segment_or_the_new_one(tmp_
         assert (False,) * len(ranges) in outcomes and (True,) * len(ranges) in outcomes
     finally:
         made.close()
+
+
+def test_a_stale_leader_of_a_compacted_topic_rejoins_where_the_epochs_part(tmp_path):
+    """KIP-101/279 over gaps: A leads, B copies and is promoted; A (not told) writes on
+    in epoch 0 and cleans, so the batch at the offset where the epochs part is gone
+    from A; B writes in epoch 1 and cleans. A follows B: its stale tail goes (the
+    truncation is not fooled by the gap) and it ends a byte-identical copy of B."""
+    a_path, b_path = tmp_path / "a", tmp_path / "b"
+    with logkit.Broker(a_path, background=False, config=LEADER) as a:   # keeps no lease
+        pa = a.create_topic("table", 1, config=COMPACTED).partition(0)
+        write(pa, 0, 100)
+        follower = logkit.Follower(b_path, logkit.DirectorySource(a_path), config=FAST)
+        follower.catch_up(timeout=30)
+        follower.promote()
+        common = pa.log_end_offset
+        for low in range(common, common + 40, 4):      # stale: never copied by B
+            pa.append([(b"k%d" % (n % 3), b"stale%d" % n, None, None)
+                       for n in range(low, low + 4)])
+        pa.roll()
+        pa.compact()
+        assert common not in {offset for offset, _, _ in records(pa)}   # a gap there
+        stale_end = pa.log_end_offset
+    with logkit.Broker(b_path, config={"log.cleaner.enable": False}) as b:
+        pb = b.topic("table").partition(0)
+        write(pb, common, common + 60)
+        pb.roll()
+        pb.compact()
+        expected = records(pb)
+    rejoin = logkit.Follower(a_path, logkit.DirectorySource(b_path), config=FAST)
+    rejoin.catch_up(timeout=30)
+    with copy_of(a_path) as pa, logkit.Broker(b_path, read_only=True) as b:
+        pb = b.topic("table").partition(0)
+        assert stale_end > common and records(pa) == expected
+        assert not any(value.startswith(b"stale") for _, _, value in records(pa))
+        assert read_checkpoint(pa.directory) == [EpochEntry(0, 0), EpochEntry(1, common)]
+        assert_same_copy(pb, pa)
