@@ -328,7 +328,14 @@ class Partition:
         when the append lock is not free within `lock_timeout_s` (None: the log's
         default bound), StorageError when a write fails (nothing stored). `batch` may
         also be a list of buffers that together hold one batch, as for
-        `append_batch_nowait`."""
+        `append_batch_nowait`.
+
+        A batch with a producer id is checked against the partition's producer state
+        (docs/design.md §15): a duplicate of one of that producer's last five batches
+        is not stored again and its original base offset is returned; a sequence gap
+        raises OutOfOrderSequenceError, an epoch below the producer's latest
+        InvalidProducerEpochError, a plain batch inside its open transaction
+        InvalidTxnStateError — nothing stored."""
         if not isinstance(batch, (bytearray, list)):
             batch = bytearray(batch)
         if lock_timeout_s is None:
