@@ -284,9 +284,13 @@ class _PartitionCopy:
     def _copy_segment(self, tp: TopicPartition, p: Partition, segment: SegmentInfo
                       ) -> bool:
         """Make this log's segment `segment.base` byte-identical to the leader's;
-        False when the leader's bytes no longer match its listing (it cleaned again:
-        the caller lists again, up to MAX_SEGMENT_MISMATCHES times in a row)."""
+        False when the leader's bytes no longer match its listing (it cleaned again)
+        or the segments do not line up (yet): the caller lists again, up to
+        MAX_SEGMENT_MISMATCHES times in a row, then keeps what it has."""
         bases = p.segment_base_offsets()
+        if segment.end == p.log_end_offset and bases[-1] < segment.end:
+            p.roll()                 # the leader sealed it after `info` was read
+            bases = p.segment_base_offsets()
         whole = segment.base in bases and segment.end in bases and \
             bases[bases.index(segment.base) + 1] == segment.end
         wanted = (segment.size, segment.sha256)
@@ -305,19 +309,28 @@ class _PartitionCopy:
             data = _read_range(lambda at, upto, n: self.source.fetch(
                 tp.topic, tp.partition, at, max_bytes=n), segment.first_offset, segment.end)
             if (len(data), hashlib.sha256(data).hexdigest()) != wanted:
-                count = self._clean_mismatches.get(tp, 0) + 1
-                self._clean_mismatches[tp] = count
-                log.info("%s: %s: the leader's segment %d changed while it was copied "
-                         "(%d in a row); listing again", self.path, _tp_name(tp),
-                         segment.base, count)
-                return count >= MAX_SEGMENT_MISMATCHES     # else give it up as it is
-        self._clean_mismatches.pop(tp, None)
+                return self._segment_missed(tp, f"the leader's segment {segment.base} "
+                                            "changed while it was copied")
         if not p.install_segment(segment.base, segment.end, data):
-            self._warn_once(f"segments {tp}", "%s: %s: the leader's cleaned segment %d "
-                            "(offsets up to %d) does not line up with this log's "
-                            "segments %s; it keeps its own copy of those offsets",
-                            self.path, _tp_name(tp), segment.base, segment.end - 1,
-                            bases[:20])
+            return self._segment_missed(tp, f"the leader's cleaned segment {segment.base} "
+                                        f"(offsets up to {segment.end - 1}) does not line "
+                                        f"up with this log's segments {bases[:20]}")
+        self._clean_mismatches.pop(tp, None)
+        return True
+
+    def _segment_missed(self, tp: TopicPartition, why: str) -> bool:
+        """A segment not copied: False (list again) the first MAX_SEGMENT_MISMATCHES - 1
+        times in a row, then True with a warning (this log keeps its own copy of those
+        offsets until the leader cleans them again)."""
+        count = self._clean_mismatches.get(tp, 0) + 1
+        self._clean_mismatches[tp] = count
+        if count < MAX_SEGMENT_MISMATCHES:
+            log.info("%s: %s: %s (%d in a row); listing again", self.path, _tp_name(tp),
+                     why, count)
+            return False
+        self._clean_mismatches.pop(tp, None)
+        self._warn_once(f"segments {tp} {why}", "%s: %s: %s, %d times in a row; it keeps "
+                        "its own copy of those offsets", self.path, _tp_name(tp), why, count)
         return True
 
 

@@ -333,3 +333,36 @@ def test_a_stale_leader_of_a_compacted_topic_rejoins_where_the_epochs_part(tmp_p
         assert not any(value.startswith(b"stale") for _, _, value in records(pa))
         assert read_checkpoint(pa.directory) == [EpochEntry(0, 0), EpochEntry(1, common)]
         assert_same_copy(pb, pa)
+
+
+@pytest.mark.parametrize("kind", ["directory", "tcp"])
+def test_a_follower_copies_a_leader_whose_cleaner_runs_while_it_produces(kind, tmp_path):
+    """The leader's background cleaner passes over two partitions (every 20 ms) while
+    a producer writes and the follower copies: listings overtaken by a pass, segments
+    sealed after the follower last looked, installs racing new passes; once production
+    stops and a last pass ran, catch_up() leaves a byte-identical copy."""
+    config = {**COMPACTED, "segment.bytes": 4096, "min.cleanable.dirty.ratio": 0.01}
+    with logkit.Broker(tmp_path / "leader", config={"log.cleaner.backoff.ms": 20}) as broker:
+        topic = broker.create_topic("table", 2, config=config)
+        server = broker.serve_replication(secret=SECRET) if kind == "tcp" else None
+        source = logkit.DirectorySource(broker.path) if server is None else \
+            logkit.TcpSource(server.host, server.port, secret=SECRET)
+        with logkit.Follower(tmp_path / "f", source, config=FAST) as follower:
+            with broker.producer(linger_ms=1) as producer:
+                deadline = time.monotonic() + 60
+                n = 0
+                while min(p.clean_count for p in topic.partitions) < 5:
+                    assert time.monotonic() < deadline, "the cleaner did not run"
+                    for _ in range(200):
+                        producer.send("table", b"v%d" % n, key=b"k%d" % (n % 50))
+                        n += 1
+                    producer.flush()
+            for p in topic.partitions:
+                p.roll()
+                p.compact()
+            follower.catch_up(timeout=60)
+            with logkit.Broker(tmp_path / "f", read_only=True) as copy:
+                for p in topic.partitions:
+                    assert_same_copy(p, copy.topic("table").partition(p.partition))
+        if server is not None:
+            server.close()
