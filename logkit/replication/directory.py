@@ -15,7 +15,9 @@ leader killed mid-update, or a partition that needs recovery, raises until the l
 is opened read-write again; the follower retries after `replica.fetch.backoff.ms`.
 
 Also the leader's lease (`leader.lease` in its root, lease.py): read for automatic
-promotion, and taken by a promotion's conditional write.
+promotion, and taken by a promotion's conditional write; and `segments()`, a compacted
+log's sealed segments with the SHA-256 of their files (`SegmentDigests`, kept per file
+identity: the TCP server and a follower's own copy use it too).
 
 Invariant: nothing here writes to the leader's data; the only files written under the
 leader's root are `replicas/<follower id>.json` (atomically: temporary name, rename),

@@ -1,13 +1,24 @@
-"""The follower's copy of one partition: truncation where the histories diverge, and
-fetching whole batches from the log end.
+"""The follower's copy of one partition: truncation where the histories diverge,
+fetching whole batches from the log end, and a compacted log's copy of the leader's
+cleaning.
 
 Owns: per partition, comparing leader epochs with the leader's (KIP-101/KIP-279, checked
 before every fetch as KIP-320 does) and truncating a tail that diverged, following the
 leader's log start, appending shipped batches as they are (CRC-checked, base offsets and
 leader epochs kept, rolled where the leader rolled), refusing a batch that fails its
 checks (`MAX_CORRUPT_FETCHES` in a row stop the follower), and keeping the partition's
-`leader-epoch-checkpoint` equal to the leader's over the copied prefix. Invariant: each
-partition's log is a prefix of the leader's, batch for batch.
+`leader-epoch-checkpoint` equal to the leader's over the copied prefix. For a compacted
+log also: fetches that start past the log end (a gap the leader's cleaner left, kept
+at the same offsets), and, whenever the leader's clean count moves, each sealed segment
+the log holds whole compared by SHA-256 with the leader's listing (`segments()`) and,
+where it differs, fetched and installed by the cleaner's swap
+(`Partition.install_segment`); a segment held only in part waits until the log end
+passes it. The count last copied is kept in follower.json (`clean_counts`).
+
+Invariant: each partition's log is a prefix of the leader's history, batch for batch;
+in a compacted log, below the log end it holds no record the leader's cleaning (as of
+the count last copied) removed from the segments it holds whole, and those segment
+files are byte-identical to the leader's.
 
 A mixin of `Follower` (follower.py), which owns the state it reads and writes.
 """
