@@ -240,9 +240,9 @@ TransactionalIdNotFound = TransactionalIdNotFoundError     # the name eos-api.md
 
 
 class TransactionAbortedError(LogkitError):
-    """A record of a transaction that was aborted before the record was stored (Kafka's
-    TransactionAbortedException); also what `commit_transaction()` raises after a send
-    of the transaction failed (the transaction must be aborted)."""
+    """`commit_transaction()` of a transaction one of whose sends failed (Kafka's
+    abortable error): nothing of it is committed; call `abort_transaction()`, then
+    begin again. The failed send's error is the cause."""
 
 
 class OutOfOrderSequenceError(LogkitError):

@@ -145,7 +145,7 @@ from .errors import (ArgumentTypeError, ClosedError, CommitFailedError, ConfigEr
                      IllegalStateError, InvalidProducerEpochError, InvalidRecordError,
                      InvalidTxnStateError, LogkitError, LogkitTimeoutError,
                      NotEnoughReplicasError, ProducerFencedError,
-                     RecordTooLargeError, UnknownTopicError,
+                     RecordTooLargeError, TransactionAbortedError, UnknownTopicError,
                      storage_error)
 from .waiters import AckWaiter, SyncWaiter
 from .murmur2 import partition_for_key
@@ -1210,6 +1210,11 @@ class Producer:
         state = self._txn_state
         if state in allowed:
             return
+        if state == _ABORTABLE and call == "commit_transaction":
+            raise TransactionAbortedError(
+                f"the transaction of {self._transactional_id!r} cannot commit: a send "
+                f"failed ({self._txn_error}); call abort_transaction()") \
+                from self._txn_error
         if state == _FENCED:
             raise ProducerFencedError(
                 f"producer of transactional id {self._transactional_id!r} was fenced "

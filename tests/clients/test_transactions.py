@@ -429,3 +429,24 @@ def test_a_copier_killed_at_random_points_copies_its_input_exactly_once(tmp_path
         assert sorted(copied) == sorted(b"RECORD-%04d" % i for i in range(INPUT_RECORDS))
         assert broker.group("copy").committed() == {
             TP("in", n): broker.topic("in").partition(n).high_watermark for n in range(2)}
+
+
+def test_a_failed_send_makes_the_commit_raise_and_the_abort_recover(broker):
+    broker.create_topic("small", 1, config={"max.message.bytes": 1024})
+    producer = broker.producer(transactional_id="copier")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("small", b"fits")
+    too_big = producer.send("small", b"x" * 4000)        # refused by the topic
+    with pytest.raises(logkit.RecordTooLargeError):
+        too_big.result(timeout=10)
+    with pytest.raises(logkit.TransactionAbortedError) as caught:
+        producer.commit_transaction()
+    assert isinstance(caught.value.__cause__, logkit.RecordTooLargeError)
+    with pytest.raises(logkit.InvalidTxnStateError):
+        producer.send("small", b"more")                  # only the abort is allowed now
+    producer.abort_transaction()
+    with producer.transaction():
+        producer.send("small", b"next")
+    assert values(broker.topic("small").partition(0)) == [b"next"]
+    producer.close()
