@@ -16,7 +16,9 @@ records this life), and `done` once its positions reached the end of the input.
 (mostly after `ready`, some while it starts), and after every kill checks, from its
 own Broker over the same directory, the invariant a crash must keep: after
 `complete_prepared()` (what the next open does), the records read_committed shows in
-`out` are exactly the transformed input below the group's committed offsets, none twice.
+`out` are exactly the transformed input below the group's committed offsets, none twice
+(both read as one snapshot: over the listener, the live broker may still be completing
+the EndTxn a killed client sent just before it died).
 After the last kill one more life runs to `done`, and the same check covers the whole
 input; the last stable offsets are then at the high watermarks (no open transaction).
 tests/clients/test_eos_kill_loop.py runs a bounded slice; tools/eos_kill_loop.py the long
@@ -290,11 +292,39 @@ class KillLoop:
         out.seconds = round(time.monotonic() - started, 1)
         return out
 
+    def _coordinator_view(self) -> tuple:
+        import logkit
+        try:
+            [txn] = self.broker.transaction_coordinator.describe_transactions(
+                [TRANSACTIONAL_ID])
+        except logkit.TransactionalIdNotFoundError:        # no life got that far yet
+            return "none", -1, -1, self.broker.group(GROUP).committed()
+        return txn.state, txn.producer_epoch, txn.transaction_start_ms, \
+            self.broker.group(GROUP).committed()
+
+    def _snapshot(self) -> tuple[dict, collections.Counter]:
+        """The group's committed offsets and the read_committed output, taken together.
+        Over the listener the killed client's last requests may still be served (an
+        EndTxn read before its socket closed is completed by the live broker): read
+        until the coordinator's view is the same before and after the output and no
+        transaction is between its phases."""
+        deadline = time.monotonic() + LIFE_TIMEOUT_S
+        while True:
+            self.broker.transaction_coordinator.complete_prepared()
+            before = self._coordinator_view()
+            got: collections.Counter = collections.Counter()
+            for p in self.broker.topic(OUTPUT).partitions:
+                got.update(r.value for r in _read(p, p.log_end_offset, "read_committed"))
+            if before == self._coordinator_view() and not before[0].startswith("Prepare"):
+                return before[3], got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the coordinator did not settle: {before}")
+            time.sleep(0.05)
+
     def check(self, *, final: bool) -> list[str]:
         """The invariant after a kill (see the module docstring); `final`: the whole
         input is copied and no transaction is open."""
-        self.broker.transaction_coordinator.complete_prepared()
-        committed = self.broker.group(GROUP).committed()
+        committed, got = self._snapshot()
         expected: collections.Counter = collections.Counter()
         failures = []
         for p in self.broker.topic(INPUT).partitions:
@@ -303,9 +333,7 @@ class KillLoop:
                 failures.append(f"{INPUT}-{p.partition}: committed {upto}, "
                                 f"end {p.high_watermark}")
             expected.update(transform(r.value) for r in _read(p, upto, "read_committed"))
-        got: collections.Counter = collections.Counter()
         for p in self.broker.topic(OUTPUT).partitions:
-            got.update(r.value for r in _read(p, p.log_end_offset, "read_committed"))
             if final and (p.last_stable_offset != p.high_watermark or p.open_transactions()):
                 failures.append(f"{OUTPUT}-{p.partition}: LSO {p.last_stable_offset}, HW "
                                 f"{p.high_watermark}, open {p.open_transactions()}")
