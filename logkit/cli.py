@@ -877,7 +877,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
                                                is_key=True)
         manual = args.group is None or args.partition is not None
         consumer = broker.consumer(group_id=args.group, auto_offset_reset=reset,
-                                   enable_auto_commit=False)
+                                   enable_auto_commit=False,
+                                   isolation_level=args.isolation_level)
         if manual:
             numbers = [args.partition] if args.partition is not None \
                 else range(topic.num_partitions)
@@ -916,7 +917,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
             if args.follow:
                 continue
             for tp in consumer.assignment():
-                ends.setdefault(tp, topic.partition(tp.partition).high_watermark)
+                if tp not in ends:         # the LSO for read_committed (its end now)
+                    ends[tp] = consumer.end_offsets([tp])[tp]
             if ends and all(consumer.position(tp) >= end for tp, end in ends.items()
                             if tp in consumer.assignment()):
                 break
@@ -1588,6 +1590,11 @@ def add_consume(cmd: argparse.ArgumentParser) -> None:
                           "that format (else as text) (default value)")
     cmd.add_argument("--key-separator", default="\t", metavar="SEP",
                      help="the separator of --format kv (default a tab)")
+    cmd.add_argument("--isolation-level", default="read_uncommitted",
+                     choices=["read_uncommitted", "read_committed"],
+                     help="read_committed prints only committed transactions' records "
+                          "and stops at the last stable offset (default "
+                          "read_uncommitted: every record; never a transaction marker)")
 
 
 def add_groups_list(cmd: argparse.ArgumentParser) -> None:

@@ -450,3 +450,26 @@ def test_a_failed_send_makes_the_commit_raise_and_the_abort_recover(broker):
         producer.send("small", b"next")
     assert values(broker.topic("small").partition(0)) == [b"next"]
     producer.close()
+
+
+def test_the_cli_consumes_with_either_isolation_level(tmp_path, capsys):
+    from logkit import cli
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("out", 1)
+        producer = broker.producer(transactional_id="copier")
+        producer.init_transactions()
+        with producer.transaction():
+            producer.send("out", b"committed")
+        producer.begin_transaction()
+        producer.send("out", b"aborted")
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send("out", b"open")
+        producer.flush()
+        for level, expected in (("read_committed", "committed\n"),
+                                ("read_uncommitted", "committed\naborted\nopen\n")):
+            code = cli.main(["consume", str(tmp_path), "out", "--from-beginning",
+                             "--isolation-level", level, "--timeout-ms", "500"])
+            assert (code, capsys.readouterr().out) == (0, expected)
+        producer.abort_transaction()
+        producer.close()
