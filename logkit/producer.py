@@ -144,7 +144,7 @@ from ._threads import start_thread
 from .errors import (ArgumentTypeError, ClosedError, CommitFailedError, ConfigError,
                      IllegalStateError, InvalidProducerEpochError, InvalidRecordError,
                      InvalidTxnStateError, LogkitError, LogkitTimeoutError,
-                     NotEnoughReplicasError, ProducerFencedError,
+                     NotEnoughReplicasError, OutOfOrderSequenceError, ProducerFencedError,
                      RecordTooLargeError, TransactionAbortedError, UnknownTopicError,
                      storage_error)
 from .waiters import AckWaiter, SyncWaiter
@@ -999,6 +999,8 @@ class Producer:
         if self._transactional_id is not None and (
                 batch.error is not None or batch.outcomes is not None):
             self._transaction_failed(batch)
+        elif isinstance(batch.error, OutOfOrderSequenceError) and self._idempotent:
+            self._reset_producer_id()
         with _callback_lock:
             batch.finished = True             # before the swap: adds check it first
             event = batch.waiter
@@ -1182,6 +1184,18 @@ class Producer:
                 pid, epoch = self._broker.transaction_coordinator.init_producer_id(None)
                 self._producer_epoch = epoch
                 self._producer_id = pid
+
+    def _reset_producer_id(self) -> None:
+        """The log refused a batch's sequence (the producer's numbering and the log's
+        disagree): the records of that batch fail with the error, and the producer
+        takes a new id at its next append, its sequences starting again at 0 (Kafka's
+        idempotent producer resets its id the same way)."""
+        with self._id_lock:
+            if self._producer_id >= 0:
+                log.warning("producer %d: the log refused a batch as out of sequence; "
+                            "taking a new producer id", self._producer_id)
+                self._producer_id = self._producer_epoch = -1
+                self._sequences.clear()
 
     def _advance(self, topic: str, partition: int, count: int) -> None:
         key = (topic, partition)

@@ -139,3 +139,20 @@ def test_producer_ids_are_unique_across_processes(tmp_path):
         assert child.returncode == 0
         ids += [int(x) for x in out.split()]
     assert len(ids) == 9 and len(set(ids)) == 9
+
+
+def test_a_batch_refused_as_out_of_sequence_fails_alone_and_the_producer_goes_on(
+        logkit_broker):
+    logkit_broker.create_topic("t", 1)
+    producer = logkit_broker.producer(acks="all")
+    producer.send("t", b"first").result(timeout=10)
+    first_id = producer.producer_id
+    producer._sequences[("t", 0)] += 5          # numbering and log disagree: a gap
+    with pytest.raises(logkit.OutOfOrderSequenceError):
+        producer.send("t", b"refused").result(timeout=10)
+    producer.send("t", b"next").result(timeout=10)    # a new producer id, from 0
+    assert producer.producer_id != first_id
+    partition = logkit_broker.topic("t").partition(0)
+    assert [r.value for r in partition.read(0)] == [b"first", b"next"]
+    assert headers(partition)[-1].base_sequence == 0
+    producer.close()
