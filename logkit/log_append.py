@@ -465,11 +465,17 @@ class _LogAppends:
             batches = list(iter_batches(data, 0, size, f"batches shipped to {self.name}",
                                         first_offset=tail.log_end_offset, verify=True,
                                         gaps=self._gaps))
+            # the leader's transaction markers: an ABORT's .txnindex entry goes first, as
+            # the leader wrote it (log_txn.py)
+            markers = any(h.attributes & ATTR_CONTROL and h.producer_id >= 0
+                          for _, h in batches)
             try:
                 for pos, header in batches:
                     if tail.active_size and (header.base_offset in segment_bases
                                              or tail.log_end_offset in segment_bases):
                         tail = self._roll(tail)     # a replica rolls where its leader did
+                    if markers and header.attributes & ATTR_CONTROL:
+                        self._index_replicated_marker(tail, data, pos, header)
                     # the batch's own base offset: past the log end after a gap
                     self._append_locked(bytearray(data[pos:pos + header.size]), header,
                                         header.size, header.last_offset_delta + 1,
@@ -477,10 +483,6 @@ class _LogAppends:
                                                       log_end_offset=header.base_offset),
                                         shipped_roll=False)
                     tail = self._tail_under_lock()
-                if any(h.attributes & ATTR_CONTROL and h.producer_id >= 0
-                       for _, h in batches):        # the leader's ABORT markers: index them
-                    self._refresh(tail)
-                    self._producer_state(tail, repair=True)
             except OSError as exc:
                 raise storage_error(exc, "replicate", self.directory) from exc
         if batches and self._doorbell is not None:

@@ -186,31 +186,47 @@ class _LogTransactions:
                                                  segment.find(offset, size), size, end,
                                                  segment.path):
                 if repair and header.attributes & ATTR_CONTROL:
-                    self._repair_txn_index(state, segment, pos, size, header)
+                    self._repair_txn_index(state, segment.view(size), pos, header,
+                                           segment.base_offset, segment.path)
                 state.apply(header)
             i += 1
             if i < len(bases):
                 offset = max(offset, bases[i])
         state.skip_to(end)
 
-    def _repair_txn_index(self, state: ProducerStateManager, segment: Any, pos: int,
-                          size: int, header: BatchHeader) -> None:
-        """Before `state` takes in the marker `header`: if it is an ABORT ending an
-        open transaction and the segment's `.txnindex` lacks its entry, add it."""
+    def _repair_txn_index(self, state: ProducerStateManager, buf: Any, pos: int,
+                          header: BatchHeader, segment_base: int, path: str, *,
+                          missing: bool = True) -> None:
+        """Before `state` takes in the marker `header` (at `pos` of `buf`; its segment
+        starts at `segment_base`): if it is an ABORT ending an open transaction and
+        that segment's `.txnindex` lacks its entry, add it (logged when `missing`:
+        an entry that should have been there)."""
         producer_id = header.producer_id
         first = state.open_txn_first_offset(producer_id)
-        if first < 0 or control_record_type(segment.view(size), pos, header,
-                                            segment.path) != CONTROL_ABORT:
+        if first < 0 or control_record_type(buf, pos, header, path) != CONTROL_ABORT:
             return
         marker = header.base_offset
-        entries = self._txn_indexes.entries(segment.base_offset)
+        entries = self._txn_indexes.entries(segment_base)
         if any(e.last_offset == marker and e.producer_id == producer_id for e in entries):
             return
         entry = AbortedTxn(producer_id, first, marker,
                            state.stable_after_abort(producer_id, marker))
-        log.warning("%s: re-adding the aborted-transaction index entry of the ABORT "
-                    "marker at offset %d (producer %d)", self.name, marker, producer_id)
-        append_entry(txn_index_path(self.directory, segment.base_offset), entry, sync=True)
+        if missing:
+            log.warning("%s: re-adding the aborted-transaction index entry of the ABORT "
+                        "marker at offset %d (producer %d)", self.name, marker,
+                        producer_id)
+        append_entry(txn_index_path(self.directory, segment_base), entry, sync=True)
+
+    def _index_replicated_marker(self, tail: Tail, data: Any, pos: int,
+                                 header: BatchHeader) -> None:
+        """A follower about to append its leader's marker `header` (at `pos` of
+        `data`) to the active segment of `tail`: an ABORT's `.txnindex` entry first, as
+        `append_control` writes it (under the lock)."""
+        self._refresh(tail)
+        state = self._producer_state(tail, repair=True)
+        if header.base_offset >= state.end_offset:
+            self._repair_txn_index(state, data, pos, header, tail.active_base_offset,
+                                   self.name, missing=False)
 
     # ---- appends (under the append lock) ---------------------------------------------
 
