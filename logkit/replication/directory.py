@@ -135,7 +135,7 @@ class SegmentDigests:
                 continue                      # retired or swapped meanwhile
             if p.clean_count == count and p.segment_base_offsets() == bases:
                 for base in set(self.known) - set(bases):
-                    del self.known[base]
+                    self.known.pop(base, None)     # (TCP connections share it)
                 return found
         raise StorageError(f"{p.directory}: the segments kept changing while they were "
                            "listed; asking again later", operation="list segments",
