@@ -127,10 +127,10 @@ class _PartitionCopy:
         where = f"a fetch of {_tp_name(tp)} from {self.source.describe()}"
         headers = [h for _, h in iter_batches(data, 0, len(data), where, gaps=gaps)]
         first, new_end = headers[0].base_offset, headers[-1].last_offset + 1
+        # A compacted log's fetch may start past the end: the leader's cleaner removed
+        # the batches between, and the copy keeps the gap at the same offsets.
         if first < end or (first > end and not gaps):
             end = self._restart_at(tp, p, first, end)
-        # (a compacted log's fetch may start past the end: the leader's cleaner removed
-        # the batches between, and the copy keeps the gap at the same offsets)
         # Batches the leader had published when `info` was read had their segments
         # published too: ask again only for the segment bases of newer ones.
         after = info if new_end <= info.log_end_offset else \
