@@ -473,3 +473,30 @@ def test_the_cli_consumes_with_either_isolation_level(tmp_path, capsys):
             assert (code, capsys.readouterr().out) == (0, expected)
         producer.abort_transaction()
         producer.close()
+
+
+def test_a_group_member_sends_its_offsets_with_its_group_metadata(broker):
+    plain = broker.producer()
+    for i in range(4):
+        plain.send("in", b"%d" % i).result(timeout=10)
+    consumer = broker.consumer("in", group_id="g", isolation_level=COMMITTED,
+                               auto_offset_reset="earliest", enable_auto_commit=False)
+    records = []
+    wait_for(lambda: records.extend(consumer.poll(timeout_ms=100)) or len(records) == 4,
+             what="the member's records")
+    metadata = consumer.group_metadata()
+    assert (metadata.group_id, metadata.generation_id >= 1, bool(metadata.member_id)) == \
+        ("g", True, True)
+    producer = broker.producer(transactional_id="copier")
+    producer.init_transactions()
+    with producer.transaction():
+        for r in records:
+            producer.send("out", r.value, partition=0)
+        producer.send_offsets_to_transaction(
+            {tp: consumer.position(tp) for tp in consumer.assignment()}, metadata)
+    group = broker.group("g")
+    assert group.committed() == {TP("in", 0): 4}
+    assert group.lag() == {TP("in", 0): 0}            # a live member reads committed
+    assert consumer.committed(TP("in", 0)) == 4
+    for client in (consumer, producer, plain):
+        client.close()
