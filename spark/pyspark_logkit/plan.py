@@ -94,7 +94,9 @@ def plan_write(options: dict[str, str], schema_json: str) -> dict[str, Any]:
     topic = broker_for(sink.path).topic(sink.topic)
     return {"ok": True, "path": sink.path, "topic": sink.topic, "writerId": uuid.uuid4().hex,
             "partitions": topic.num_partitions,
-            "limitBytes": topic.config["max.message.bytes"] // 2}
+            "limitBytes": topic.config["max.message.bytes"] // 2,
+            "compacted": "compact" in topic.config["cleanup.policy"],
+            "cleanupPolicy": topic.config["cleanup.policy"]}
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:

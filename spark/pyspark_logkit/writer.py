@@ -239,6 +239,12 @@ def _encoded(broker: logkit.Broker, batch: pa.RecordBatch, side: str,
                                        first_row)
 
 
+def _keyless(topic: str, policy: str) -> str:
+    return (f"logkit: topic {topic!r} is compacted (cleanup.policy={policy}): every row "
+            "needs a non-null 'key' (a keyless record is refused, as Kafka refuses it); "
+            "nothing of this write was appended")
+
+
 def stage(path: str, writer_id: str, default_topic: str | None,
           batches: Iterator[pa.RecordBatch],
           typed: Mapping[str, Any] | None = None) -> StagedFile:
@@ -250,7 +256,8 @@ def stage(path: str, writer_id: str, default_topic: str | None,
     os.makedirs(directory, exist_ok=True)
     file_path = os.path.join(directory, f"{uuid.uuid4().hex}.stage")
     rng = random.Random()
-    topics: dict[str, tuple[Any, int, int]] = {}     # name -> topic, partitions, limit
+    # name -> topic, partitions, batch byte limit, compacted (null keys refused)
+    topics: dict[str, tuple[Any, int, int, bool]] = {}
     sticky: dict[str, int] = {}
     total = 0
     with open(file_path, "wb") as out:
@@ -272,9 +279,12 @@ def stage(path: str, writer_id: str, default_topic: str | None,
                 if known is None:
                     topic = broker.get_or_create_topic(name)
                     known = topics[name] = (topic, topic.num_partitions,
-                                            topic.config["max.message.bytes"] // 2)
-                topic, num_partitions, limit_bytes = known
+                                            topic.config["max.message.bytes"] // 2,
+                                            "compact" in topic.config["cleanup.policy"])
+                topic, num_partitions, limit_bytes, compacted = known
                 key = keys[i]
+                if key is None and compacted:
+                    raise LogkitSparkError(_keyless(name, topic.config["cleanup.policy"]))
                 if partitions is not None and partitions[i] is not None:
                     number = partitions[i]
                     if not 0 <= number < num_partitions:

@@ -161,3 +161,26 @@ def test_a_cleaning_pass_between_planning_and_reading_is_not_data_loss(spark, tm
     got = sorted((row.getInt(0), row.getLong(1), bytes(row.getBinary(2)),
                   bytes(row.getBinary(3))) for row in rows)
     assert got == (sorted(latest.values()) if old_files_gone else written)
+
+
+def test_a_keyless_row_written_to_a_compacted_topic_fails_the_write_whole(
+        spark, read_path, tmp_path):
+    """Both writers: a write with one null key to a compacted topic fails in its task
+    with a message that says why, and appends nothing of the write (without the check
+    the commit appended the keyed batches before the log refused the keyless one); the
+    same rows with keys are written."""
+    with logkit.Broker(tmp_path, config=NO_CLEANER) as broker:
+        broker.create_topic("table", 2, config=COMPACTED)
+    rows = [(b"k%d" % n, b"v%d" % n) for n in range(40)]
+    keyless = spark.createDataFrame(rows[:20] + [(None, b"orphan")] + rows[20:],
+                                    "key binary, value binary").repartition(1)
+    with pytest.raises(Exception, match="every row needs a non-null 'key'"):
+        keyless.write.format("logkit").option("path", str(tmp_path)) \
+            .option("topic", "table").mode("append").save()
+    with logkit.Broker(tmp_path, config=NO_CLEANER) as broker:
+        assert [p.high_watermark for p in broker.topic("table").partitions] == [0, 0]
+    spark.createDataFrame(rows, "key binary, value binary").write.format("logkit") \
+        .option("path", str(tmp_path)).option("topic", "table").mode("append").save()
+    assert test_spark.write_plan(spark) == read_path
+    with logkit.Broker(tmp_path, config=NO_CLEANER) as broker:
+        assert sum(p.high_watermark for p in broker.topic("table").partitions) == 40

@@ -131,7 +131,9 @@ final class LogkitWrite implements WriteBuilder, SupportsTruncate, Write {
         StructType schema = info.schema();
         return new Staged(plan.get("path").asText(), plan.get("writerId").asText(),
                           plan.get("topic").asText(), plan.get("partitions").asInt(),
-                          plan.get("limitBytes").asInt(), schema);
+                          plan.get("limitBytes").asInt(),
+                          plan.path("compacted").asBoolean(false)
+                          ? plan.path("cleanupPolicy").asText("compact") : null, schema);
     }
 
     @Override
@@ -146,10 +148,11 @@ final class LogkitWrite implements WriteBuilder, SupportsTruncate, Write {
         private final Factory factory;
 
         Staged(String path, String writerId, String topic, int partitions, int limitBytes,
-               StructType schema) {
+               String compactedPolicy, StructType schema) {
             this.path = path;
             this.writerId = writerId;
             this.factory = new Factory(path, writerId, topic, partitions, limitBytes,
+                                       compactedPolicy,
                                        schema.getFieldIndex("key").isDefined()
                                        ? schema.fieldIndex("key") : -1,
                                        schema.fieldIndex("value"),
@@ -212,6 +215,7 @@ final class LogkitWrite implements WriteBuilder, SupportsTruncate, Write {
         final String topic;
         final int partitions;
         final int limitBytes;
+        final String compactedPolicy;        // the topic's cleanup.policy when compacted
         final int keyIndex;
         final int valueIndex;
         final int partitionIndex;
@@ -219,13 +223,14 @@ final class LogkitWrite implements WriteBuilder, SupportsTruncate, Write {
         final boolean valueString;
 
         Factory(String path, String writerId, String topic, int partitions, int limitBytes,
-                int keyIndex, int valueIndex, int partitionIndex, boolean keyString,
-                boolean valueString) {
+                String compactedPolicy, int keyIndex, int valueIndex, int partitionIndex,
+                boolean keyString, boolean valueString) {
             this.path = path;
             this.writerId = writerId;
             this.topic = topic;
             this.partitions = partitions;
             this.limitBytes = limitBytes;
+            this.compactedPolicy = compactedPolicy;
             this.keyIndex = keyIndex;
             this.valueIndex = valueIndex;
             this.partitionIndex = partitionIndex;
@@ -272,6 +277,13 @@ final class LogkitWrite implements WriteBuilder, SupportsTruncate, Write {
             if (f.keyIndex >= 0 && !row.isNullAt(f.keyIndex)) {
                 key = f.keyString ? row.getUTF8String(f.keyIndex).getBytes()
                                   : row.getBinary(f.keyIndex);
+            }
+            if (key == null && f.compactedPolicy != null) {
+                // the Python sink's message (writer.py _keyless)
+                throw new IllegalArgumentException("logkit: topic '" + f.topic + "' is"
+                    + " compacted (cleanup.policy=" + f.compactedPolicy + "): every row"
+                    + " needs a non-null 'key' (a keyless record is refused, as Kafka"
+                    + " refuses it); nothing of this write was appended");
             }
             byte[] value = null;
             if (!row.isNullAt(f.valueIndex)) {
