@@ -842,7 +842,8 @@ def _still_in_log(p: Partition, start: int, objects: list[_Object], *,
     def matches(obj: _Object) -> bool:
         if not obj.last_batch or obj.end_offset - 1 < start:
             return True
-        data = p.batches_since(obj.end_offset - 1, max_bytes=1)
+        data = p.batches_since(obj.end_offset - 1, max_bytes=1, upto=p.log_end_offset
+                               if gaps else obj.end_offset)   # gaps: the next one too
         header = read_header(data, 0, len(data))
         if header is None:
             return False
