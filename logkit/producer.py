@@ -448,6 +448,10 @@ def _check_headers(headers: Any) -> list[tuple[str, bytes | None]]:
 _UNINITIALIZED = "UNINITIALIZED"        # init_transactions() not called yet
 _READY = "READY"                        # no transaction open
 _IN_TRANSACTION = "IN_TRANSACTION"
+_COMMITTING = "COMMITTING_TRANSACTION"  # commit_transaction() is flushing and ending it
+_ABORTING = "ABORTING_TRANSACTION"
+_APPENDING = ("IN_TRANSACTION", "COMMITTING_TRANSACTION", "ABORTING_TRANSACTION",
+              "ABORTABLE_ERROR")        # states in which queued batches still append
 _ABORTABLE = "ABORTABLE_ERROR"          # a send of the transaction failed: abort it
 _FENCED = "FENCED"                      # another producer took the transactional id
 _SEQUENCE_MASK = 0x7FFFFFFF             # sequence numbers wrap at 2**31 (Kafka's)
@@ -526,6 +530,7 @@ class Producer:
         self._txn_partitions: set[tuple[str, int]] = set()
         self._txn_begun_at_coordinator = False   # partitions or offsets added
         self._txn_error: BaseException | None = None
+        self._send_lock = threading.Lock()    # a transactional send vs. its end beginning
         self._register_lock = threading.Lock()     # registering partitions (no _txn_lock:
         # the sender thread registers too, while a commit holding _txn_lock flushes)
         # The topics the compiled send path may take while a transaction is open: those
@@ -635,15 +640,23 @@ class Producer:
     def _send_general(self, topic: str, value: Any, key: Any, partition: int | None,
                       headers: Any, timestamp_ms: int | None) -> FutureRecordMetadata:
         """Everything send() accepts: serializers, headers, explicit partitions and
-        timestamps, tombstones, first use of a topic."""
+        timestamps, tombstones, first use of a topic. A transactional producer's send
+        checks the state and queues its record under `_send_lock`, which a commit or
+        abort takes to leave the transaction: no record joins it once its end began."""
+        if self._transactional_id is None:
+            return self._send_checked(topic, value, key, partition, headers, timestamp_ms)
+        with self._send_lock:
+            self._check_state("send", (_IN_TRANSACTION,))
+            return self._send_checked(topic, value, key, partition, headers, timestamp_ms)
+
+    def _send_checked(self, topic: str, value: Any, key: Any, partition: int | None,
+                      headers: Any, timestamp_ms: int | None) -> FutureRecordMetadata:
         if self._pid != _fork._pid:
             _fork.check_owner(self._pid, "this producer")
         if self._accumulator.closed:
             raise ClosedError("producer is closed")
         if not isinstance(topic, str):
             raise ArgumentTypeError(f"topic must be a str, got {topic!r}")
-        if self._transactional_id is not None:
-            self._check_state("send", (_IN_TRANSACTION,))
         if timestamp_ms is not None:
             _check_timestamp(timestamp_ms)
         if headers is not None:
@@ -670,7 +683,7 @@ class Producer:
                                         f"(it has {state.count})")
         if self._transactional_id is not None and \
                 (topic, partition) not in self._txn_partitions:
-            self._add_partition(topic, partition, state.count)
+            self._add_partition(topic, partition, state.count, (_IN_TRANSACTION,))
         self._look_countdown -= 1              # send()'s own count skipped this one
         if self._look_countdown <= 0:
             self._look()
@@ -858,7 +871,7 @@ class Producer:
                         (batch.state.name, batch.partition) not in self._txn_partitions:
                     # a partition the send path did not register (the topic grew
                     # under the compiled path): the coordinator learns of it first
-                    self._add_partition(batch.state.name, batch.partition, 0)
+                    self._add_partition(batch.state.name, batch.partition, 0, _APPENDING)
                 now_ms = int(time.time() * 1000)
                 batch.timestamp_ms = now_ms
                 encoded = None
@@ -1126,7 +1139,7 @@ class Producer:
         open transaction is aborted first (as Kafka's producer does at a clean close)."""
         if self._pid != _fork._pid:
             return
-        if self._txn_state in (_IN_TRANSACTION, _ABORTABLE) and \
+        if self._txn_state in (_IN_TRANSACTION, _ABORTABLE, _ABORTING) and \
                 not self._accumulator.closed:
             try:
                 self.abort_transaction(timeout)
@@ -1237,6 +1250,8 @@ class Producer:
         hint = {_UNINITIALIZED: "call init_transactions() first",
                 _READY: "no transaction is open: call begin_transaction() first",
                 _IN_TRANSACTION: "a transaction is already open",
+                _COMMITTING: "the transaction is being committed",
+                _ABORTING: "the transaction is being aborted",
                 _ABORTABLE: "a send of this transaction failed: abort_transaction()"}
         raise InvalidTxnStateError(f"cannot {call}() in state {state}: "
                                    f"{hint[state]}") from self._txn_error
@@ -1253,7 +1268,8 @@ class Producer:
             self._txn_state, self._txn_error = _FENCED, exc
             raise
 
-    def _add_partition(self, topic: str, partition: int, count: int) -> None:
+    def _add_partition(self, topic: str, partition: int, count: int,
+                       states: tuple[str, ...]) -> None:
         """Register a partition with the open transaction before its first record is
         queued (Kafka's AddPartitionsToTxn), so no batch reaches the log unannounced.
         A topic of at most TXN_WHOLE_TOPIC_PARTITIONS partitions is registered whole at
@@ -1262,7 +1278,7 @@ class Producer:
         with self._register_lock:
             if (topic, partition) in self._txn_partitions:
                 return
-            self._check_state("send", (_IN_TRANSACTION,))
+            self._check_state("send", states)
             whole = 0 < count <= TXN_WHOLE_TOPIC_PARTITIONS      # 0: this one only
             numbers = range(count) if whole else (partition,)
             wanted = [(topic, n) for n in numbers if (topic, n) not in self._txn_partitions]
@@ -1299,7 +1315,7 @@ class Producer:
                             batch.outcomes[row] = fenced
                 error = fenced
             self._txn_state = _FENCED
-        elif self._txn_state == _IN_TRANSACTION:
+        elif self._txn_state in (_IN_TRANSACTION, _COMMITTING):
             self._txn_state = _ABORTABLE
         self._txn_error = error
 
@@ -1368,10 +1384,15 @@ class Producer:
         (the transaction must then be aborted); a fenced producer raises
         ProducerFencedError."""
         with self._txn_lock:
-            self._check_state("commit_transaction", (_IN_TRANSACTION,))
-            self.flush(timeout)
-            self._check_state("commit_transaction", (_IN_TRANSACTION,))
-            self._txn_states.clear()             # sends from now on are refused
+            self._check_state("commit_transaction", (_IN_TRANSACTION, _COMMITTING))
+            self._leave_transaction(_COMMITTING)
+            try:
+                self.flush(timeout)
+            except LogkitTimeoutError:          # not all stored yet: commit again later
+                self._txn_state = _IN_TRANSACTION if self._txn_state == _COMMITTING \
+                    else self._txn_state
+                raise
+            self._check_state("commit_transaction", (_COMMITTING,))
             if self._txn_begun_at_coordinator:
                 self._coordinator_call(self._broker.transaction_coordinator.end_txn, True)
             self._txn_state = _READY
@@ -1380,8 +1401,8 @@ class Producer:
         """Abort the open transaction: its records stay in the log, hidden from
         read_committed readers by an ABORT marker; its offsets are dropped."""
         with self._txn_lock:
-            self._check_state("abort_transaction", (_IN_TRANSACTION, _ABORTABLE))
-            self._txn_states.clear()
+            self._check_state("abort_transaction", (_IN_TRANSACTION, _ABORTABLE, _ABORTING))
+            self._leave_transaction(_ABORTING)
             try:
                 self.flush(timeout)
             except LogkitTimeoutError:
@@ -1393,6 +1414,15 @@ class Producer:
             if self._txn_begun_at_coordinator:
                 self._coordinator_call(self._broker.transaction_coordinator.end_txn, False)
             self._txn_state, self._txn_error = _READY, None
+
+    def _leave_transaction(self, state: str) -> None:
+        """From now on sends are refused (InvalidTxnStateError), on either path: the
+        compiled one finds no topic, the Python one the state."""
+        with self._send_lock:
+            self._txn_states.clear()
+            if self._txn_state not in (_FENCED, _ABORTABLE) or state == _ABORTING:
+                if self._txn_state != _FENCED:
+                    self._txn_state = state
 
     @contextmanager
     def transaction(self) -> Iterator["Producer"]:

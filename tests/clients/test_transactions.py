@@ -500,3 +500,35 @@ def test_a_group_member_sends_its_offsets_with_its_group_metadata(broker):
     assert consumer.committed(TP("in", 0)) == 4
     for client in (consumer, producer, plain):
         client.close()
+
+
+def test_sends_racing_a_commit_join_the_transaction_or_are_refused(broker):
+    import threading
+    producer = broker.producer(transactional_id="copier")
+    producer.init_transactions()
+    producer.begin_transaction()
+    futures, refused = [], []
+
+    def sender():
+        key = 0
+        while True:
+            try:
+                futures.append(producer.send("out", b"%d" % key, key=b"%d" % key))
+            except logkit.InvalidTxnStateError as exc:
+                refused.append(exc)
+                return
+            key += 1
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    wait_for(lambda: len(futures) > 2000, what="the sender thread's records")
+    producer.commit_transaction()
+    thread.join(timeout=30)
+    assert refused and not thread.is_alive()
+    stored = [f.result(timeout=10) for f in futures]       # every accepted send stored
+    for n in range(2):
+        p = broker.topic("out").partition(n)
+        assert p.last_stable_offset == p.high_watermark   # nothing left open
+    committed = [v for n in range(2) for v in values(broker.topic("out").partition(n))]
+    assert len(committed) == len(stored)
+    producer.close()
