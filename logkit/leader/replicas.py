@@ -565,6 +565,18 @@ class ReplicatedPartition(Partition):
         hw = self.high_watermark
         return super().read(offset, max_records, stop_offset=hw, **options), hw
 
+    def fetch_records(self, offset: int, max_records: int = 500, *,
+                      stop_offset: int | None = None, **options: Any) -> Any:
+        hw = self.high_watermark
+        stop = hw if stop_offset is None else min(stop_offset, hw)
+        got = super().fetch_records(offset, max_records, stop_offset=stop, **options)
+        return got._replace(high_watermark=hw,
+                            last_stable_offset=min(got.last_stable_offset, hw))
+
+    @property
+    def last_stable_offset(self) -> int:
+        return min(super().last_stable_offset, self.high_watermark)
+
     def read_columns(self, offset: int, max_records: int = 500, *,
                      stop_offset: int | None = None) -> tuple[Any, int]:
         hw = self.high_watermark
