@@ -5,7 +5,9 @@ appends, rolls, reads, retention and the flush policy over them.
 UnifiedLog and the log manager): `partition_lock.py` the append lock across threads and
 processes, `segment_cache.py` the open and parked segments, `log_append.py` the three
 append tiers and rolls, `group_commit.py` syncs and group commit, `log_read.py` every
-read, `log_trim.py` retention and truncation, `log_clean.py` a compaction pass. This module keeps opening and recovery,
+read, `log_trim.py` retention and truncation, `log_clean.py` a compaction pass,
+`log_txn.py` idempotent producers, transaction markers and the last stable offset
+(over `producer_state.py` and `txn_index.py`). This module keeps opening and recovery,
 the tail, leader epochs, close and `check()`.
 
 Owns: the live log. Its neighbours own the rest of the directory's story: `tail.py` the
