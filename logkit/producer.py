@@ -528,6 +528,7 @@ class Producer:
         self._txn_lock = threading.RLock()
         self._txn_state = _UNINITIALIZED
         self._txn_partitions: set[tuple[str, int]] = set()
+        self._txn_written: set[tuple[str, int]] = set()     # partitions with a batch
         self._txn_begun_at_coordinator = False   # partitions or offsets added
         self._txn_error: BaseException | None = None
         self._send_lock = threading.Lock()    # a transactional send vs. its end beginning
@@ -893,6 +894,9 @@ class Producer:
                         lock_timeout_s=max(0.0, until - time.monotonic()))
                     if idempotent:
                         self._advance(batch.state.name, batch.partition, len(batch.rows))
+                        if self._transactional_id is not None:
+                            self._verify_first_write(batch.state.name, batch.partition,
+                                                     partition)
         except LogkitTimeoutError as exc:     # the lock was not free: nothing stored
             if callers and not batch.outcomes:
                 batch.outcomes = None
@@ -1086,6 +1090,13 @@ class Producer:
             return
         if self._idempotent:
             self._advance(batch.state.name, batch.partition, len(rows))
+            if self._transactional_id is not None:
+                try:
+                    self._verify_first_write(batch.state.name, batch.partition, partition)
+                except LogkitError as exc:
+                    for row in rows:
+                        outcomes[id(row)] = exc
+                    return
         if callers:                            # a part is stored: finish what we began
             bound[0], bound[1] = batch.created + self._delivery_timeout_s, False
         for i, row in enumerate(rows):
@@ -1290,6 +1301,32 @@ class Producer:
             if whole and state is not None and state.count == count:
                 self._txn_states[topic] = state      # the compiled path may take it now
 
+    def _verify_first_write(self, topic: str, number: int, partition: Any) -> None:
+        """After the transaction's first batch on a partition is stored: is the
+        transaction still this producer's? A fence (another producer's
+        init_transactions(), the timeout) that came between registering the partition
+        and this append wrote its ABORT marker before our batch, which then opened a
+        transaction nobody would end, holding the partition's LSO. Then this producer
+        ends it itself with an ABORT marker and raises ProducerFencedError for the
+        batch. (Kafka closes the same gap by verifying at the partition, KIP-890.)"""
+        key = (topic, number)
+        if key in self._txn_written:
+            return
+        self._txn_written.add(key)
+        tp = TopicPartition(topic, number)
+        if not self._broker.transaction_coordinator.add_partitions(
+                self._transactional_id, self._producer_id, self._producer_epoch, [tp],
+                verify_only=True):
+            return
+        try:
+            partition.append_control(self._producer_id, self._producer_epoch,
+                                     commit=False)
+        except LogkitError as exc:       # the fence's marker came after all: it is ended
+            log.debug("aborting %s-%d after a fence: %s", topic, number, exc)
+        raise ProducerFencedError(
+            f"transactional id {self._transactional_id!r} was fenced while this batch was "
+            f"appended to {topic}-{number}; it was aborted")
+
     def _transaction_failed(self, batch: Batch) -> None:
         """A batch of the transaction failed (sender side): the transaction can only be
         aborted now; a refused epoch means the producer was fenced."""
@@ -1338,6 +1375,7 @@ class Producer:
             self._check_state("begin_transaction", (_READY,))
             self._txn_states.clear()
             self._txn_partitions = set()
+            self._txn_written = set()
             self._txn_begun_at_coordinator = False
             self._txn_state, self._txn_error = _IN_TRANSACTION, None
 

@@ -532,3 +532,24 @@ def test_sends_racing_a_commit_join_the_transaction_or_are_refused(broker):
     committed = [v for n in range(2) for v in values(broker.topic("out").partition(n))]
     assert len(committed) == len(stored)
     producer.close()
+
+
+def test_a_zombie_write_to_a_partition_the_fence_did_not_mark_leaves_nothing_open(broker):
+    zombie = broker.producer(transactional_id="copier")
+    zombie.init_transactions()
+    zombie.begin_transaction()
+    zombie.send("out", b"zombie", partition=0).result(timeout=10)   # "out" joined whole
+    successor = broker.producer(transactional_id="copier")
+    successor.init_transactions()        # its ABORT marker lands on partition 0 only
+    future = zombie.send("out", b"late", partition=1)        # registered, never marked
+    with pytest.raises(logkit.ProducerFencedError):
+        future.result(timeout=10)
+    for n in range(2):
+        p = broker.topic("out").partition(n)
+        assert p.last_stable_offset == p.high_watermark       # nothing left open
+        assert values(p) == []
+    with successor.transaction():
+        successor.send("out", b"ok", partition=1)
+    assert values(broker.topic("out").partition(1)) == [b"ok"]
+    zombie.close()
+    successor.close()
