@@ -598,8 +598,9 @@ class Handlers:
         if timestamp == _MAX_TIMESTAMP:
             best = None
             for header in partition.batch_headers(partition.log_start_offset):
-                if header.base_offset < partition.high_watermark and (
-                        best is None or header.max_timestamp > best.max_timestamp):
+                # a batch a compacted topic's cleaner emptied holds no record to answer
+                if header.records_count and header.base_offset < partition.high_watermark \
+                        and (best is None or header.max_timestamp > best.max_timestamp):
                     best = header
             if best is None:
                 return -1, -1

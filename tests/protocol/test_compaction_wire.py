@@ -215,6 +215,28 @@ def test_fetch_over_a_cleaned_partition_moves_on_to_the_high_watermark(
     assert (earliest["offset"], latest["offset"]) == (0, partition.high_watermark)
 
 
+def test_list_offsets_by_time_answers_surviving_records(raw, broker):
+    """ListOffsets over a cleaned partition: the largest timestamp (-3) is a surviving
+    record's, not that of a batch the cleaner emptied and kept (its header keeps the
+    removed record's max timestamp); by time, the first survivor at or after it."""
+    partition = broker.create_topic("t", 1, config={
+        "cleanup.policy": "compact", "segment.bytes": 1024}).partition(0)
+    partition.append([(b"y", b"1", None, 1000)])
+    partition.append([(b"z", b"x" * 900, None, 9000)])      # fills its segment
+    partition.append([(b"z", b"2", None, 500)])             # z's latest: 9000's goes
+    partition.roll()
+    partition.compact()
+    assert [(h.base_offset, h.records_count) for h in partition.batch_headers(0)] == \
+        [(0, 1), (1, 0), (2, 1)]                            # the emptied batch is kept
+
+    answer = raw.call(2, 7, {"replica_id": -1, "isolation_level": 0, "topics": [
+        {"name": "t", "partitions": [
+            {"partition_index": 0, "current_leader_epoch": -1, "timestamp": t}
+            for t in (-3, 900, 1001, 9000)]}]})
+    got = [(p["offset"], p["timestamp"]) for p in answer["topics"][0]["partitions"]]
+    assert got == [(0, 1000), (0, 1000), (-1, -1), (-1, -1)]
+
+
 def test_fetch_of_a_partition_whose_records_were_all_removed_reaches_the_end(raw, broker):
     """Every key tombstoned and the tombstones cleaned away: the fetches return no
     record, yet the fetch offset reaches the high watermark (the cleaner's kept last
