@@ -95,7 +95,7 @@ def test_a_streaming_read_returns_the_survivors_then_what_follows(spark, tmp_pat
     def run():
         stream = (spark.readStream.format("logkit").option("path", str(tmp_path))
                   .option("subscribe", "table").option("startingOffsets", "earliest")
-                  .option("maxOffsetsPerTrigger", "80").load())
+                  .option("maxOffsetsPerTrigger", "120").load())
         query = (stream.select("partition", "offset", "key", "value").writeStream
                  .format("parquet").option("path", out)
                  .option("checkpointLocation", checkpoint).trigger(availableNow=True)
