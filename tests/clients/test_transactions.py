@@ -553,3 +553,41 @@ def test_a_zombie_write_to_a_partition_the_fence_did_not_mark_leaves_nothing_ope
     assert values(broker.topic("out").partition(1)) == [b"ok"]
     zombie.close()
     successor.close()
+
+
+WRITER = textwrap.dedent("""
+    import sys, logkit
+    name = sys.argv[2]
+    with logkit.Broker(sys.argv[1]) as broker:
+        producer = broker.producer(transactional_id=name)
+        producer.init_transactions()
+        for t in range(15):
+            producer.begin_transaction()
+            for n in range(6):
+                producer.send("out", b"%s:%d:%d" % (name.encode(), t, n), partition=n % 2)
+            if t % 3 == 2:
+                producer.abort_transaction()
+            else:
+                producer.commit_transaction()
+        producer.close()
+""")
+
+
+def test_transactions_of_several_processes_interleave_on_shared_partitions(tmp_path):
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("out", 2)
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), f"w{i}"])
+               for i in range(3)]
+    for writer in writers:
+        assert writer.wait(timeout=60) == 0
+    with logkit.Broker(tmp_path) as broker:
+        got = sorted(v for n in range(2) for v in values(broker.topic("out").partition(n)))
+        assert got == sorted(b"w%d:%d:%d" % (i, t, n) for i in range(3) for t in range(15)
+                             if t % 3 != 2 for n in range(6))
+        for n in range(2):
+            p = broker.topic("out").partition(n)
+            assert p.last_stable_offset == p.high_watermark
+            # every transaction ended with exactly one marker on each partition
+            assert p.high_watermark == 3 * 15 * 4
+        assert {t.state for t in broker.transaction_coordinator.list_transactions()} <= \
+            {"CompleteCommit", "CompleteAbort"}
