@@ -413,3 +413,28 @@ def test_a_transactional_writer_killed_at_random_points_leaves_a_consistent_stat
             committed = [r.offset for r in p.read(0, max_records=10**6,
                                                   isolation_level="read_committed")]
             assert committed == sorted(o for o in visible if o < lso)
+
+
+def test_fetch_records_read_committed_moves_past_markers_and_aborted_records(part):
+    """A reader that takes `next_offset` as its position reaches the LSO with no stall,
+    and sees no record of an aborted transaction and no marker."""
+    plain(part, b"a")                                         # 0
+    for n in range(3):
+        part.append_batch(txn(1, 0, 2 * n, tag=b"x"))         # 1-6
+    part.append_control(1, 0, commit=False)                   # 7
+    part.append_batch(txn(2, 0, 0, tag=b"c"))                 # 8-9
+    part.append_control(2, 0, commit=True)                    # 10
+    part.append_batch(txn(3, 0, 0, tag=b"o"))                 # 11-12, open
+    position, seen, reads = 0, [], 0
+    while True:
+        fetched = part.fetch_records(position, max_records=1,
+                                     isolation_level="read_committed")
+        reads += 1
+        assert reads < 20
+        seen.extend(r.value for r in fetched.records)
+        if fetched.next_offset == position:
+            break
+        position = fetched.next_offset
+    assert seen == [b"a", b"c0", b"c1"]
+    assert position == fetched.last_stable_offset == 11
+    assert fetched.high_watermark == 13
