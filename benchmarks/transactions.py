@@ -376,10 +376,13 @@ def profile(case: str, records: int) -> str:
                            "idempotent": {"enable_idempotence": True},
                            "non-idempotent": {"enable_idempotence": False}}[case]
                 fn = _producer_run(broker, recs, **options)
+            elif case == "commit":
+                def fn() -> None:
+                    commit_embedded(broker, 300)
             else:
-                topic = "prof"
-                committed = _fill(broker, topic, recs, 0)
-                fn = _consume_run(broker, topic, case, committed)
+                level, _, aborted = case.partition("+")
+                committed = _fill(broker, "prof", recs, 10 if aborted else 0)
+                fn = _consume_run(broker, "prof", level, committed)
             fn()
             prof = cProfile.Profile()
             prof.enable()
@@ -448,7 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--profile", choices=("transactional", "idempotent", "non-idempotent",
-                                          "read_committed", "read_uncommitted"))
+                                          "read_committed", "read_uncommitted",
+                                          "read_committed+aborted", "commit"),
+                    help="cProfile one case (+aborted: one transaction in ten aborted)")
     args = ap.parse_args(argv)
     if args.quick:
         args.records, args.repeats, args.transactions = 10_000, 1, 20
