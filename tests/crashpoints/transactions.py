@@ -58,7 +58,12 @@ def tag_of(value: bytes | None) -> str:
 
 
 def _mark(path: str) -> None:
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    """Open a marker file outside the root (a trace shows which call follows). An
+    injection whose numbering thread timing moved onto this open is not logkit's."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    except OSError:
+        pass
 
 
 # ---- the workload ------------------------------------------------------------------------
