@@ -530,6 +530,10 @@ _ROWS: tuple[Setting, ...] = (
     _spark(SPARK_READ, "includeHeaders", "bool", False, "add the headers column"),
     _spark(SPARK_READ, "failOnDataLoss", "bool", True, "fail when retention removed "
            "offsets before they were read; false skips them"),
+    _spark(SPARK_READ, "kafka.isolation.level", "str", "read_uncommitted",
+           "read_committed stops at each partition's last stable offset and leaves out "
+           "aborted transactions' records", choices=("read_uncommitted", "read_committed"),
+           why="Kafka's two levels; any other value is refused"),
     _spark(SPARK_READ, "kafka" + PREFIX, "str", None, "Kafka consumer settings "
            "(kafka.bootstrap.servers, ...)", nullable=True, status=IGNORED,
            why=_NO_KAFKA_CLIENT),

@@ -3,13 +3,14 @@
 Owns: reading the options (mirroring Spark's Kafka source: `path`, `subscribe`,
 `subscribePattern`, `assign`, `startingOffsets`, `endingOffsets`,
 `maxOffsetsPerTrigger`, `minPartitions`, `maxRecordsPerPartition`, `includeHeaders`,
-`failOnDataLoss`; for writes `path`, `topic`, `sinkId`, `checkpointLocation`,
+`failOnDataLoss`, `kafka.isolation.level`; for writes `path`, `topic`, `sinkId`, `checkpointLocation`,
 `queryName`) and the offsets JSON format `{"topic": {"0": 42}}` with -2 for earliest
 and -1 for latest. The names, types, defaults and bounds are the "spark read" and
 "spark write" rows of logkit's one settings table (`logkit.resolve_config`, listed in
 docs/configuration.md): the same coercion as every other setting, and an unknown option
-is refused as an unknown config key is; `kafka.*` options are accepted and ignored so a
-job written for Spark's Kafka source runs unchanged. Option names are case-insensitive,
+is refused as an unknown config key is; `kafka.isolation.level` is honoured, the other
+`kafka.*` options are accepted and ignored so a job written for Spark's Kafka source runs
+unchanged. Option names are case-insensitive,
 as Spark's are.
 
 Invariant: a bad option raises `LogkitSparkError` with a message that names the option
@@ -148,6 +149,9 @@ class SourceOptions:
         self.max_offsets_per_trigger: int | None = options["maxOffsetsPerTrigger"]
         self.min_partitions: int | None = options["minPartitions"]
         self.max_records_per_partition: int | None = options["maxRecordsPerPartition"]
+        # Kafka's consumer setting, which Spark's Kafka source passes on: read_committed
+        # reads stop at each partition's last stable offset and leave out aborted records
+        self.isolation_level: str = options["kafka.isolation.level"]
         self.typed_options = split_options(given)[1]
 
     def single_topic(self) -> str | None:

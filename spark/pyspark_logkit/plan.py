@@ -8,7 +8,11 @@ topic partition's offsets [start, end) and the byte ranges of the segment files 
 hold them (`Partition.batch_file_ranges`: whole batches below each segment's published
 end), each with its file's inode, and whether the topic is compacted (its cleaner may
 swap a cleaned file in for a planned one while the query runs: the JVM reader sees
-another inode and reads the cleaned file instead). Invariant: the options, offsets and range cuts are the Python source's own
+another inode and reads the cleaned file instead), and with
+`kafka.isolation.level=read_committed` the aborted transactions overlapping each range
+as [first offset, producer id] (`Partition.aborted_transactions`, a Fetch response's
+list; the range already ends at or below the last stable offset), which the JVM reader
+skips as Kafka's consumer does. Invariant: the options, offsets and range cuts are the Python source's own
 (`SourceOptions`, `LogkitBatchReader`), so both readers read the same records; a refused
 option answers {"ok": false, "error": "LogkitSparkError: logkit: ..."} and the JVM fails
 the query on the driver with that message.
@@ -52,9 +56,14 @@ def plan(options: dict[str, str]) -> dict[str, Any]:
                 break
             except logkit.OffsetOutOfRangeError:       # retention moved the log start
                 offset = _past_lost(partition, part, offset, raced=True)
+        aborted = []
+        if source.isolation_level == "read_committed" and offset < part.end:
+            aborted = sorted([first, pid] for pid, first in
+                             partition.aborted_transactions(offset, part.end))
         out.append({"topic": part.topic, "partition": part.partition, "start": offset,
                     "end": part.end, "segments": ranges,
-                    "compacted": "compact" in partition.config["cleanup.policy"]})
+                    "compacted": "compact" in partition.config["cleanup.policy"],
+                    "aborted": aborted})
     return {"ok": True, "failOnDataLoss": source.fail_on_data_loss, "partitions": out}
 
 

@@ -8,7 +8,10 @@ partition's [start, end) offsets and yields exactly the records in that range th
 exist; a range partly removed by retention (below the log start) raises
 (failOnDataLoss=true) or is skipped. Offsets a compacted topic's cleaner removed inside
 the log are not data loss (Spark's Kafka source learned the same): the reads step over
-them (`Partition.fetch_records`' next offset) and return the survivors.
+them (`Partition.fetch_records`' next offset) and return the survivors. With
+`kafka.isolation.level=read_committed` every 'latest' offset (a batch read's end, a
+stream's latest) is the partition's last stable offset, so no read passes an open
+transaction, and aborted transactions' records are left out.
 """
 
 from __future__ import annotations
@@ -80,15 +83,18 @@ class OffsetRange(InputPartition):
     include_headers: bool
     fail_on_data_loss: bool
     typed: dict[str, typed_columns.Typed]
+    isolation_level: str
 
     def __init__(self, path: str, topic: str, partition: int, start: int, end: int,
                  include_headers: bool, fail_on_data_loss: bool,
-                 typed: dict[str, typed_columns.Typed] | None = None) -> None:
+                 typed: dict[str, typed_columns.Typed] | None = None,
+                 isolation_level: str = "read_uncommitted") -> None:
         super().__init__((topic, partition, start, end))
         self.path, self.topic, self.partition = path, topic, partition
         self.start, self.end = start, end
         self.include_headers, self.fail_on_data_loss = include_headers, fail_on_data_loss
         self.typed = typed or {}
+        self.isolation_level = isolation_level
 
 
 def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -101,13 +107,14 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
              for side, spec in part.typed.items()}
     arrow_schema = _arrow_schema(part.include_headers, types)
     offset = _past_lost(partition, part, part.start)
-    if not part.include_headers and not part.typed:
+    if not part.include_headers and not part.typed and not _has_aborted(partition, part):
         yield from _read_columns(partition, part, offset, arrow_schema)
         return
     while offset < part.end:
         try:
             fetched = partition.fetch_records(offset, min(CHUNK_RECORDS, part.end - offset),
-                                              stop_offset=part.end)
+                                              stop_offset=part.end,
+                                              isolation_level=part.isolation_level)
         except logkit.OffsetOutOfRangeError:
             offset = _past_lost(partition, part, offset, raced=True)
             continue
@@ -135,6 +142,15 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
             columns.append(pa.array([[{"key": k, "value": v} for k, v in h] for h in headers],
                                     arrow_schema.field("headers").type))
         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
+
+
+def _has_aborted(partition: logkit.Partition, part: OffsetRange) -> bool:
+    """Whether a read_committed range holds records of aborted transactions: then the
+    records go through `fetch_records`, which leaves them out by the `.txnindex`;
+    otherwise the columnar path reads the range as it is (control batches add no rows;
+    the range ends at or below the last stable offset the planner saw)."""
+    return (part.isolation_level == "read_committed"
+            and bool(partition.aborted_transactions(part.start, part.end)))
 
 
 def _typed(broker: logkit.Broker, part: OffsetRange, side: str, offsets: tuple,
@@ -218,9 +234,21 @@ def _read_columns(partition: logkit.Partition, part: OffsetRange, offset: int,
         ], schema=arrow_schema)
 
 
+def latest_offset(partition: logkit.Partition, isolation_level: str) -> int:
+    """Where 'latest' is: the high watermark, or with read_committed the last stable
+    offset (the first offset of the oldest open transaction), as Kafka's consumer
+    answers a read_committed ListOffsets."""
+    if isolation_level == "read_committed":
+        return partition.last_stable_offset
+    return partition.high_watermark
+
+
 def _resolve(spec: Any, tps: list[logkit.TopicPartition], broker: logkit.Broker,
-             *, default: int, name: str) -> dict[logkit.TopicPartition, int]:
-    """Concrete offsets for 'earliest'/'latest'/JSON specs."""
+             *, default: int, name: str, isolation_level: str = "read_uncommitted",
+             cap: bool = False) -> dict[logkit.TopicPartition, int]:
+    """Concrete offsets for 'earliest'/'latest'/JSON specs. `cap`: an ending offset,
+    which read_committed holds at the last stable offset (no read passes an open
+    transaction)."""
     out = {}
     for tp in tps:
         partition = broker.topic(tp.topic).partition(tp.partition)
@@ -233,12 +261,14 @@ def _resolve(spec: Any, tps: list[logkit.TopicPartition], broker: logkit.Broker,
         if wanted == EARLIEST:
             out[tp] = partition.log_start_offset
         elif wanted == LATEST:
-            out[tp] = partition.high_watermark
+            out[tp] = latest_offset(partition, isolation_level)
         else:
             if wanted > partition.high_watermark:
                 raise LogkitSparkError(f"logkit: {name} offset {wanted} of "
                                        f"{tp.topic}-{tp.partition} is beyond its end "
                                        f"({partition.high_watermark})")
+            if cap and isolation_level == "read_committed":
+                wanted = min(wanted, partition.last_stable_offset)
             out[tp] = wanted
     if isinstance(spec, dict):
         known = {(tp.topic, tp.partition) for tp in tps}
@@ -278,10 +308,11 @@ class LogkitBatchReader(DataSourceReader):
         self.typed = resolve_typed(options, declared)
         broker = broker_for(options.path)
         tps = options.partitions(broker)
+        level = options.isolation_level
         self.starts = _resolve(options.starting, tps, broker, default=EARLIEST,
-                               name="startingOffsets")
+                               name="startingOffsets", isolation_level=level)
         self.ends = _resolve(options.ending, tps, broker, default=LATEST,
-                             name="endingOffsets")
+                             name="endingOffsets", isolation_level=level, cap=True)
 
     def partitions(self) -> list[OffsetRange]:
         return _ranges(self.options, [(tp, self.starts[tp], self.ends[tp])
@@ -309,7 +340,7 @@ def _ranges(o: SourceOptions, spans: list[tuple[logkit.TopicPartition, int, int]
             pieces = max(pieces, -(-size // o.max_records_per_partition))
         cuts = [start + size * i // pieces for i in range(pieces)] + [end]
         out.extend(OffsetRange(o.path, tp.topic, tp.partition, lo, hi, o.include_headers,
-                               o.fail_on_data_loss, typed)
+                               o.fail_on_data_loss, typed, o.isolation_level)
                    for lo, hi in zip(cuts, cuts[1:]) if hi > lo)
     return out
 
@@ -341,7 +372,8 @@ class LogkitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         broker = broker_for(self.options.path)
         tps = self.options.partitions(broker)
         return _to_json(_resolve(self.options.starting, tps, broker, default=LATEST,
-                                 name="startingOffsets"))
+                                 name="startingOffsets",
+                                 isolation_level=self.options.isolation_level))
 
     def getDefaultReadLimit(self) -> Any:
         limit = self.options.max_offsets_per_trigger
@@ -352,7 +384,8 @@ class LogkitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _latest(self) -> dict[logkit.TopicPartition, int]:
         broker = broker_for(self.options.path)
-        return {tp: broker.topic(tp.topic).partition(tp.partition).high_watermark
+        return {tp: latest_offset(broker.topic(tp.topic).partition(tp.partition),
+                                  self.options.isolation_level)
                 for tp in self.options.partitions(broker)}
 
     def latestOffset(self, start: dict, limit: Any) -> dict:

@@ -43,6 +43,7 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
     static final int HEADER = 61;                    // docs/design.md §3
     private static final int ATTR_CODEC = 0x07;
     private static final int ATTR_LOG_APPEND_TIME = 0x08;
+    private static final int ATTR_TRANSACTIONAL = 0x10;
     private static final int ATTR_CONTROL = 0x20;
 
     private final OffsetRange range;
@@ -83,6 +84,11 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
     // its batches reached: the planned segments below it are skipped (-1: none)
     private boolean replacing;
     private long replacedUpTo = -1;
+
+    // read_committed: the producers whose aborted transaction the batches have reached
+    // and whose ABORT marker they have not (Kafka's consumer keeps the same set)
+    private int abortedNext;
+    private final java.util.Set<Long> abortedProducers = new java.util.HashSet<>();
 
     ColumnarReader(OffsetRange range, StructType required) {
         this.range = range;
@@ -256,6 +262,24 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
         return (raw >>> 1) ^ -(raw & 1);
     }
 
+    /**
+     * read_committed: whether a batch belongs to an aborted transaction (Kafka's consumer
+     * rule): a producer joins the set when the batches reach its aborted transaction's
+     * first offset and leaves it at its next control batch (that transaction's ABORT
+     * marker); its transactional batches in between are skipped.
+     */
+    private boolean aborted(int attributes, long producerId, long lastOffset) {
+        while (abortedNext < range.abortedFirst.length
+               && range.abortedFirst[abortedNext] <= lastOffset) {
+            abortedProducers.add(range.abortedProducer[abortedNext++]);
+        }
+        if ((attributes & ATTR_CONTROL) != 0) {
+            abortedProducers.remove(producerId);
+            return false;
+        }
+        return (attributes & ATTR_TRANSACTIONAL) != 0 && abortedProducers.contains(producerId);
+    }
+
     /** Moves to the next Kafka batch holding records of the range; false at its end. */
     private boolean nextBatch() throws IOException {
         while (true) {
@@ -303,6 +327,10 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
             }
             if (replacing) {
                 replacedUpTo = Math.max(replacedUpTo, lastOffset + 1);
+            }
+            if (range.abortedFirst.length > 0
+                    && aborted(attributes, getLong(w, at + 43), lastOffset)) {
+                continue;
             }
             if ((attributes & ATTR_CONTROL) != 0 || lastOffset < nextOffset) {
                 continue;

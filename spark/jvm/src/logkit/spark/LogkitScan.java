@@ -127,10 +127,18 @@ final class LogkitScan implements Scan {
                     lengths[i] = segments.get(i).get(2).asLong();
                     inodes[i] = segments.get(i).path(3).asLong(-1);
                 }
+                JsonNode aborted = p.path("aborted");     // [[first offset, producer id]]
+                long[] abortedFirst = new long[aborted.size()];
+                long[] abortedProducer = new long[aborted.size()];
+                for (int i = 0; i < aborted.size(); i++) {
+                    abortedFirst[i] = aborted.get(i).get(0).asLong();
+                    abortedProducer[i] = aborted.get(i).get(1).asLong();
+                }
                 out.add(new OffsetRange(p.get("topic").asText(), p.get("partition").asInt(),
                                         p.get("start").asLong(), p.get("end").asLong(),
                                         failOnDataLoss, paths, positions, lengths, inodes,
-                                        p.path("compacted").asBoolean(false)));
+                                        p.path("compacted").asBoolean(false),
+                                        abortedFirst, abortedProducer));
             }
             partitions = out.toArray(new InputPartition[0]);
         }
