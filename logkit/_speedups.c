@@ -1028,6 +1028,396 @@ murmur2(PyObject *self, PyObject *arg)
     return PyLong_FromLong((long)(int32_t)h);
 }
 
+/* ---- the cleaner's key map (cleaner.OffsetMap) and one batch's filter ------------- */
+/* The table is a caller's writable buffer of `slots` 24-byte slots (Kafka's
+ * SkimpyOffsetMap, with open addressing and linear probing): 16 bytes naming the key
+ * (a key of at most 16 bytes itself, zero-padded; a longer one its MurmurHash3 x64 128
+ * digest), then a little-endian word, tag << 56 | offset (tag 0: an empty slot; 1..17:
+ * a short key's length + 1; 0x80: a digest). cleaner.py holds the pure-Python twins. */
+
+#define MAP_SLOT 24
+#define MAP_SHORT_KEY 16
+#define MAP_TAG_DIGEST 0x80ULL
+#define MAP_OFFSET_MASK ((1ULL << 56) - 1)
+
+static inline uint64_t
+rotl64(uint64_t x, int r)
+{
+    return (x << r) | (x >> (64 - r));
+}
+
+static inline uint64_t
+fmix64(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+static inline uint64_t
+le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static inline void
+put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (unsigned char)v;
+        v >>= 8;
+    }
+}
+
+/* MurmurHash3 x64 128 (seed 0), written from the algorithm's published description:
+ * the 16-byte digest is h1 then h2, each little-endian. */
+static void
+murmur3_128(const unsigned char *data, Py_ssize_t len, unsigned char out[16])
+{
+    const uint64_t c1 = 0x87c37b91114253d5ULL, c2 = 0x4cf5ad432745937fULL;
+    uint64_t h1 = 0, h2 = 0, k1, k2;
+    Py_ssize_t blocks = len / 16, i;
+    for (i = 0; i < blocks; i++) {
+        k1 = le64(data + i * 16);
+        k2 = le64(data + i * 16 + 8);
+        k1 *= c1; k1 = rotl64(k1, 31); k1 *= c2; h1 ^= k1;
+        h1 = rotl64(h1, 27); h1 += h2; h1 = h1 * 5 + 0x52dce729;
+        k2 *= c2; k2 = rotl64(k2, 33); k2 *= c1; h2 ^= k2;
+        h2 = rotl64(h2, 31); h2 += h1; h2 = h2 * 5 + 0x38495ab5;
+    }
+    const unsigned char *tail = data + blocks * 16;
+    Py_ssize_t rest = len & 15;
+    k1 = k2 = 0;
+    for (i = rest - 1; i >= 8; i--)
+        k2 = k2 << 8 | tail[i];
+    for (i = (rest < 8 ? rest : 8) - 1; i >= 0; i--)
+        k1 = k1 << 8 | tail[i];
+    if (rest > 8) {
+        k2 *= c2; k2 = rotl64(k2, 33); k2 *= c1; h2 ^= k2;
+    }
+    if (rest > 0) {
+        k1 *= c1; k1 = rotl64(k1, 31); k1 *= c2; h1 ^= k1;
+    }
+    h1 ^= (uint64_t)len;
+    h2 ^= (uint64_t)len;
+    h1 += h2;
+    h2 += h1;
+    h1 = fmix64(h1);
+    h2 = fmix64(h2);
+    h1 += h2;
+    h2 += h1;
+    put_le64(out, h1);
+    put_le64(out + 8, h2);
+}
+
+/* The 16 bytes naming a key and its tag. */
+static inline uint64_t
+map_ident(const unsigned char *key, Py_ssize_t klen, unsigned char ident[16])
+{
+    if (klen <= MAP_SHORT_KEY) {
+        memset(ident, 0, 16);
+        memcpy(ident, key, (size_t)klen);
+        return (uint64_t)klen + 1;
+    }
+    murmur3_128(key, klen, ident);
+    return MAP_TAG_DIGEST;
+}
+
+/* The slot of a key: its own, or the empty one where it would go. */
+static inline unsigned char *
+map_find(unsigned char *table, Py_ssize_t slots, const unsigned char ident[16],
+         uint64_t tag)
+{
+    uint64_t h = fmix64(le64(ident) ^ rotl64(le64(ident + 8), 31) ^ tag);
+    Py_ssize_t i = (Py_ssize_t)(h % (uint64_t)slots);
+    for (;;) {
+        unsigned char *slot = table + i * MAP_SLOT;
+        uint64_t word = le64(slot + 16);
+        if (word == 0 || ((word >> 56) == tag && memcmp(slot, ident, 16) == 0))
+            return slot;
+        if (++i == slots)
+            i = 0;
+    }
+}
+
+PyDoc_STRVAR(murmur3_128_doc,
+"murmur3_128(data) -> bytes\n\nMurmurHash3 x64 128 (seed 0) of data: h1 then h2, little-endian.");
+
+static PyObject *
+murmur3_128_py(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    unsigned char out[16];
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    murmur3_128((const unsigned char *)view.buf, view.len, out);
+    PyBuffer_Release(&view);
+    return PyBytes_FromStringAndSize((const char *)out, 16);
+}
+
+PyDoc_STRVAR(map_get_doc,
+"map_get(table, slots, key) -> int\n\nThe offset the table maps key to, or -1.");
+
+static PyObject *
+map_get(PyObject *self, PyObject *args)
+{
+    Py_buffer table, key;
+    Py_ssize_t slots;
+    unsigned char ident[16];
+    long long got = -1;
+    if (!PyArg_ParseTuple(args, "y*ny*", &table, &slots, &key))
+        return NULL;
+    if (slots < 1 || table.len < slots * MAP_SLOT) {
+        PyErr_SetString(PyExc_ValueError, "the table is smaller than its slots");
+    } else {
+        uint64_t tag = map_ident(key.buf, key.len, ident);
+        unsigned char *slot = map_find(table.buf, slots, ident, tag);
+        uint64_t word = le64(slot + 16);
+        if (word != 0)
+            got = (long long)(word & MAP_OFFSET_MASK);
+    }
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&key);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong(got);
+}
+
+/* Walk one record of a section: its key and where its fields sit. */
+typedef struct {
+    Py_ssize_t start, body, ts_at, ts_end, record_end;
+    int64_t ts_delta, offset_delta, klen, vlen;
+    Py_ssize_t key_at;
+} CleanFields;
+
+static int
+clean_parse(const unsigned char *buf, Py_ssize_t *ppos, Py_ssize_t end, CleanFields *f)
+{
+    Py_ssize_t pos = *ppos;
+    int64_t length;
+    f->start = pos;
+    READ_VARINT(length);
+    if (length < 1 || length > end - pos) {
+        PyErr_Format(PyExc_ValueError, "record length field says %lld, %zd bytes left",
+                     (long long)length, end - pos);
+        goto error;
+    }
+    f->body = pos;
+    f->record_end = pos + (Py_ssize_t)length;
+    pos += 1;
+    f->ts_at = pos;
+    READ_VARINT(f->ts_delta);
+    f->ts_end = pos;
+    READ_VARINT(f->offset_delta);
+    READ_VARINT(f->klen);
+    f->key_at = pos;
+    if (f->klen >= 0) {
+        if (f->klen > f->record_end - pos) {
+            PyErr_SetString(PyExc_ValueError, "key runs past the end of its record");
+            goto error;
+        }
+        pos += (Py_ssize_t)f->klen;
+    }
+    READ_VARINT(f->vlen);
+    if (f->vlen > f->record_end - pos) {
+        PyErr_SetString(PyExc_ValueError, "value runs past the end of its record");
+        goto error;
+    }
+    *ppos = f->record_end;
+    return 0;
+error:
+    return -1;
+}
+
+static inline Py_ssize_t
+put_zigzag(unsigned char *p, int64_t value)
+{
+    uint64_t raw = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+    Py_ssize_t n = 0;
+    while (raw > 0x7F) {
+        p[n++] = (unsigned char)((raw & 0x7F) | 0x80);
+        raw >>= 7;
+    }
+    p[n++] = (unsigned char)raw;
+    return n;
+}
+
+PyDoc_STRVAR(map_put_doc,
+"map_put(buf, pos, end, count, base_offset, min_offset, table, slots, size) -> int\n\n"
+"Map each keyed record of the uncompressed section buf[pos:end] with an offset at\n"
+"least min_offset to its offset, in order; returns the keys the table then holds.");
+
+static PyObject *
+map_put(PyObject *self, PyObject *args)
+{
+    Py_buffer view, table;
+    Py_ssize_t pos, end, slots, size;
+    long long count, base_offset, min_offset;
+    if (!PyArg_ParseTuple(args, "y*nnLLLw*nn", &view, &pos, &end, &count, &base_offset,
+                          &min_offset, &table, &slots, &size))
+        return NULL;
+    const unsigned char *buf = view.buf;
+    unsigned char ident[16];
+    CleanFields f;
+    if (pos < 0 || end > view.len || pos > end || slots < 1 || table.len < slots * MAP_SLOT) {
+        PyErr_SetString(PyExc_ValueError, "section or table out of bounds");
+        goto error;
+    }
+    for (long long i = 0; i < count; i++) {
+        if (clean_parse(buf, &pos, end, &f) < 0)
+            goto error;
+        int64_t offset = base_offset + f.offset_delta;
+        if (f.klen < 0 || offset < min_offset)
+            continue;
+        if (offset < 0 || (uint64_t)offset > MAP_OFFSET_MASK) {
+            PyErr_SetString(PyExc_ValueError, "offset does not fit the key map's 56 bits");
+            goto error;
+        }
+        uint64_t tag = map_ident(buf + f.key_at, (Py_ssize_t)f.klen, ident);
+        unsigned char *slot = map_find(table.buf, slots, ident, tag);
+        if (le64(slot + 16) == 0) {
+            if (size + 1 >= slots) {
+                PyErr_SetString(PyExc_ValueError, "the key map is full");
+                goto error;
+            }
+            size++;
+            memcpy(slot, ident, 16);
+        }
+        put_le64(slot + 16, tag << 56 | (uint64_t)offset);
+    }
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&table);
+    return PyLong_FromSsize_t(size);
+error:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&table);
+    return NULL;
+}
+
+PyDoc_STRVAR(clean_records_doc,
+"clean_records(buf, pos, end, count, base_offset, table, slots, map_end, drop_tombstones,\n"
+"              stamp_shift) -> (section, kept, tombstone_kept, max_ts_delta)\n\n"
+"The records of the uncompressed section buf[pos:end] a cleaning pass keeps\n"
+"(cleaner.keep_records' rules), their bytes copied as they are; when a tombstone is\n"
+"kept and stamp_shift is not None, stamp_shift is added to each kept record's\n"
+"timestamp delta (the batch is restamped with a delete horizon). max_ts_delta is the\n"
+"largest kept record's original timestamp delta, None when none is kept.");
+
+static PyObject *
+clean_records(PyObject *self, PyObject *args)
+{
+    Py_buffer view, table;
+    Py_ssize_t pos, end, slots;
+    long long count, base_offset, map_end, ts_shift = 0;
+    int drop_tombstones;
+    PyObject *stamp_shift;
+    unsigned char *out = NULL, *shifted = NULL;
+    if (!PyArg_ParseTuple(args, "y*nnLLy*nLpO", &view, &pos, &end, &count, &base_offset,
+                          &table, &slots, &map_end, &drop_tombstones, &stamp_shift))
+        return NULL;
+    if (stamp_shift != Py_None) {
+        ts_shift = PyLong_AsLongLong(stamp_shift);
+        if (ts_shift == -1 && PyErr_Occurred()) {
+            PyBuffer_Release(&view);
+            PyBuffer_Release(&table);
+            return NULL;
+        }
+    }
+    const unsigned char *buf = view.buf;
+    unsigned char ident[16];
+    CleanFields f;
+    Py_ssize_t n = 0;
+    long long kept = 0;
+    int tombstone = 0, any = 0;
+    int64_t max_delta = 0;
+    if (pos < 0 || end > view.len || pos > end || slots < 1 || table.len < slots * MAP_SLOT
+            || count < 0 || count > end - pos) {
+        PyErr_SetString(PyExc_ValueError, "section or table out of bounds");
+        goto error;
+    }
+    out = PyMem_Malloc((size_t)(end - pos) + (size_t)count * 12 + 1);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (long long i = 0; i < count; i++) {
+        if (clean_parse(buf, &pos, end, &f) < 0)
+            goto error;
+        if (f.klen < 0)
+            continue;                                  /* keyless: never kept */
+        int64_t offset = base_offset + f.offset_delta;
+        if (offset < map_end) {
+            uint64_t tag = map_ident(buf + f.key_at, (Py_ssize_t)f.klen, ident);
+            unsigned char *slot = map_find(table.buf, slots, ident, tag);
+            uint64_t word = le64(slot + 16);
+            if (word != 0 && (int64_t)(word & MAP_OFFSET_MASK) > offset)
+                continue;                              /* a later record of its key */
+        }
+        if (f.vlen < 0) {
+            if (drop_tombstones)
+                continue;                              /* past its delete horizon */
+            tombstone = 1;
+        }
+        if (!any || f.ts_delta > max_delta)
+            max_delta = f.ts_delta;
+        any = 1;
+        kept++;
+        memcpy(out + n, buf + f.start, (size_t)(f.record_end - f.start));
+        n += f.record_end - f.start;
+    }
+    if (pos != end) {
+        PyErr_Format(PyExc_ValueError, "%zd stray bytes after the last record", end - pos);
+        goto error;
+    }
+    if (tombstone && ts_shift != 0) {                  /* restamped: new deltas */
+        Py_ssize_t at = 0, m = 0;
+        shifted = PyMem_Malloc((size_t)n + (size_t)kept * 12 + 1);
+        if (shifted == NULL) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        for (long long i = 0; i < kept; i++) {
+            unsigned char ts[10];
+            if (clean_parse(out, &at, n, &f) < 0)
+                goto error;
+            Py_ssize_t ts_len = put_zigzag(ts, f.ts_delta + ts_shift);
+            Py_ssize_t rest = f.record_end - f.ts_end;
+            m += put_zigzag(shifted + m, (int64_t)(1 + ts_len + rest));
+            shifted[m++] = out[f.body];                /* record attributes */
+            memcpy(shifted + m, ts, (size_t)ts_len);
+            m += ts_len;
+            memcpy(shifted + m, out + f.ts_end, (size_t)rest);
+            m += rest;
+        }
+        PyMem_Free(out);
+        out = shifted;
+        shifted = NULL;
+        n = m;
+    }
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&table);
+    PyObject *section = PyBytes_FromStringAndSize((const char *)out, n);
+    PyMem_Free(out);
+    if (section == NULL)
+        return NULL;
+    if (!any)
+        return Py_BuildValue("(NLOO)", section, kept, Py_False, Py_None);
+    return Py_BuildValue("(NLOL)", section, kept, tombstone ? Py_True : Py_False,
+                         (long long)max_delta);
+error:
+    PyMem_Free(out);
+    PyMem_Free(shifted);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&table);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
     {"check_records", check_records, METH_VARARGS, check_records_doc},
@@ -1036,6 +1426,10 @@ static PyMethodDef methods[] = {
     {"murmur2", murmur2, METH_O, murmur2_doc},
     {"walk_batches", (PyCFunction)(void (*)(void))walk_batches, METH_FASTCALL,
      walk_batches_doc},
+    {"murmur3_128", murmur3_128_py, METH_O, murmur3_128_doc},
+    {"map_get", map_get, METH_VARARGS, map_get_doc},
+    {"map_put", map_put, METH_VARARGS, map_put_doc},
+    {"clean_records", clean_records, METH_VARARGS, clean_records_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,12 +35,13 @@ from typing import Any, Iterator
 
 from ._clock import now_ms as _now_ms
 from ._files import open_file
-from .cleaner import CleanReport, OffsetMap, keep_records
+from .cleaner import CleanReport, OffsetMap
 from .config import is_compacted
 from .errors import ConfigError, CorruptRecordError, LogkitTimeoutError, storage_error
 from .loader import CLEANED_SUFFIX, CLEANER_STAGING, SWAP_SUFFIX
-from .records import (ATTR_CONTROL, ATTR_DELETE_HORIZON, ATTR_TRANSACTIONAL, BatchHeader,
-                      decode_batch, iter_batches, rebuild_batch)
+from .records import (ATTR_CONTROL, ATTR_DELETE_HORIZON, ATTR_TIMESTAMP_TYPE,
+                      ATTR_TRANSACTIONAL, BatchHeader, batch_section, decode_batch,
+                      iter_batches, rebuild_batch, rebuild_batch_section)
 from .segment import DELETED_SUFFIX, LogSegment, retire_segment, segment_file_name
 from .txn_index import AbortedTxn, append_entry, read_entries, txn_index_path
 
@@ -249,7 +250,8 @@ class _LogClean:
         first_dirty = max(tail.cleaned_offset, tail.log_start_offset)
         staging = os.path.join(self.directory, CLEANER_STAGING)
         shutil.rmtree(staging, ignore_errors=True)
-        offset_map = OffsetMap(self.dedupe_buffer_bytes, self.dedupe_load_factor)
+        offset_map = OffsetMap(self.dedupe_buffer_bytes, self.dedupe_load_factor,
+                               expected_keys=self._dirty_records(segments, first_dirty))
         end = segments[-1][1] if segments else first_dirty
         aborted = _Aborted(self._with_tail(self._aborted_entries, tail.log_start_offset,
                                            end) if segments else [])
@@ -299,6 +301,22 @@ class _LogClean:
                 segment.close()
         return last
 
+    def _dirty_records(self, segments: list[tuple[int, int]], first_dirty: int) -> int:
+        """The records of the dirty range's batches (headers only): the most keys the
+        map can meet, which sizes its table below the dedupe buffer when it is small."""
+        count = 0
+        for base, end in segments:
+            if end <= first_dirty:
+                continue
+            segment, size, _ = self._open_sealed(base)
+            try:
+                for _, header in segment.headers(0, size):
+                    if header.last_offset >= first_dirty:
+                        count += header.records_count
+            finally:
+                segment.close()
+        return count
+
     def _build_map(self, segments: list[tuple[int, int]], first_dirty: int,
                    offset_map: OffsetMap, aborted: "_Aborted") -> int:
         """Map every key of the dirty range (from `first_dirty` through the cleanable
@@ -325,9 +343,13 @@ class _LogClean:
                                 f"{offset_map.capacity} keys, fewer than one batch's "
                                 f"{header.records_count} records")
                         return map_end
-                    offset_map.put_all(decode_batch(buf, pos, header, self.topic,
-                                                    self.partition, min_offset=first_dirty,
-                                                    path=segment.path, verify=False))
+                    try:
+                        data, start, stop = batch_section(buf, pos, header)
+                        offset_map.put_section(data, start, stop, header.records_count,
+                                               header.base_offset, first_dirty)
+                    except ValueError as exc:
+                        raise CorruptRecordError(f"record batch body is malformed: {exc}",
+                                                 path=segment.path, position=pos) from None
                     map_end = header.last_offset + 1
             finally:
                 segment.close()
@@ -447,22 +469,29 @@ class _LogClean:
                                  decode_batch(buf, pos, header, self.topic, self.partition,
                                               path=path, verify=False),
                                  delete_horizon_ms=horizon_after)
-        if aborted.holds(header):
-            kept = []
-        else:
-            records = decode_batch(buf, pos, header, self.topic, self.partition,
-                                   path=path, verify=False)
-            kept = keep_records(records, offset_map, map_end, now_ms=now_ms,
-                                horizon_ms=header.base_timestamp if stamped else None)
+        if not aborted.holds(header):
+            append_time = header.attributes & ATTR_TIMESTAMP_TYPE
+            try:
+                data, start, stop = batch_section(buf, pos, header)
+                section, kept, tombstone, max_delta = offset_map.clean_section(
+                    data, start, stop, header.records_count, header.base_offset, map_end,
+                    bool(stamped) and now_ms >= header.base_timestamp,
+                    None if stamped or append_time
+                    else header.base_timestamp - horizon_after)
+            except ValueError as exc:
+                raise CorruptRecordError(f"record batch body is malformed: {exc}",
+                                         path=path, position=pos) from None
             if kept and header.attributes & ATTR_TRANSACTIONAL:
                 txn_kept[header.producer_id] = True
-            needs_horizon = not stamped and any(r.value is None for r in kept)
-            if len(kept) == header.records_count and not needs_horizon:
+            needs_horizon = not stamped and tombstone
+            if kept == header.records_count and not needs_horizon:
                 return buf[pos:pos + header.size]
             if kept:
-                return rebuild_batch(buf, pos, header, kept,
-                                     delete_horizon_ms=horizon_after if needs_horizon
-                                     else None)
+                return rebuild_batch_section(
+                    header, section, kept,
+                    header.max_timestamp if max_delta is None
+                    else header.base_timestamp + max_delta,
+                    delete_horizon_ms=horizon_after if needs_horizon else None)
         if not keep_anyway:
             return None
         return rebuild_batch(buf, pos, header, [])

@@ -56,7 +56,8 @@ __all__ = ["Record", "RecordMetadata", "BatchHeader", "encode_batch", "decode_ba
            "record_size_estimate", "encode_batch_parts", "PARTS_MIN_VALUE_BYTES",
            "check_records", "validate_batch", "NO_TIMESTAMP", "encode_control_batch",
            "control_record_type", "CONTROL_ABORT", "CONTROL_COMMIT",
-           "ATTR_DELETE_HORIZON", "rebuild_batch", "check_cleaned_records"]
+           "ATTR_DELETE_HORIZON", "rebuild_batch", "check_cleaned_records",
+           "batch_section", "rebuild_batch_section"]
 
 log = logging.getLogger(__name__)
 
@@ -803,6 +804,50 @@ def rebuild_batch(buf: Any, pos: int, header: BatchHeader, kept: Sequence[Record
                       header.leader_epoch, MAGIC, 0, attributes,
                       header.last_offset_delta, base_ts, max_ts, header.producer_id,
                       header.producer_epoch, header.base_sequence, len(kept))
+    _restamp_crc(batch, 0)
+    return batch
+
+
+def batch_section(buf: Any, pos: int, header: BatchHeader) -> tuple[Any, int, int]:
+    """The uncompressed records section of the batch at `pos`: (data, start, stop), the
+    batch's own bytes when it is uncompressed, else its section decompressed. Raises
+    ValueError when it does not decompress."""
+    end = pos + LOG_OVERHEAD + header.batch_length
+    codec = header.attributes & ATTR_CODEC_MASK
+    if codec:
+        data = decompress(codec, bytes(buf[pos + RECORDS_OFFSET:end]))
+        return data, 0, len(data)
+    return buf, pos + RECORDS_OFFSET, end
+
+
+def rebuild_batch_section(header: BatchHeader, section: bytes, kept: int, max_ts: int, *,
+                          delete_horizon_ms: int | None = None) -> bytearray:
+    """`rebuild_batch` from the kept records' raw bytes (`section`, uncompressed, `kept`
+    records whose timestamp deltas are relative to the batch's baseTimestamp, or to
+    `delete_horizon_ms` when given: the batch is then stamped with it). The batch keeps
+    its header fields as `rebuild_batch` does, and its baseTimestamp unless stamped, so
+    a kept record's bytes need not change; `max_ts` is the kept records' largest
+    timestamp (the header's own for LogAppendTime)."""
+    attributes = header.attributes
+    base_ts = header.base_timestamp
+    if delete_horizon_ms is not None:
+        attributes |= ATTR_DELETE_HORIZON
+        base_ts = delete_horizon_ms
+    codec = attributes & ATTR_CODEC_MASK
+    if not kept:
+        attributes &= ~ATTR_CODEC_MASK
+        section = b""
+        max_ts = header.max_timestamp
+    elif codec != CODEC_NONE:
+        section = compress(codec, section)
+    if attributes & ATTR_TIMESTAMP_TYPE:
+        max_ts = header.max_timestamp
+    batch = bytearray(RECORDS_OFFSET + len(section))
+    batch[RECORDS_OFFSET:] = section
+    _HEADER.pack_into(batch, 0, header.base_offset, len(batch) - LOG_OVERHEAD,
+                      header.leader_epoch, MAGIC, 0, attributes,
+                      header.last_offset_delta, base_ts, max_ts, header.producer_id,
+                      header.producer_epoch, header.base_sequence, kept)
     _restamp_crc(batch, 0)
     return batch
 
