@@ -42,3 +42,23 @@ def walk_batches(buf: Any, base: int, pos: int, offset: int, size: int, topic: s
     """segment.LogSegment._read's batch walk for clean batches (records.walk_clean):
     (records, pos, last_pos, expected, last_offset, budget), or NotImplemented with
     nothing changed at any batch the Python walk must handle or report."""
+
+def murmur3_128(data: Any) -> bytes:
+    """MurmurHash3 x64 128 (seed 0) of data: h1 then h2, little-endian (cleaner.py's
+    `murmur3_128` is the twin)."""
+
+def map_get(table: Any, slots: int, key: bytes) -> int:
+    """The offset cleaner.OffsetMap's table of `slots` 24-byte slots maps key to, or -1."""
+
+def map_put(buf: Any, pos: int, end: int, count: int, base_offset: int, min_offset: int,
+            table: bytearray, slots: int, size: int) -> int:
+    """Map each keyed record of the uncompressed section buf[pos:end] at or past
+    min_offset to its offset, in order; returns the keys the table then holds
+    (ValueError when it would fill every slot)."""
+
+def clean_records(buf: Any, pos: int, end: int, count: int, base_offset: int, table: Any,
+                  slots: int, map_end: int, drop_tombstones: bool,
+                  stamp_shift: int | None) -> tuple[bytes, int, bool, int | None]:
+    """The records of buf[pos:end] a cleaning pass keeps, their bytes as they are (with
+    stamp_shift added to each timestamp delta when a tombstone is kept and it is not
+    None): (section, kept, tombstone kept, largest kept timestamp delta or None)."""
