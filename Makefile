@@ -71,7 +71,7 @@ PURE_PYTHON_TESTS := \
 	tests/storage/test_records.py tests/storage/test_records_walker.py tests/storage/test_storage_safety.py \
 	tests/storage/test_group_commit.py tests/storage/test_sealed_index.py tests/storage/test_parked_segments.py \
 	tests/storage/test_append_common.py tests/storage/test_speedups.py tests/storage/test_murmur2.py \
-	tests/storage/test_columns.py \
+	tests/storage/test_columns.py tests/storage/test_compaction.py tests/storage/test_cleaner_speed.py \
 	tests/clients/test_producer.py tests/clients/test_accumulator.py tests/clients/test_consumer.py \
 	tests/clients/test_consumer_fetch.py tests/clients/test_consumer_handles.py tests/clients/test_delivery.py \
 	tests/groups/test_group.py \
