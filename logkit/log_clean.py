@@ -397,9 +397,8 @@ class _LogClean:
                 bytes_before += size
                 try:
                     buf = segment.view(size) if size else b""
-                    batches = list(segment.headers(0, size, verify=True))
-                    for i, (pos, header) in enumerate(batches):
-                        keep_anyway = (n == len(group) - 1 and i == len(batches) - 1) or (
+                    for pos, header in segment.headers(0, size, verify=True):
+                        keep_anyway = (n == len(group) - 1 and pos + header.size >= size) or (
                             header.producer_id >= 0
                             and producers_last.get(header.producer_id) == header.last_offset)
                         if not header.attributes & ATTR_CONTROL:
