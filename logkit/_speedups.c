@@ -5,7 +5,10 @@
  * (`decode_columns`, the Spark reader's path), checking it without building anything
  * (`check_records`: an append's validation and `check()`), a read's walk over clean
  * batches (`walk_batches`: it hands back NotImplemented, having changed nothing, at
- * any batch the Python walk must handle or report) and Kafka's murmur2 (`murmur2`).
+ * any batch the Python walk must handle or report), Kafka's murmur2 (`murmur2`), and the
+ * log cleaner's key map and filter (`murmur3_128`, `map_put`, `map_get`,
+ * `clean_records`: cleaner.OffsetMap's table in a caller's buffer; their twins are in
+ * cleaner.py).
  * Each mirrors a pure-Python function in records.py / murmur2.py exactly: same bytes
  * out, same records out, and an exception (ValueError or UnicodeDecodeError) wherever
  * the Python version raises on malformed input. records.py turns those into
