@@ -107,8 +107,9 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
              for side, spec in part.typed.items()}
     arrow_schema = _arrow_schema(part.include_headers, types)
     offset = _past_lost(partition, part, part.start)
-    if not part.include_headers and not part.typed and not _has_aborted(partition, part):
-        yield from _read_columns(partition, part, offset, arrow_schema)
+    if not part.include_headers and not part.typed:
+        yield from _read_columns(partition, part, offset, arrow_schema,
+                                 _aborted_spans(partition, part))
         return
     while offset < part.end:
         try:
@@ -144,13 +145,39 @@ def read_range(part: OffsetRange) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
 
 
-def _has_aborted(partition: logkit.Partition, part: OffsetRange) -> bool:
-    """Whether a read_committed range holds records of aborted transactions: then the
-    records go through `fetch_records`, which leaves them out by the `.txnindex`;
-    otherwise the columnar path reads the range as it is (control batches add no rows;
-    the range ends at or below the last stable offset the planner saw)."""
-    return (part.isolation_level == "read_committed"
-            and bool(partition.aborted_transactions(part.start, part.end)))
+ATTR_TRANSACTIONAL, ATTR_CONTROL = 0x10, 0x20       # a batch's attributes (Kafka's)
+
+
+def _aborted_spans(partition: logkit.Partition, part: OffsetRange) -> list[list[int]]:
+    """read_committed: the [first, end) offsets of the batches of aborted transactions
+    in part's range, which the columnar path steps over (empty for read_uncommitted, or
+    a range without aborted transactions). Kafka's consumer rule over the batch
+    headers: a producer is aborting from its aborted transaction's first offset (the
+    `.txnindex`'s list) to its next control batch (the ABORT marker); its transactional
+    batches in between are left out. Control batches add no rows in any case."""
+    if part.isolation_level != "read_committed":
+        return []
+    aborted = sorted((first, producer) for producer, first in
+                     partition.aborted_transactions(part.start, part.end))
+    if not aborted:
+        return []
+    spans: list[list[int]] = []
+    aborting: set[int] = set()
+    listed = 0
+    for header in partition.batch_headers(aborted[0][0]):
+        if header.base_offset >= part.end:
+            break
+        while listed < len(aborted) and aborted[listed][0] <= header.last_offset:
+            aborting.add(aborted[listed][1])
+            listed += 1
+        if header.attributes & ATTR_CONTROL:
+            aborting.discard(header.producer_id)
+        elif header.attributes & ATTR_TRANSACTIONAL and header.producer_id in aborting:
+            if spans and spans[-1][1] == header.base_offset:
+                spans[-1][1] = header.last_offset + 1
+            else:
+                spans.append([header.base_offset, header.last_offset + 1])
+    return spans
 
 
 def _typed(broker: logkit.Broker, part: OffsetRange, side: str, offsets: tuple,
@@ -203,13 +230,21 @@ def _past_lost(partition: logkit.Partition, part: OffsetRange, offset: int, *,
 
 
 def _read_columns(partition: logkit.Partition, part: OffsetRange, offset: int,
-                  arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+                  arrow_schema: pa.Schema, skips: list[list[int]]
+                  ) -> Iterator[pa.RecordBatch]:
     """The fast path (no headers): batches decoded straight into Arrow buffers
-    (`logkit.Columns`, whose buffers are Arrow's layout as they stand)."""
+    (`logkit.Columns`, whose buffers are Arrow's layout as they stand), stepping over
+    the `skips` spans (aborted transactions' batches, read_committed)."""
+    skips = list(skips)
     while offset < part.end:
+        while skips and offset >= skips[0][0]:
+            offset = max(offset, skips.pop(0)[1])
+        if offset >= part.end:
+            break
+        stop = min(part.end, skips[0][0]) if skips else part.end
         try:
             columns, after = partition.read_columns(offset, CHUNK_RECORDS,
-                                                    stop_offset=part.end)
+                                                    stop_offset=stop)
         except logkit.OffsetOutOfRangeError:
             offset = _past_lost(partition, part, offset, raced=True)
             continue
