@@ -1293,8 +1293,18 @@ class Producer:
             whole = 0 < count <= TXN_WHOLE_TOPIC_PARTITIONS      # 0: this one only
             numbers = range(count) if whole else (partition,)
             wanted = [(topic, n) for n in numbers if (topic, n) not in self._txn_partitions]
-            self._coordinator_call(self._broker.transaction_coordinator.add_partitions,
-                                   [TopicPartition(t, n) for t, n in wanted])
+            try:
+                self._coordinator_call(self._broker.transaction_coordinator.add_partitions,
+                                       [TopicPartition(t, n) for t, n in wanted])
+            except ProducerFencedError:
+                raise
+            except LogkitError as exc:
+                # The send raises, and the transaction it belonged to can only be
+                # aborted now (Kafka's abortable error): a commit must not make the
+                # transaction's other records visible.
+                self._txn_states.clear()
+                self._txn_state, self._txn_error = _ABORTABLE, exc
+                raise
             self._txn_partitions.update(wanted)
             self._txn_begun_at_coordinator = True
             state = self._states.get(topic)

@@ -56,9 +56,6 @@ with logkit.Broker(sys.argv[1], background=False) as broker:
 
 
 @pytest.mark.skipif(_REASON is not None, reason=f"needs strace: {_REASON}")
-@pytest.mark.xfail(strict=True, reason="E2: a send that raises at the call (the "
-                   "coordinator's add_partitions failed) leaves the transaction "
-                   "committable; requests.md, E4 17:20")
 def test_a_transaction_whose_send_raised_on_a_storage_error_does_not_commit(tmp_path):
     seen = []
     for n in range(1, 13):
