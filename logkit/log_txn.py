@@ -554,4 +554,13 @@ class _LogTransactions:
             i += 1
         if not spans:
             return records
-        return [r for r in records if not any(lo <= r.offset <= hi for lo, hi in spans)]
+        # Both in offset order: one merge walk, not every record against every span.
+        kept = []
+        n, count = 0, len(spans)
+        for record in records:
+            offset = record.offset
+            while n < count and spans[n][1] < offset:
+                n += 1
+            if n == count or offset < spans[n][0]:
+                kept.append(record)
+        return kept
