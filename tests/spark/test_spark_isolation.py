@@ -7,6 +7,8 @@ streaming query does not pass an open transaction and picks it up once committed
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.spark import test_spark
@@ -82,6 +84,10 @@ def test_batch_reads_honour_the_isolation_level(spark, read_path, transactions):
     assert sorted(row.value.decode() for row in rows) == COMMITTED
     assert max(row.offset for row in rows if row.partition == 0) < \
         broker.topic("tx").partition(0).last_stable_offset
+    end = json.dumps({"tx": {"0": broker.topic("tx").partition(0).high_watermark}})
+    held = reader(spark, root, subscribe="tx", endingOffsets=end,
+                  **{LEVEL: "read_committed"})          # held at the last stable offset
+    assert _values(held) == COMMITTED
     cut = reader(spark, root, subscribe="tx", maxRecordsPerPartition="3",
                  **{LEVEL: "read_committed"})
     assert cut.rdd.getNumPartitions() > 2

@@ -9,7 +9,9 @@
  * (`openReplacement`). Invariant: it returns the records of the range with offsets in
  * [start, end) that its files hold, each once, in rising offset order; a batch that does not check out raises
  * LogkitCorruptRecordException naming the file and byte position, and its records are
- * never returned; control batches are skipped, as logkit's own reads skip them.
+ * never returned; control batches are skipped, as logkit's own reads skip them, and
+ * with read_committed so are the batches of the range's aborted transactions (the
+ * planner's list, Kafka's consumer rule: `aborted`).
  */
 package logkit.spark;
 
@@ -328,7 +330,7 @@ final class ColumnarReader implements PartitionReader<ColumnarBatch> {
             if (replacing) {
                 replacedUpTo = Math.max(replacedUpTo, lastOffset + 1);
             }
-            if (range.abortedFirst.length > 0
+            if (range.abortedFirst.length > 0 && lastOffset >= nextOffset
                     && aborted(attributes, getLong(w, at + 43), lastOffset)) {
                 continue;
             }
