@@ -71,7 +71,8 @@ COMMITTED = _names([("A", 0, 5), ("C", 0, 5), ("A", 1, 4), ("C", 1, 4), ("D", 1,
 
 
 def test_batch_reads_honour_the_isolation_level(spark, read_path, transactions):
-    """maxRecordsPerPartition=3 starts input partitions inside transactions (an aborted
+    """includeHeaders reads Record tuples (the JVM hands it to Python);
+    maxRecordsPerPartition=3 starts input partitions inside transactions (an aborted
     one's first batch before the cut)."""
     broker, _ = transactions
     root = broker.path
@@ -88,6 +89,9 @@ def test_batch_reads_honour_the_isolation_level(spark, read_path, transactions):
     held = reader(spark, root, subscribe="tx", endingOffsets=end,
                   **{LEVEL: "read_committed"})          # held at the last stable offset
     assert _values(held) == COMMITTED
+    headers = reader(spark, root, subscribe="tx", includeHeaders="true",
+                     **{LEVEL: "read_committed"})    # the record path: fetch_records
+    assert _values(headers) == COMMITTED
     cut = reader(spark, root, subscribe="tx", maxRecordsPerPartition="3",
                  **{LEVEL: "read_committed"})
     assert cut.rdd.getNumPartitions() > 2
