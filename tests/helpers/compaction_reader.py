@@ -23,6 +23,7 @@ record of every append (tests/storage/test_compaction_model.py).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -105,6 +106,7 @@ def tail_consumer(broker, topic: str, partition: int, stop_path: str, out: dict,
 
 
 def main(argv: list[str]) -> int:
+    faulthandler.enable()        # a crash (SIGBUS, SIGSEGV) prints its stack to stderr
     root, topic, partition, mode, out_path, stop_path = argv[:6]
     chunk = int(argv[6]) if len(argv) > 6 else 200
     pace_s = float(argv[7]) / 1000 if len(argv) > 7 else 0.0
