@@ -1,0 +1,844 @@
+"""asyncio clients over the embedded broker, shaped like aiokafka's (docs/design.md §17).
+
+Owns: `AIOProducer` and `AIOConsumer`, thin asyncio fronts over the plain `Producer` and
+`Consumer` (logkit/producer.py, logkit/consumer.py), and nothing of their semantics.
+
+Invariant: the event loop never waits on a lock, a file or LMDB. Each client owns one
+worker thread, started by `start()` and joined by `stop()`, that makes, uses and closes
+its plain client; the loop hands it work through a `queue.SimpleQueue` (a put never
+blocks) and the worker answers with `loop.call_soon_threadsafe`. Every call of a plain
+client happens on its worker, in the order the loop made them, so the plain clients'
+one-thread rule holds.
+
+Producer: `send()` appends the record to a queue the worker drains in order into the
+plain producer's `send`, and returns an `asyncio.Future` the loop resolves when the plain
+future does (completions come back in bunches: one loop wake-up for many records).
+`buffer_memory` bounds the bytes sent and not yet resolved; a `send()` that finds no
+room waits, then raises `LogkitTimeoutError` after `max_block_ms`, as Kafka's.
+
+Consumer: the worker fetches only when the loop asks (a waiter, or a buffer running
+low), calling `poll(0)` and, when nothing came, sleeping in `Doorbell.wait` — the
+cross-process doorbell, never a timer — until an append or the next job. Fetched records
+land in the loop-side buffer whatever became of the call that asked for them, and a
+getone()/getmany() takes records from that buffer without awaiting in between, so a
+cancelled call has taken nothing: nothing is lost or delivered twice. Positions seen by
+the loop (`position()`, `commit()` with no offsets) are the plain consumer's less the
+buffered records: the next record the loop has not delivered. `seek()` drops the
+partition's buffered records and any fetched before the seek reached the worker.
+
+Lifecycle: `stop()` wakes every waiter with `ClosedError` (ending `async for`), then
+closes the plain client on its worker and waits, without blocking the loop, for the
+thread to end; afterwards no thread or task of the client is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping
+
+from ._threads import start_thread
+from .errors import ClosedError, ConfigError, IllegalStateError, LogkitError, LogkitTimeoutError
+from .records import Record
+from .topic import TopicPartition
+
+__all__ = ["AIOProducer", "AIOConsumer"]
+
+log = logging.getLogger(__name__)
+
+RECORD_OVERHEAD_BYTES = 70       # a record's size estimate for the send buffer's count
+UNKNOWN_VALUE_BYTES = 64         # a value that is not bytes (a serializer will make it)
+JOIN_POLL_S = 0.001              # stop(): how often the loop looks at an ending thread
+JOIN_LIMIT_S = 30.0              # stop(): the longest it waits for the worker to end
+_STOP = object()
+
+
+def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """Settle `future` on the loop thread (nothing if it was cancelled)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class _Worker:
+    """One thread running jobs for one client, in order. `submit()` is called on the
+    loop; `call()` is its awaitable form. Subclasses run `run()` on the thread."""
+
+    def __init__(self, name: str) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        self.done: asyncio.Future | None = None
+        self.name = name
+        self.seq = 0                    # jobs submitted (loop side)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.done = loop.create_future()
+        self.thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+        start_thread(self.thread, f"the {self.name} thread")
+
+    def _main(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:     # a bug: say so, and let stop() end
+            log.exception("%s ended with an error", self.name)
+            error: BaseException | None = exc
+        else:
+            error = None
+        loop, done = self.loop, self.done
+        assert loop is not None and done is not None
+        try:
+            loop.call_soon_threadsafe(_resolve, done, None, error)
+        except RuntimeError:             # the loop is closed: nobody waits
+            pass
+
+    def run(self) -> None:               # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def reply(self, future: asyncio.Future, result: Any, error: BaseException | None
+              ) -> None:
+        """From the worker: settle a loop future."""
+        assert self.loop is not None
+        try:
+            self.loop.call_soon_threadsafe(_resolve, future, result, error)
+        except RuntimeError:             # loop closed
+            pass
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        assert self.loop is not None
+        future = self.loop.create_future()
+        self.seq += 1
+        self.jobs.put((fn, args, future))
+        return future
+
+    async def join(self) -> None:
+        """Wait (without blocking the loop) for the thread to end."""
+        if self.thread is None or self.done is None:
+            return
+        self.jobs.put(_STOP)
+        try:
+            await asyncio.shield(self.done)
+        except BaseException:           # its error was logged; the thread has ended
+            pass
+        deadline = time.monotonic() + JOIN_LIMIT_S
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(JOIN_POLL_S)    # the thread's last instructions
+        self.thread = None
+
+
+def _run_job(worker: _Worker, job: Any) -> None:
+    fn, args, future = job
+    try:
+        result = fn(*args)
+    except BaseException as exc:         # the loop's caller gets it
+        worker.reply(future, None, exc)
+    else:
+        worker.reply(future, result, None)
+
+
+# ---- producer ----------------------------------------------------------------------
+
+
+class _ProducerWorker(_Worker):
+    def __init__(self, owner: "AIOProducer") -> None:
+        super().__init__("logkit-aio-producer")
+        self.owner = owner
+        self.sends: collections.deque = collections.deque()    # loop -> worker, in order
+        self.kicked = False           # a wake-up is in the queue (loop side sets it)
+        self.done_rows: collections.deque = collections.deque()   # worker -> loop
+        self.drain_scheduled = False
+
+    def kick(self) -> None:
+        if not self.kicked:
+            self.kicked = True
+            self.jobs.put(None)
+
+    def run(self) -> None:
+        owner = self.owner
+        jobs = self.jobs
+        sends = self.sends
+        while True:
+            job = jobs.get()
+            self.kicked = False
+            self._drain_sends(owner.producer, sends)
+            if job is None:
+                continue
+            if job is _STOP:
+                break
+            _run_job(self, job)
+        self._drain_sends(owner.producer, sends)
+
+    def _drain_sends(self, producer: Any, sends: collections.deque) -> None:
+        popleft = sends.popleft
+        done = self.completed
+        failed = self.failed
+        while sends:
+            item = popleft()
+            if callable(item):            # a call ordered among the sends
+                item()
+                continue
+            future, topic, value, key, partition, timestamp_ms, headers, size = item
+            try:
+                pending = producer.send(topic, value, key, partition=partition,
+                                        headers=headers, timestamp_ms=timestamp_ms)
+            except BaseException as exc:
+                self._finish(future, size, None, exc)
+                continue
+            pending.add_callback(lambda md, f=future, s=size: done(f, s, md))
+            pending.add_errback(lambda exc, f=future, s=size: failed(f, s, exc))
+
+    def completed(self, future: asyncio.Future, size: int, metadata: Any) -> None:
+        self._finish(future, size, metadata, None)
+
+    def failed(self, future: asyncio.Future, size: int, exc: BaseException) -> None:
+        self._finish(future, size, None, exc)
+
+    def _finish(self, future: asyncio.Future, size: int, metadata: Any,
+                error: BaseException | None) -> None:
+        """Any thread (the worker, the plain producer's sender): queue a completion;
+        one loop wake-up takes every completion queued before it runs."""
+        self.done_rows.append((future, size, metadata, error))
+        if not self.drain_scheduled:
+            self.drain_scheduled = True
+            assert self.loop is not None
+            try:
+                self.loop.call_soon_threadsafe(self.owner._completions)
+            except RuntimeError:         # loop closed
+                pass
+
+
+class AIOProducer:
+    """`AIOProducer(broker, **producer_config)`: `await start()`, `await send(...)` ->
+    asyncio.Future of RecordMetadata, `await stop()` (or `async with`). The options are
+    the plain producer's (`broker.producer(...)`)."""
+
+    def __init__(self, broker: Any, **producer_config: Any) -> None:
+        self._broker = broker
+        self._config = dict(producer_config)
+        self.producer: Any = None            # the plain Producer, made on the worker
+        self._worker = _ProducerWorker(self)
+        self._started = False
+        self._closed = False
+        self._buffer_bytes = 0               # sent, not resolved
+        self._buffer_memory = 33554432
+        self._max_block_s = 60.0
+        self._room: list[asyncio.Future] = []     # sends waiting for buffer room
+        self._unresolved: set[asyncio.Future] = set()
+
+    def __repr__(self) -> str:
+        return f"AIOProducer({self._config!r})"
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        if self._closed:
+            raise ClosedError("AIOProducer is stopped")
+        self._worker.start(asyncio.get_running_loop())
+        self._started = True
+        try:
+            self.producer = await self._worker.submit(
+                lambda: self._broker.producer(**self._config))
+            settings = self.producer.config
+            self._buffer_memory = settings["buffer_memory"]
+            self._max_block_s = settings["max_block_ms"] / 1000
+            if settings.get("transactional_id") is not None:
+                await self._call(self.producer.init_transactions)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def __aenter__(self) -> "AIOProducer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError("AIOProducer is stopped")
+        if not self._started or self.producer is None:
+            raise IllegalStateError("AIOProducer is not started: await start() first")
+
+    async def send(self, topic: str, value: Any = None, key: Any = None,
+                   partition: int | None = None, timestamp_ms: int | None = None,
+                   headers: Any = None) -> asyncio.Future:
+        """Queue a record; returns an asyncio.Future of its RecordMetadata (or its
+        error). Waits while `buffer_memory` is full, at most `max_block_ms`."""
+        self._check()
+        size = RECORD_OVERHEAD_BYTES
+        size += len(value) if isinstance(value, (bytes, bytearray)) else (
+            0 if value is None else UNKNOWN_VALUE_BYTES)
+        if isinstance(key, (bytes, bytearray)):
+            size += len(key)
+        if self._buffer_bytes + size > self._buffer_memory and self._buffer_bytes:
+            await self._wait_for_room(size)
+        worker = self._worker
+        future = worker.loop.create_future()       # type: ignore[union-attr]
+        self._buffer_bytes += size
+        self._unresolved.add(future)
+        worker.sends.append((future, topic, value, key, partition, timestamp_ms,
+                             headers, size))
+        if not worker.kicked:
+            worker.kick()
+        return future
+
+    async def send_and_wait(self, topic: str, value: Any = None, key: Any = None,
+                            partition: int | None = None, timestamp_ms: int | None = None,
+                            headers: Any = None) -> Any:
+        future = await self.send(topic, value, key, partition, timestamp_ms, headers)
+        return await future
+
+    async def _wait_for_room(self, size: int) -> None:
+        deadline = time.monotonic() + self._max_block_s
+        loop = asyncio.get_running_loop()
+        while self._buffer_bytes + size > self._buffer_memory and self._buffer_bytes:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LogkitTimeoutError(
+                    f"no room in buffer_memory={self._buffer_memory} within "
+                    f"max_block_ms={int(self._max_block_s * 1000)}")
+            waiter = loop.create_future()
+            self._room.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except asyncio.TimeoutError:
+                continue
+            finally:
+                if waiter in self._room:
+                    self._room.remove(waiter)
+            self._check()
+
+    def _completions(self) -> None:
+        """On the loop: resolve every future whose record is done."""
+        worker = self._worker
+        worker.drain_scheduled = False
+        rows = worker.done_rows
+        popleft = rows.popleft
+        freed = 0
+        unresolved = self._unresolved
+        while rows:
+            future, size, metadata, error = popleft()
+            freed += size
+            unresolved.discard(future)
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(metadata)
+        self._buffer_bytes -= freed
+        if self._room:
+            for waiter in self._room:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the worker after every record sent before it."""
+        worker = self._worker
+        future = worker.loop.create_future()        # type: ignore[union-attr]
+
+        def job() -> None:
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                worker.reply(future, None, exc)
+            else:
+                worker.reply(future, result, None)
+        worker.sends.append(job)
+        worker.kick()
+        return await future
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until every record sent so far is stored (or failed)."""
+        self._check()
+        await self._call(self.producer.flush, timeout)
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        self._check()
+        return await self._call(self.producer.partitions_for, topic)
+
+    # ---- transactions (docs/design.md §15) -----------------------------------------
+
+    async def begin_transaction(self) -> None:
+        self._check()
+        await self._call(self.producer.begin_transaction)
+
+    async def commit_transaction(self) -> None:
+        self._check()
+        await self._call(self.producer.commit_transaction)
+
+    async def abort_transaction(self) -> None:
+        self._check()
+        await self._call(self.producer.abort_transaction)
+
+    async def send_offsets_to_transaction(self, offsets: Mapping[Any, Any],
+                                          group_id: Any) -> None:
+        self._check()
+        await self._call(self.producer.send_offsets_to_transaction, offsets, group_id)
+
+    def transaction(self) -> "_Transaction":
+        """`async with producer.transaction():` begins a transaction, commits it when
+        the block ends, aborts it when the block raises (the error propagates)."""
+        return _Transaction(self)
+
+    async def stop(self) -> None:
+        """Store what was sent (flush), close the plain producer, end the worker.
+        Safe twice. Sends waiting for room raise ClosedError."""
+        if self._closed:
+            return
+        self._closed = True
+        for waiter in self._room:
+            if not waiter.done():
+                waiter.set_exception(ClosedError("AIOProducer stopped"))
+        if not self._started:
+            return
+        producer = self.producer
+        if producer is not None:
+            try:
+                await self._call(producer.close)
+            except LogkitError as exc:
+                log.warning("AIOProducer.stop: closing the producer raised %s", exc)
+        await self._worker.join()
+        self._completions()
+        for future in list(self._unresolved):
+            if not future.done():
+                future.set_exception(ClosedError("AIOProducer stopped before the "
+                                                 "record was stored"))
+        self._unresolved.clear()
+
+
+class _Transaction:
+    def __init__(self, producer: AIOProducer) -> None:
+        self._producer = producer
+
+    async def __aenter__(self) -> AIOProducer:
+        await self._producer.begin_transaction()
+        return self._producer
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            await self._producer.commit_transaction()
+            return
+        try:
+            await self._producer.abort_transaction()
+        except LogkitError as abort_error:      # the block's error is the one to raise
+            log.warning("aborting the transaction after %r failed: %s", exc, abort_error)
+
+
+# ---- consumer ----------------------------------------------------------------------
+
+
+class _ConsumerWorker(_Worker):
+    """Runs jobs and, while the loop asks for records, fetches them."""
+
+    def __init__(self, owner: "AIOConsumer") -> None:
+        super().__init__("logkit-aio-consumer")
+        self.owner = owner
+        self.fetching = False          # worker side: a fetch was asked for
+        self.jobs_done = 0             # worker side: jobs run (the loop's `seq` order)
+
+    def run(self) -> None:
+        owner = self.owner
+        jobs = self.jobs
+        while True:
+            try:
+                job = jobs.get() if not self.fetching else jobs.get_nowait()
+            except queue.Empty:
+                job = None
+                self._fetch_once(owner)
+                continue
+            if job is _STOP:
+                break
+            self.jobs_done += 1
+            if job == "fetch":
+                self.fetching = True
+                continue
+            _run_job(self, job)
+
+    def _fetch_once(self, owner: "AIOConsumer") -> None:
+        consumer = owner.consumer
+        doorbell = owner._broker.doorbell
+        seen = None if doorbell is None else doorbell.value()
+        try:
+            records = consumer.poll(0, owner._max_records)
+        except BaseException as exc:
+            self.fetching = False
+            self._send(owner._fetched, None, None, self.jobs_done, exc)
+            return
+        if records:
+            grouped: dict[TopicPartition, list[Record]] = {}
+            for record in records:
+                tp = TopicPartition(record.topic, record.partition)
+                batch = grouped.get(tp)
+                if batch is None:
+                    grouped[tp] = [record]
+                else:
+                    batch.append(record)
+            self.fetching = False
+            self._send(owner._fetched, grouped, set(consumer.assignment()),
+                       self.jobs_done, None)
+            return
+        if doorbell is None or seen is None:
+            time.sleep(0.005)             # a read-only broker: nobody rings
+        else:
+            doorbell.wait(seen, 0.005, owner._spin_s)
+
+    def _send(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self.loop is not None
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:              # the loop is closed
+            pass
+
+
+class AIOConsumer:
+    """`AIOConsumer(broker, *topics, **consumer_config)`: `await start()`, then
+    `await getone()`, `await getmany(timeout_ms=...)`, `async for record in consumer`;
+    `await stop()` (or `async with`). The options are the plain consumer's
+    (`broker.consumer(...)`)."""
+
+    def __init__(self, broker: Any, *topics: str, **consumer_config: Any) -> None:
+        self._broker = broker
+        self._topics = topics
+        self._config = dict(consumer_config)
+        self.consumer: Any = None           # the plain Consumer, made on the worker
+        self._worker = _ConsumerWorker(self)
+        self._started = False
+        self._closed = False
+        self._max_records = 500
+        self._spin_s = 0.0
+        # fetched, not yet delivered, per partition in offset order
+        self._buffer: dict[TopicPartition, collections.deque] = {}
+        self._buffered = 0
+        self._paused: set[TopicPartition] = set()
+        self._assignment: set[TopicPartition] = set()
+        # a partition seeked (or assigned anew) -> the job number of that call: records
+        # fetched before the worker ran it are stale
+        self._moved_at: dict[TopicPartition, int] = {}
+        self._asked = False                 # a fetch is asked for and not answered
+        self._waiters: list[asyncio.Future] = []
+        self._error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"AIOConsumer(topics={self._topics!r}, {self._config!r})"
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        if self._closed:
+            raise ClosedError("AIOConsumer is stopped")
+        self._worker.start(asyncio.get_running_loop())
+        self._started = True
+        try:
+            self.consumer = await self._worker.submit(
+                lambda: self._broker.consumer(*self._topics, **self._config))
+            self._max_records = self.consumer.config["max_poll_records"]
+            self._spin_s = self.consumer.config["poll_spin_us"] / 1e6
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def __aenter__(self) -> "AIOConsumer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError("AIOConsumer is stopped")
+        if not self._started or self.consumer is None:
+            raise IllegalStateError("AIOConsumer is not started: await start() first")
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._check()
+        return await self._worker.submit(fn, *args)
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> int:
+        """A plain call's job, not awaited (its error is logged); its job number."""
+        future = self._worker.submit(fn, *args)
+        future.add_done_callback(_log_failure)
+        return self._worker.seq
+
+    # ---- subscription ------------------------------------------------------------
+
+    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None,
+                  listener: Any = None) -> None:
+        self._check()
+        topics = list(topics)
+        self._post(lambda: self.consumer.subscribe(topics, pattern=pattern))
+
+    def unsubscribe(self) -> None:
+        self._check()
+        self._drop(set(self._buffer))
+        self._assignment = set()
+        self._post(self.consumer.unsubscribe)
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        self._check()
+        tps = {TopicPartition(*tp) for tp in partitions}
+        self._drop(set(self._buffer) - tps)
+        self._assignment = set(tps)
+        seq = self._post(self.consumer.assign, list(tps))
+        for tp in tps:
+            self._moved_at[tp] = seq
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions assigned, as the worker last reported them."""
+        return set(self._assignment)
+
+    def subscription(self) -> set[str]:
+        return set(self._topics)
+
+    # ---- positions ---------------------------------------------------------------
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Plain call: the next record delivered for `tp` is at `offset`."""
+        self._check()
+        tp = TopicPartition(*tp)
+        self._drop({tp})
+        self._moved_at[tp] = self._post(self.consumer.seek, tp, offset)
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        for tp in (tps or tuple(self._assignment)):
+            offsets = await self.beginning_offsets([tp])
+            self.seek(tp, offsets[TopicPartition(*tp)])
+
+    async def seek_to_end(self, *tps: TopicPartition) -> None:
+        for tp in (tps or tuple(self._assignment)):
+            offsets = await self.end_offsets([tp])
+            self.seek(tp, offsets[TopicPartition(*tp)])
+
+    async def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record getone()/getmany() delivers for `tp`."""
+        tp = TopicPartition(*tp)
+        offset = await self._call(self.consumer.position, tp)
+        return self._less_buffered(tp, offset)
+
+    def _less_buffered(self, tp: TopicPartition, offset: int) -> int:
+        buffered = self._buffer.get(tp)
+        return min(offset, buffered[0].offset) if buffered else offset
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return await self._call(self.consumer.committed, TopicPartition(*tp))
+
+    async def commit(self, offsets: Mapping[TopicPartition, Any] | None = None) -> None:
+        """Commit `offsets` ({tp: next offset to consume}); by default the positions of
+        what was delivered so far."""
+        if offsets is None:
+            def positions() -> dict[TopicPartition, int]:
+                consumer = self.consumer
+                return {tp: consumer.position(tp) for tp in consumer.assignment()}
+            found = await self._call(positions)
+            offsets = {tp: self._less_buffered(tp, offset) for tp, offset in found.items()}
+        await self._call(self.consumer.commit, dict(offsets))
+
+    async def end_offsets(self, tps: Iterable[TopicPartition]
+                          ) -> dict[TopicPartition, int]:
+        return await self._call(self.consumer.end_offsets, list(tps))
+
+    async def beginning_offsets(self, tps: Iterable[TopicPartition]
+                                ) -> dict[TopicPartition, int]:
+        return await self._call(self.consumer.beginning_offsets, list(tps))
+
+    async def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> Any:
+        return await self._call(self.consumer.offsets_for_times, dict(timestamps))
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self._check()
+        tps = tuple(TopicPartition(*tp) for tp in tps)
+        self._paused.update(tps)
+        self._post(self.consumer.pause, *tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self._check()
+        tps = tuple(TopicPartition(*tp) for tp in tps)
+        self._paused.difference_update(tps)
+        self._post(self.consumer.resume, *tps)
+        if any(self._buffer.get(tp) for tp in tps):
+            self._wake()
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    def group_metadata(self) -> Any:
+        self._check()
+        return self.consumer.group_metadata()
+
+    # ---- the buffer (loop side) ------------------------------------------------
+
+    def _drop(self, tps: set[TopicPartition]) -> None:
+        for tp in tps:
+            dropped = self._buffer.pop(tp, None)
+            if dropped:
+                self._buffered -= len(dropped)
+
+    def _fetched(self, grouped: dict[TopicPartition, list[Record]] | None,
+                 assignment: set[TopicPartition] | None, jobs_done: int,
+                 error: BaseException | None) -> None:
+        """On the loop: a fetch's answer. Kept whatever became of the call that asked."""
+        self._asked = False
+        if error is not None:
+            self._error = error
+        if assignment is not None:
+            self._assignment = assignment
+            self._drop(set(self._buffer) - assignment)
+        if grouped:
+            buffer = self._buffer
+            moved = self._moved_at
+            for tp, records in grouped.items():
+                if moved.get(tp, 0) > jobs_done or tp not in assignment:   # stale
+                    continue
+                queue_ = buffer.get(tp)
+                if queue_ is None:
+                    buffer[tp] = collections.deque(records)
+                else:
+                    queue_.extend(records)
+                self._buffered += len(records)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _ask(self) -> None:
+        if not self._asked and not self._closed:
+            self._asked = True
+            self._worker.seq += 1
+            self._worker.jobs.put("fetch")
+
+    def _take(self, partitions: tuple[TopicPartition, ...], max_records: int
+              ) -> dict[TopicPartition, list[Record]]:
+        """Up to max_records buffered records of deliverable partitions; no await."""
+        out: dict[TopicPartition, list[Record]] = {}
+        left = max_records
+        buffer = self._buffer
+        for tp in (partitions or list(buffer)):
+            if left <= 0:
+                break
+            records = buffer.get(tp)
+            if not records or tp in self._paused:
+                continue
+            if len(records) <= left:
+                taken = list(records)
+                del buffer[tp]
+            else:
+                taken = [records.popleft() for _ in range(left)]
+            out[tp] = taken
+            left -= len(taken)
+            self._buffered -= len(taken)
+        if self._buffered < self._max_records:
+            self._ask()                   # keep the next records coming
+        return out
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    async def _wait(self, deadline: float | None) -> bool:
+        """Wait until records arrive or `deadline` (loop time) passes; False at the
+        deadline. ClosedError once stopped."""
+        self._check()
+        self._ask()
+        loop = self._worker.loop
+        assert loop is not None
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            if deadline is None:
+                await waiter
+            else:
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(waiter, timeout)
+                except asyncio.TimeoutError:
+                    return False
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+        return True
+
+    async def getone(self, *partitions: TopicPartition) -> Record:
+        """The next record (waits for one). Cancelling it takes nothing."""
+        partitions = tuple(TopicPartition(*tp) for tp in partitions)
+        while True:
+            self._check()
+            self._raise_error()
+            taken = self._take(partitions, 1)
+            if taken:
+                return next(iter(taken.values()))[0]
+            await self._wait(None)
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0,
+                      max_records: int | None = None
+                      ) -> dict[TopicPartition, list[Record]]:
+        """Records by partition, up to `max_records` (default max_poll_records), waiting
+        up to `timeout_ms` when none is buffered ({} then). Cancelling it takes nothing."""
+        partitions = tuple(TopicPartition(*tp) for tp in partitions)
+        limit = self._max_records if max_records is None else max_records
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ConfigError(f"max_records must be a positive integer, got {limit!r}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_ms, 0) / 1000
+        while True:
+            self._check()
+            self._raise_error()
+            taken = self._take(partitions, limit)
+            if taken or timeout_ms <= 0:
+                return taken
+            if not await self._wait(deadline):
+                self._raise_error()
+                return self._take(partitions, limit)
+
+    def __aiter__(self) -> AsyncIterator[Record]:
+        return self
+
+    async def __anext__(self) -> Record:
+        try:
+            return await self.getone()
+        except ClosedError:
+            if self._closed:
+                raise StopAsyncIteration from None
+            raise
+
+    async def stop(self) -> None:
+        """Wake every waiter with ClosedError, close the plain consumer (leaving its
+        group) on the worker, and end the worker. Safe twice."""
+        if self._closed:
+            return
+        self._closed = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(ClosedError("AIOConsumer stopped"))
+        if not self._started:
+            return
+        consumer = self.consumer
+        if consumer is not None:
+            try:
+                await self._worker.submit(consumer.close)
+            except LogkitError as exc:
+                log.warning("AIOConsumer.stop: closing the consumer raised %s", exc)
+        await self._worker.join()
+        self._buffer.clear()
+        self._buffered = 0
+
+
+def _log_failure(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("AIOConsumer: a call failed on the worker: %s", future.exception())
