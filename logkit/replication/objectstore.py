@@ -74,7 +74,8 @@ from ..leader.lease import (LEASE_FILE, RENEWALS_PER_TTL, Lease, read_lease, rel
                     replica_id, take_next)
 from .source import PartitionInfo, ReplicaSource, SegmentInfo, TopicInfo
 
-__all__ = ["ObjectStoreSource", "Shipper", "restore", "MANIFEST_KEY", "MANIFEST_FORMAT"]
+__all__ = ["ObjectStoreSource", "Shipper", "restore", "MANIFEST_KEY", "MANIFEST_FORMAT",
+           "read_manifest", "may_have_gaps"]
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,22 @@ def _validate(body: dict[str, Any]) -> None:
                  int(objects[0]["first_offset"]) > int(entry["log_start_offset"])):
             raise ValueError(f"{entry['topic']}-{entry['partition']}: the objects do not "
                              "cover the log start to the log end")
+
+
+def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any] | None:
+    """The latest manifest under `url` as readers trust it (parsed and checked: keys
+    inside the layout, objects covering each partition's log start to its log end),
+    None when nothing was shipped there yet; CorruptRecordError when it is malformed.
+    The read API of readers outside this module (the Spark source, DESIGN §18)."""
+    fs, root = _filesystem(url, storage_options)
+    return _read_manifest(fs, root)
+
+
+def may_have_gaps(manifest: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
+    """Whether a manifest partition entry's objects may leave offset gaps (compacted
+    or cleaned): a reader walking its batches then allows increasing base offsets."""
+    return _has_gaps(manifest, entry)
 
 
 def _has_gaps(body: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:

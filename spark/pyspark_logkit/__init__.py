@@ -26,6 +26,7 @@ from pyspark.sql.datasource import DataSource
 
 from .brokers import broker_for
 from .options import LogkitSparkError, SourceOptions, split_options
+from .objectstore import StoreBatchReader, StoreStreamReader
 from .reader import LogkitBatchReader, LogkitStreamReader, resolve_typed, schema
 from .typed import arrow_type
 from .writer import LogkitBatchWriter, LogkitStreamWriter, SinkOptions
@@ -53,16 +54,24 @@ class LogkitDataSource(DataSource):
         if split_options(self.options)[1]:
             # typed key/value columns: their types come from the schema chosen now
             options = SourceOptions(self.options, streaming=False)
+            if options.store:
+                StoreBatchReader(options)       # refuses typed columns, saying why
             broker = broker_for(options.path)
             types = {side: arrow_type(broker, spec)
                      for side, spec in resolve_typed(options).items()}
         return schema(include, types)
 
-    def reader(self, schema: Any) -> LogkitBatchReader:
-        return LogkitBatchReader(SourceOptions(self.options, streaming=False), schema)
+    def reader(self, schema: Any) -> Any:
+        options = SourceOptions(self.options, streaming=False)
+        if options.store:                       # a shipped object store (DESIGN §18)
+            return StoreBatchReader(options)
+        return LogkitBatchReader(options, schema)
 
-    def streamReader(self, schema: Any) -> LogkitStreamReader:
-        return LogkitStreamReader(SourceOptions(self.options, streaming=True), schema)
+    def streamReader(self, schema: Any) -> Any:
+        options = SourceOptions(self.options, streaming=True)
+        if options.store:
+            return StoreStreamReader(options)
+        return LogkitStreamReader(options, schema)
 
     def writer(self, schema: Any, overwrite: bool) -> LogkitBatchWriter:
         if overwrite:

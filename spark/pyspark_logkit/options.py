@@ -48,6 +48,8 @@ def split_options(given: Mapping[str, str]) -> tuple[dict[str, str], dict[str, s
     wanted = {name.lower() for name in TYPED_OPTIONS}
     rest, typed = {}, {}
     for key, value in given.items():
+        if key.lower().startswith("fs."):
+            continue            # an object store's storage options (objectstore.py)
         if key.lower() in wanted:
             typed[key.lower()] = value
         else:
@@ -113,9 +115,17 @@ class SourceOptions:
 
     def __init__(self, given: Mapping[str, str], *, streaming: bool) -> None:
         options = checked(given)
-        self.path = os.path.abspath(options["path"])
-        if not os.path.isdir(self.path):
-            raise LogkitSparkError(f"logkit: path {self.path!r} is not a logkit directory")
+        # an fsspec URL is a leader's shipped object store (DESIGN §18, objectstore.py)
+        from .objectstore import is_store_url, storage_options
+        self.store = bool(options["path"]) and is_store_url(options["path"])
+        self.storage_options = storage_options(given)
+        if self.store:
+            self.path = options["path"]
+        else:
+            self.path = os.path.abspath(options["path"])
+            if not os.path.isdir(self.path):
+                raise LogkitSparkError(f"logkit: path {self.path!r} is not a logkit "
+                                       "directory")
         chosen = [k for k in ("subscribe", "subscribePattern", "assign") if options[k]]
         if len(chosen) != 1:
             raise LogkitSparkError("logkit: set exactly one of 'subscribe', "
