@@ -3,7 +3,8 @@
  *
  * Owns: deciding, per read, whether the JVM reader serves it or the Python data source
  * (pyspark_logkit) does. Invariant: the JVM reader only serves batch reads of binary key
- * and value columns without headers; everything else (writes, streaming, includeHeaders,
+ * and value columns without headers from a directory; everything else (writes, streaming,
+ * includeHeaders, an object-store URL as path,
  * typed key/value columns, a session with spark.logkit.jvm=false) is handed to the Python
  * source registered under the same name, so options, schema and the exactly-once sink
  * behave exactly as they do without this jar. No option is ever silently ignored.
@@ -73,6 +74,9 @@ public final class LogkitProvider implements TableProvider, DataSourceRegister {
             }
             if (key.equals("includeheaders") && !"false".equalsIgnoreCase(e.getValue().trim())) {
                 return false;       // headers (or a value Python will check): Python
+            }
+            if (key.equals("path") && e.getValue().contains("://")) {
+                return false;       // a shipped object store (DESIGN 18): Python
             }
         }
         return true;
