@@ -59,10 +59,16 @@ def _start_shipper(broker: Broker, url: str, **options: object) -> object:
     return Shipper(broker, url, **options)
 
 
+def _start_rest(broker: Broker, **options: object) -> object:
+    from .rest import serve
+    return serve(broker, **options)
+
+
 _broker.register_server("kafka", _start_kafka)
 _broker.register_server("replication", _start_replication)
 _broker.register_server("schema-registry", _start_schema_registry)
 _broker.register_server("shipper", _start_shipper)
+_broker.register_server("rest", _start_rest)
 
 __version__ = "0.1.0"
 

@@ -103,7 +103,7 @@ class ShipperHandle(Protocol):
     def __exit__(self, *exc: Any) -> Any: ...
 
 
-SERVERS = ("kafka", "replication", "schema-registry", "shipper")
+SERVERS = ("kafka", "replication", "schema-registry", "shipper", "rest")
 _starters: dict[str, Callable[..., Any]] = {}
 
 
@@ -1257,6 +1257,27 @@ class Broker:
         else:
             self._check_writable("serve")
         server = _starter("kafka")(self, host=host, port=port, **options)
+        self._clients.append(server)
+        return server
+
+    # ---- the REST proxy (logkit/rest.py) ---------------------------------------------
+
+    def serve_rest(self, host: str = "127.0.0.1", port: int = 0, *,
+                   users: Mapping[str, str] | None = None, ssl_context: Any = None,
+                   max_body_bytes: int = 16 << 20, **options: Any) -> RegistryServerHandle:
+        """Serve this broker over HTTP in Confluent REST Proxy's v3 and v2 shapes on
+        host:port (0: a free port), from a background thread of this process
+        (docs/web.md). `users` ({name: password}) requires Basic auth; `ssl_context`
+        (a server context of the `ssl` module) adds TLS; `max_body_bytes` bounds a body
+        (per record when streamed). The handle has `.url`, `.host`, `.port`, `close()`
+        (safe twice); a context manager; it is closed with the broker. Options:
+        `max_connections`, `idle_timeout_ms`, `request_timeout_ms`,
+        `consumer_instance_timeout_ms`."""
+        self._check_writable("serve_rest")
+        server = _starter("rest")(self, host=host, port=port,
+                                  users=dict(users) if users is not None else None,
+                                  ssl_context=ssl_context, max_body_bytes=max_body_bytes,
+                                  **options)
         self._clients.append(server)
         return server
 

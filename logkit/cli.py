@@ -516,6 +516,12 @@ def add_serve(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--schema-registry-host", default="127.0.0.1", metavar="HOST",
                      help="address of the schema registry (default 127.0.0.1 whatever "
                      "--host is: it is opened to the network only when asked)")
+    cmd.add_argument("--rest-port", type=int, default=None, metavar="N",
+                     help="also serve Confluent's REST Proxy API (v3 and v2) on "
+                     "--rest-host:N (0: any free port, printed), with --sasl-users as "
+                     "its Basic auth users and --tls-cert/--tls-key as its TLS")
+    cmd.add_argument("--rest-host", default="127.0.0.1", metavar="HOST",
+                     help="address of the REST proxy (default 127.0.0.1)")
 
 
 def _sasl_users(path: str | None) -> dict[str, str] | None:
@@ -573,6 +579,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             registry = broker.serve_schema_registry(host=args.schema_registry_host,
                                                     port=args.schema_registry_port)
             print(f"serving the schema registry at {registry.url}", flush=True)
+        if args.rest_port is not None:
+            rest = broker.serve_rest(host=args.rest_host, port=args.rest_port,
+                                     users=users, ssl_context=context)
+            print(f"serving the REST proxy at {rest.url}", flush=True)
         while not stop.requested:
             time.sleep(POLL_MS / 1000)
         server.close()
@@ -1708,7 +1718,8 @@ COMMANDS: list[Command] = [
             "logkit serve data/ --port 9092 --config num.partitions=3\n"
             "logkit serve data/ --host 0.0.0.0 --advertised-host myhost --port 9092 "
             "--sasl-users users.txt --tls-cert cert.pem --tls-key key.pem\n"
-            "logkit serve data/ --port 9092 --schema-registry-port 8081",
+            "logkit serve data/ --port 9092 --schema-registry-port 8081\n"
+            "logkit serve data/ --port 9092 --rest-port 8082",
             add_serve, cmd_serve),
     Command("follow", "copy a leader broker into DIR and keep copying (a replica), until "
             "SIGINT/SIGTERM; SOURCE is the leader's directory, tcp://HOST:PORT of its "
