@@ -39,6 +39,7 @@ import logging
 import queue
 import threading
 import time
+from functools import partial
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from ._threads import start_thread
@@ -119,6 +120,18 @@ class _Worker:
         self.jobs.put((fn, args, future))
         return future
 
+    def stop_blocking(self, close: Callable[[], Any], timeout_s: float = JOIN_LIMIT_S
+                      ) -> None:
+        """With no loop running (a fixture's teardown after asyncio.run): run `close`
+        on the worker, end it and join it, blocking."""
+        thread = self.thread
+        if thread is None or not thread.is_alive():
+            return
+        self.jobs.put((close, (), None))
+        self.jobs.put(_STOP)
+        thread.join(timeout_s)
+        self.thread = None
+
     async def join(self) -> None:
         """Wait (without blocking the loop) for the thread to end."""
         if self.thread is None or self.done is None:
@@ -139,9 +152,13 @@ def _run_job(worker: _Worker, job: Any) -> None:
     try:
         result = fn(*args)
     except BaseException as exc:         # the loop's caller gets it
-        worker.reply(future, None, exc)
+        if future is None:
+            log.warning("%s: %s raised %s", worker.name, fn, exc)
+        else:
+            worker.reply(future, None, exc)
     else:
-        worker.reply(future, result, None)
+        if future is not None:
+            worker.reply(future, result, None)
 
 
 # ---- producer ----------------------------------------------------------------------
@@ -403,8 +420,15 @@ class AIOProducer:
             return
         producer = self.producer
         if producer is not None:
+            # queued with the end of the worker at once: a stop() cancelled while it
+            # waits still closes the producer and ends the thread
+            closing = self._worker.loop.create_future()     # type: ignore[union-attr]
+            self._worker.sends.append(partial(_run_job, self._worker,
+                                              (producer.close, (), closing)))
+            self._worker.jobs.put(None)
+            self._worker.jobs.put(_STOP)
             try:
-                await self._call(producer.close)
+                await closing
             except LogkitError as exc:
                 log.warning("AIOProducer.stop: closing the producer raised %s", exc)
         await self._worker.join()
@@ -414,6 +438,12 @@ class AIOProducer:
                 future.set_exception(ClosedError("AIOProducer stopped before the "
                                                  "record was stored"))
         self._unresolved.clear()
+
+    def _stop_blocking(self) -> None:
+        """Stop from outside any event loop (a fixture whose test forgot stop())."""
+        self._closed = True
+        if self.producer is not None:
+            self._worker.stop_blocking(self.producer.close)
 
 
 class _Transaction:
@@ -830,13 +860,23 @@ class AIOConsumer:
             return
         consumer = self.consumer
         if consumer is not None:
+            # queued with the end of the worker at once: a stop() cancelled while it
+            # waits still closes the consumer and ends the thread
+            closing = self._worker.submit(consumer.close)
+            self._worker.jobs.put(_STOP)
             try:
-                await self._worker.submit(consumer.close)
+                await closing
             except LogkitError as exc:
                 log.warning("AIOConsumer.stop: closing the consumer raised %s", exc)
         await self._worker.join()
         self._buffer.clear()
         self._buffered = 0
+
+    def _stop_blocking(self) -> None:
+        """Stop from outside any event loop (a fixture whose test forgot stop())."""
+        self._closed = True
+        if self.consumer is not None:
+            self._worker.stop_blocking(self.consumer.close)
 
 
 def _log_failure(future: asyncio.Future) -> None:

@@ -12,6 +12,14 @@ that installing logkit declares, so a test needs no conftest.py:
                             auto_offset_reset="earliest": call subscribe() or assign()
     logkit_server           logkit_broker served on Kafka's wire protocol; its handle has
                             .bootstrap_servers (skipped while Broker.serve() is missing)
+    aio_producer            a factory: aio_producer(**config) -> an AIOProducer on
+                            logkit_broker, not started (`async with` it in the test)
+    aio_consumer            a factory: aio_consumer(*topics, **config) -> an AIOConsumer
+                            on logkit_broker (auto_offset_reset="earliest"), not started
+
+The asyncio factories are plain fixtures (they work without pytest-asyncio or any
+async plugin): the test starts the clients in its own loop (`asyncio.run`, or an async
+test under a plugin); a client the test left running is stopped at teardown.
 
 Invariant: every object a fixture makes is closed by that fixture, after the test, even
 when the test fails; the directories are pytest's own tmp_path_factory ones. Brokers run
@@ -98,3 +106,35 @@ def logkit_server(logkit_broker: logkit.Broker) -> Iterator[Any]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def aio_producer(logkit_broker: logkit.Broker) -> Iterator[Any]:
+    """A factory of `logkit.aio.AIOProducer`s on `logkit_broker` (linger_ms=0 unless
+    given); each is stopped after the test if the test did not stop it."""
+    from logkit.aio import AIOProducer
+    made: list[AIOProducer] = []
+
+    def make(**config: Any) -> AIOProducer:
+        config.setdefault("linger_ms", 0)
+        made.append(AIOProducer(logkit_broker, **config))
+        return made[-1]
+    yield make
+    for client in made:
+        client._stop_blocking()
+
+
+@pytest.fixture
+def aio_consumer(logkit_broker: logkit.Broker) -> Iterator[Any]:
+    """A factory of `logkit.aio.AIOConsumer`s on `logkit_broker` (reading from the
+    earliest offset unless told); each is stopped after the test if the test did not."""
+    from logkit.aio import AIOConsumer
+    made: list[AIOConsumer] = []
+
+    def make(*topics: str, **config: Any) -> AIOConsumer:
+        config.setdefault("auto_offset_reset", "earliest")
+        made.append(AIOConsumer(logkit_broker, *topics, **config))
+        return made[-1]
+    yield make
+    for client in made:
+        client._stop_blocking()
