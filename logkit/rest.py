@@ -304,10 +304,14 @@ class _V3Record:
         self.timestamp = _parse_timestamp(body.get("timestamp"))
 
 
-def _sized(report: dict[str, Any] | None, raw: bytes | None) -> dict[str, Any] | None:
+def _part_report(report: dict[str, Any] | None, raw: bytes | None) -> str:
+    """A delivery report's key or value: its type (and schema) and size, as JSON."""
     if report is None:
-        return None
-    return {**report, "size": len(raw) if raw is not None else 0}
+        return "null"
+    size = len(raw) if raw is not None else 0
+    if len(report) == 1:
+        return f'{{"type":"{report["type"]}","size":{size}}}'
+    return json.dumps({**report, "size": size}, separators=(",", ":"))
 
 
 # ---- consumer instances (v2) ---------------------------------------------------------------
@@ -371,6 +375,8 @@ class RestServer:
         from .protocol.cluster import cluster_id_for
         self.cluster_id = cluster_id_for(broker.path)
         self._encoders = _Encoders(broker)
+        self._prefixes: dict[str, str] = {}
+        self._last_stamp: tuple[int, str] = (-1, "")
         self._producer: Any = None
         self._producer_lock = threading.Lock()
         self._instances: dict[tuple[str, str], _Instance] = {}
@@ -701,19 +707,27 @@ class RestServer:
                 out.append(exc)
         return out
 
-    def _report(self, topic: str, item: Any, result: Any) -> dict[str, Any]:
+    def _report(self, topic: str, item: Any, result: Any) -> bytes:
+        """One delivery report as JSON bytes: written by hand for the success case (the
+        streamed produce's hot path), with json.dumps for the rest."""
         if isinstance(result, RestError):
-            return {"error_code": result.error_code, "message": result.message}
+            return _compact({"error_code": result.error_code, "message": result.message})
         if isinstance(result, UnknownTopicError):
-            return {"error_code": 40401, "message": str(result)}
+            return _compact({"error_code": 40401, "message": str(result)})
         if isinstance(result, BaseException):
             code = 413 if type(result).__name__ == "RecordTooLargeError" else 500
-            return {"error_code": code, "message": str(result)}
-        return {"error_code": 200, "cluster_id": self.cluster_id, "topic_name": topic,
-                "partition_id": result.partition, "offset": result.offset,
-                "timestamp": _iso(result.timestamp),
-                "key": _sized(item.key_report, item.key),
-                "value": _sized(item.value_report, item.value)}
+            return _compact({"error_code": code, "message": str(result)})
+        prefix = self._prefixes.get(topic)
+        if prefix is None:
+            prefix = self._prefixes[topic] = (
+                '{"error_code":200,"cluster_id":' + json.dumps(self.cluster_id)
+                + ',"topic_name":' + json.dumps(topic) + ',"partition_id":')
+        stamp = self._last_stamp
+        if stamp[0] != result.timestamp:
+            stamp = self._last_stamp = (result.timestamp, _iso(result.timestamp))
+        return (f'{prefix}{result.partition},"offset":{result.offset},"timestamp":'
+                f'"{stamp[1]}","key":{_part_report(item.key_report, item.key)},'
+                f'"value":{_part_report(item.value_report, item.value)}}}').encode()
 
     def _prepare(self, body: Any, topic: str, partitions: int) -> Any:
         try:
@@ -744,12 +758,11 @@ class RestServer:
         results = await self._off_loop(self._append, topic, prepared)
         reports = [self._report(topic, item, result)
                    for item, result in zip(prepared, results)]
-        if len(reports) == 1:
-            code = reports[0]["error_code"]
+        status = 200
+        if len(reports) == 1 and isinstance(results[0], BaseException):
+            code = json.loads(reports[0])["error_code"]
             status = code if code < 1000 else code // 100
-            return web.json_response(reports[0], status=status)
-        return web.Response(body=b"".join(_compact(r) for r in reports),
-                            content_type=JSON)
+        return web.Response(body=b"".join(reports), status=status, content_type=JSON)
 
     async def _produce_stream(self, request: web.Request, topic: str,
                               partitions: int) -> web.StreamResponse:
@@ -785,8 +798,8 @@ class RestServer:
     def _stream_round(self, topic: str, partitions: int, objects: list[Any]) -> bytes:
         prepared = [self._prepare(o, topic, partitions) for o in objects]
         results = self._append(topic, prepared)
-        return b"".join(_compact(self._report(topic, item, result))
-                        for item, result in zip(prepared, results))
+        return b"".join([self._report(topic, item, result)
+                         for item, result in zip(prepared, results)])
 
     # -- v2 produce --
 
