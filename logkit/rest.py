@@ -66,6 +66,7 @@ CONSUMER_REQUEST_TIMEOUT_MS = 1_000      # Confluent's consumer.request.timeout.
 MAX_POLL_RECORDS = 500                   # Kafka's max.poll.records
 WORKER_THREADS = 16                      # blocking broker calls in flight
 STREAM_BATCH_RECORDS = 4096              # records parsed before one append round
+LINGERING_S = 1.0                        # reading an unread body's rest before a close
 
 JSON = "application/json"
 V2 = "application/vnd.kafka.v2+json"
@@ -411,7 +412,8 @@ class RestServer:
                               middlewares=[self._guard])
         self._routes(app)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                                     keepalive_timeout=self._idle_s)
+                                     keepalive_timeout=self._idle_s,
+                                     lingering_time=LINGERING_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context,
                            backlog=self._max_connections)
@@ -1185,6 +1187,8 @@ def _split_objects(body: bytes) -> list[Any] | None:
             value, index = _DECODER.raw_decode(text, index)
         except (ValueError, RecursionError):
             return None
+        if not isinstance(value, dict):
+            return None
         out.append(value)
         index = _WHITESPACE.match(text, index).end()
     return out
@@ -1222,13 +1226,25 @@ class _StreamParser:
                 break
             if not isinstance(value, dict):
                 return out, _bad("a record must be a JSON object")
+            if self._too_large(text, index, end):
+                return out, self._too_large_error()
             out.append(value)
             index = end
         self._text = text[index:]
-        if len(self._text.encode()) > self._max if len(self._text) * 4 > self._max \
-                else False:
-            return out, RestError(413, 413, f"a record is larger than {self._max} bytes")
+        if self._too_large(self._text, 0, len(self._text)):
+            return out, self._too_large_error()
         return out, None
+
+    def _too_large(self, text: str, start: int, end: int) -> bool:
+        """Whether text[start:end] is over the bound in UTF-8 bytes (a character is
+        1 to 4 bytes: encoded only when its length does not decide)."""
+        if end - start > self._max:
+            return True
+        return (end - start) * 4 > self._max and \
+            len(text[start:end].encode()) > self._max
+
+    def _too_large_error(self) -> RestError:
+        return RestError(413, 413, f"a record is larger than {self._max} bytes")
 
 
 def serve(broker: Any, *, host: str = "127.0.0.1", port: int = 0,

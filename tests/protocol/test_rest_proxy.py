@@ -40,7 +40,10 @@ def call(url, method="GET", body=None, content_type="application/json", accept=N
             status, raw = response.status, response.read()
     except urllib.error.HTTPError as error:
         status, raw = error.code, error.read()
-    return status, (json.loads(raw) if raw.strip() else None), raw
+    if not raw.strip():
+        return status, None, raw
+    parsed = concatenated(raw)            # a body of several records: several reports
+    return status, parsed[0] if len(parsed) == 1 else parsed, raw
 
 
 def concatenated(raw: bytes) -> list[dict]:
