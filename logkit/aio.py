@@ -55,6 +55,12 @@ RECORD_OVERHEAD_BYTES = 70       # a record's size estimate for the send buffer'
 UNKNOWN_VALUE_BYTES = 64         # a value that is not bytes (a serializer will make it)
 JOIN_POLL_S = 0.001              # stop(): how often the loop looks at an ending thread
 JOIN_LIMIT_S = 30.0              # stop(): the longest it waits for the worker to end
+# One loop callback resolves at most this many sends' futures, so that a burst of
+# completions never holds the loop for long (the rest follow in the next callbacks).
+COMPLETIONS_PER_CALLBACK = 1000
+# A worker gives up the GIL (sleep(0)) after this many sends or one fetch: a loop thread
+# waiting for it gets it at once instead of after Python's switch interval (5 ms).
+YIELD_EVERY = 256
 _STOP = object()
 
 
@@ -194,12 +200,17 @@ class _ProducerWorker(_Worker):
         self._drain_sends(owner.producer, sends)
 
     def _drain_sends(self, producer: Any, sends: collections.deque) -> None:
+        """Hand every queued send to the plain producer, in order. Completions are
+        watched per batch, not per record: a batch resolves all its records at once, so
+        one callback on the batch's last record of this drain reports them all."""
         popleft = sends.popleft
-        done = self.completed
-        failed = self.failed
+        groups: dict[Any, list] = {}
+        countdown = YIELD_EVERY
         while sends:
             item = popleft()
             if callable(item):            # a call ordered among the sends
+                self._watch(groups)
+                groups = {}
                 item()
                 continue
             future, topic, value, key, partition, timestamp_ms, headers, size = item
@@ -209,20 +220,44 @@ class _ProducerWorker(_Worker):
             except BaseException as exc:
                 self._finish(future, size, None, exc)
                 continue
-            pending.add_callback(lambda md, f=future, s=size: done(f, s, md))
-            pending.add_errback(lambda exc, f=future, s=size: failed(f, s, exc))
+            countdown -= 1
+            if not countdown:              # let the loop thread take the GIL now and
+                countdown = YIELD_EVERY    # then: it waits no switch interval for it
+                time.sleep(0)
+            batch = pending._batch
+            group = groups.get(batch)
+            if group is None:
+                groups[batch] = [(future, pending, size)]
+            else:
+                group.append((future, pending, size))
+        self._watch(groups)
 
-    def completed(self, future: asyncio.Future, size: int, metadata: Any) -> None:
-        self._finish(future, size, metadata, None)
+    def _watch(self, groups: dict[Any, list]) -> None:
+        for group in groups.values():
+            last = group[-1][1]
+            report = partial(self._report, group)
+            last.add_callback(report)
+            last.add_errback(report)
 
-    def failed(self, future: asyncio.Future, size: int, exc: BaseException) -> None:
-        self._finish(future, size, None, exc)
+    def _report(self, group: list, _outcome: Any) -> None:
+        """Any thread (the one that appended the batch): queue its records' outcomes."""
+        rows = []
+        for future, pending, size in group:
+            try:
+                rows.append((future, size, pending.result(), None))
+            except BaseException as exc:
+                rows.append((future, size, None, exc))
+        self.done_rows.extend(rows)
+        self._schedule()
 
     def _finish(self, future: asyncio.Future, size: int, metadata: Any,
                 error: BaseException | None) -> None:
         """Any thread (the worker, the plain producer's sender): queue a completion;
         one loop wake-up takes every completion queued before it runs."""
         self.done_rows.append((future, size, metadata, error))
+        self._schedule()
+
+    def _schedule(self) -> None:
         if not self.drain_scheduled:
             self.drain_scheduled = True
             assert self.loop is not None
@@ -248,7 +283,8 @@ class AIOProducer:
         self._buffer_memory = 33554432
         self._max_block_s = 60.0
         self._room: list[asyncio.Future] = []     # sends waiting for buffer room
-        self._unresolved: set[asyncio.Future] = set()
+        self._loop: Any = None
+        self._kick_pending = False           # a call_soon(_kick) is scheduled
 
     def __repr__(self) -> str:
         return f"AIOProducer({self._config!r})"
@@ -258,7 +294,8 @@ class AIOProducer:
             return
         if self._closed:
             raise ClosedError("AIOProducer is stopped")
-        self._worker.start(asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
+        self._worker.start(self._loop)
         self._started = True
         try:
             self.producer = await self._worker.submit(
@@ -290,23 +327,31 @@ class AIOProducer:
                    headers: Any = None) -> asyncio.Future:
         """Queue a record; returns an asyncio.Future of its RecordMetadata (or its
         error). Waits while `buffer_memory` is full, at most `max_block_ms`."""
-        self._check()
-        size = RECORD_OVERHEAD_BYTES
-        size += len(value) if isinstance(value, (bytes, bytearray)) else (
-            0 if value is None else UNKNOWN_VALUE_BYTES)
-        if isinstance(key, (bytes, bytearray)):
+        if self._closed or self.producer is None:
+            self._check()                          # raises
+        if type(value) is bytes:
+            size = RECORD_OVERHEAD_BYTES + len(value)
+        else:
+            size = RECORD_OVERHEAD_BYTES + (0 if value is None else UNKNOWN_VALUE_BYTES)
+        if type(key) is bytes:
             size += len(key)
         if self._buffer_bytes + size > self._buffer_memory and self._buffer_bytes:
             await self._wait_for_room(size)
         worker = self._worker
-        future = worker.loop.create_future()       # type: ignore[union-attr]
+        future = self._loop.create_future()
         self._buffer_bytes += size
-        self._unresolved.add(future)
         worker.sends.append((future, topic, value, key, partition, timestamp_ms,
                              headers, size))
-        if not worker.kicked:
-            worker.kick()
+        if not self._kick_pending:
+            # wake the worker once the calling task yields: it then takes every send
+            # made until then in one go, instead of contending for the GIL per send
+            self._kick_pending = True
+            worker.loop.call_soon(self._kick)         # type: ignore[union-attr]
         return future
+
+    def _kick(self) -> None:
+        self._kick_pending = False
+        self._worker.kick()
 
     async def send_and_wait(self, topic: str, value: Any = None, key: Any = None,
                             partition: int | None = None, timestamp_ms: int | None = None,
@@ -337,21 +382,25 @@ class AIOProducer:
     def _completions(self) -> None:
         """On the loop: resolve every future whose record is done."""
         worker = self._worker
-        worker.drain_scheduled = False
         rows = worker.done_rows
         popleft = rows.popleft
         freed = 0
-        unresolved = self._unresolved
-        while rows:
+        for _ in range(COMPLETIONS_PER_CALLBACK):
+            if not rows:
+                worker.drain_scheduled = False     # then look again: a row queued
+                if not rows:                       # before this saw the flag set
+                    break
+                worker.drain_scheduled = True
             future, size, metadata, error = popleft()
             freed += size
-            unresolved.discard(future)
             if future.done():
                 continue
             if error is not None:
                 future.set_exception(error)
             else:
                 future.set_result(metadata)
+        else:                    # more left: the rest after other callbacks run
+            worker.loop.call_soon(self._completions)       # type: ignore[union-attr]
         self._buffer_bytes -= freed
         if self._room:
             for waiter in self._room:
@@ -432,12 +481,14 @@ class AIOProducer:
             except LogkitError as exc:
                 log.warning("AIOProducer.stop: closing the producer raised %s", exc)
         await self._worker.join()
-        self._completions()
-        for future in list(self._unresolved):
-            if not future.done():
-                future.set_exception(ClosedError("AIOProducer stopped before the "
-                                                 "record was stored"))
-        self._unresolved.clear()
+        while self._worker.done_rows:
+            self._completions()
+        sends = self._worker.sends
+        while sends:                   # left by a worker that died: never handed over
+            item = sends.popleft()
+            if not callable(item) and not item[0].done():
+                item[0].set_exception(ClosedError("AIOProducer stopped before the "
+                                                  "record was sent"))
 
     def _stop_blocking(self) -> None:
         """Stop from outside any event loop (a fixture whose test forgot stop())."""
@@ -516,6 +567,7 @@ class _ConsumerWorker(_Worker):
             self.fetching = False
             self._send(owner._fetched, grouped, set(consumer.assignment()),
                        self.jobs_done, None)
+            time.sleep(0)                 # the GIL to the loop (see YIELD_EVERY)
             return
         if doorbell is None or seen is None:
             time.sleep(0.005)             # a read-only broker: nobody rings
