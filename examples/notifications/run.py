@@ -75,8 +75,8 @@ class Service:
         return code
 
 
-def start_a(data_dir: str, work_dir: str) -> Service:
-    return Service("a", [data_dir, os.path.join(work_dir, "a.sqlite")],
+def start_a(data_dir: str, work_dir: str, port: int = 0) -> Service:
+    return Service("a", [data_dir, os.path.join(work_dir, "a.sqlite"), "--port", str(port)],
                    os.path.join(work_dir, "a.log"))
 
 

@@ -15,7 +15,9 @@ rule: the proxy stores offset + 1 as the group's committed offset).
 Invariant (at-least-once, idempotent): an offset is committed only after every record
 up to it is applied to the copy and committed in SQLite; applying a notification twice
 changes nothing (the copy keeps the highest version). So a B killed at any point and
-restarted resumes from the group's committed offsets and loses no update.
+restarted resumes from the group's committed offsets and loses no update. For the same
+reason a failed call (A down, the proxy down) is retried on the batch B holds, never by
+fetching the next one, and an instance the proxy lost (40403) is created again.
 
 On start B deletes a consumer instance left under its name by a previous run (a killed B
 cannot delete its own), then creates it: its partitions come back at once rather than
@@ -127,6 +129,8 @@ class Syncer:
         self.fetched = 0                                    # notifications received
         self.processed = 0                                  # notifications handled
         self.committed: dict[int, int] = {}                 # partition -> last handled
+        self._pending: list[dict[str, Any]] = []            # fetched, not yet applied
+        self._handled: dict[int, int] = {}                  # applied, not yet committed
 
     async def _call(self, method: str, url: str, body: Any = None,
                     accept: str = V2) -> Any:
@@ -154,30 +158,57 @@ class Syncer:
         await self._call("DELETE", self.instance_url)
 
     async def run(self) -> None:
-        """Fetch, apply, commit, forever; a failed call is retried after a pause."""
+        """Fetch, apply, commit, forever. A failed call is retried after a pause, on the
+        same batch: fetching again would move past records not yet applied, and the next
+        commit would skip them. An instance the proxy no longer knows (40403: deleted, or
+        expired after consumer.instance.timeout.ms) is created again, and its records
+        come again from the group's committed offsets."""
         while True:
             try:
-                records = await self._call(
-                    "GET", f"{self.instance_url}/records?timeout={POLL_TIMEOUT_MS}",
-                    accept=BINARY_V2)
-                await self._apply(records)
-            except (aiohttp.ClientError, ProxyError) as e:
-                print(f"service b: {e}; retrying", file=sys.stderr, flush=True)
-                await asyncio.sleep(RETRY_S)
+                if not self._pending and not self._handled:
+                    self._pending = await self._call(
+                        "GET", f"{self.instance_url}/records?timeout={POLL_TIMEOUT_MS}",
+                        accept=BINARY_V2)
+                    self.fetched += len(self._pending)
+                await self._apply()
+            except ProxyError as e:
+                if e.status != 404:
+                    await self._pause(e)
+                    continue
+                print(f"service b: {e}; joining the group again", file=sys.stderr,
+                      flush=True)
+                self._pending, self._handled = [], {}
+                await self._retry(self.join)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                await self._pause(e)
 
-    async def _apply(self, records: list[dict[str, Any]]) -> None:
-        last: dict[int, int] = {}
-        self.fetched += len(records)
-        for record in records:
+    async def _apply(self) -> None:
+        """Apply the pending records in order, then commit the last one per partition."""
+        while self._pending:
+            record = self._pending[0]
             note = json.loads(base64.b64decode(record["value"]))
             if await self.copies.version(note["id"]) < note["version"]:
                 await self.copies.keep(await self._read_a(note["id"]))
-            last[record["partition"]] = record["offset"]
+            self._pending.pop(0)
+            self._handled[record["partition"]] = record["offset"]
             self.processed += 1
-        if last:
+        if self._handled:
             await self._call("POST", f"{self.instance_url}/offsets", {"offsets": [
-                {"topic": TOPIC, "partition": p, "offset": o} for p, o in last.items()]})
-            self.committed.update(last)
+                {"topic": TOPIC, "partition": p, "offset": o}
+                for p, o in self._handled.items()]})
+            self.committed.update(self._handled)
+            self._handled = {}
+
+    async def _pause(self, error: Exception) -> None:
+        print(f"service b: {error!r}; retrying", file=sys.stderr, flush=True)
+        await asyncio.sleep(RETRY_S)                 # a back-off, then the same call again
+
+    async def _retry(self, call: Any) -> None:
+        while True:
+            try:
+                return await call()
+            except (aiohttp.ClientError, asyncio.TimeoutError, ProxyError) as e:
+                await self._pause(e)
 
     async def _read_a(self, account: str) -> dict[str, Any]:
         async with self.http.get(f"{self.a_url}/accounts/{account}") as reply:

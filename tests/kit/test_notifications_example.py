@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import urllib.request
 
 import pytest
 
@@ -109,3 +110,94 @@ def test_b_killed_mid_batch_resumes_from_its_committed_offsets(tmp_path):
     assert logged == UPDATES                             # one notification per update
     assert sum(r["version"] for r in want.values()) == UPDATES and len(want) == 10
     assert stats["processed"] == UPDATES - resume_from   # from the committed offsets on
+
+
+def hold_b_mid_batch(run, a, b, first: int, count: int) -> None:
+    """B handles updates [0, first), then fetches `count` more it cannot handle yet: A is
+    paused (SIGSTOP) before B sees them, so B's read of A hangs. A stays stopped."""
+    for n in range(first):
+        run.update(a, account_for(n), 1000 + n)
+    run.wait_until(lambda: run.call("GET", f"{b.url}/stats")["processed"] == first,
+                   DEADLINE_S, "B handled the first updates")
+    b.process.send_signal(signal.SIGSTOP)
+    for n in range(first, first + count):
+        run.update(a, account_for(n), 1000 + n)
+    a.process.send_signal(signal.SIGSTOP)
+    b.process.send_signal(signal.SIGCONT)
+
+    def stuck() -> bool:
+        stats = run.call("GET", f"{b.url}/stats")
+        return stats["fetched"] > stats["processed"]
+
+    run.wait_until(stuck, DEADLINE_S, "B holding fetched, unhandled notifications")
+
+
+def test_b_retries_its_batch_while_a_restarts(tmp_path):
+    """A dies (SIGKILL) while B holds a fetched batch and is reading A; A restarts on its
+    port. B keeps the batch and retries it rather than fetching past it: its copy ends
+    equal to A's records."""
+    run = load_run()
+    work = str(tmp_path)
+    data_dir = os.path.join(work, "log")
+    accounts = sorted({account_for(n) for n in range(UPDATES)})
+    with logkit.Broker(data_dir) as broker, broker.serve_rest() as rest:
+        a = run.start_a(data_dir, work)
+        port = int(a.url.rsplit(":", 1)[1])
+        b = run.start_b(rest.url, a.url, work)
+        try:
+            hold_b_mid_batch(run, a, b, SETTLED, STUCK)
+            a.kill()
+            run.wait_until(lambda: b_retrying(work), DEADLINE_S, "B failing to read A")
+            a = run.start_a(data_dir, work, port=port)
+            for n in range(SETTLED + STUCK, UPDATES):
+                run.update(a, account_for(n), 1000 + n)
+            want = run.a_records(a, accounts)
+            run.wait_until(lambda: run.b_copies(b) == want, DEADLINE_S,
+                           "B's copy equal to A's records")
+            stats = run.call("GET", f"{b.url}/stats")
+        finally:
+            if a.process.poll() is None:
+                a.process.send_signal(signal.SIGCONT)
+                a.stop()
+            b.stop()
+    assert len(want) == 10 and sum(r["version"] for r in want.values()) == UPDATES
+    assert stats["processed"] == UPDATES
+
+
+def b_retrying(work: str) -> bool:
+    """B's log shows a failed call it is retrying."""
+    with open(os.path.join(work, "b.log"), encoding="utf-8") as f:
+        return "retrying" in f.read()
+
+
+def test_b_joins_again_when_its_consumer_instance_is_gone(tmp_path):
+    """The proxy loses B's consumer instance (deleted behind B's back, as its idle timeout
+    would) while B holds a batch: B's commit gets 40403, B creates the instance again and
+    goes on from the group's committed offsets; its copy ends equal to A's records."""
+    run = load_run()
+    work = str(tmp_path)
+    data_dir = os.path.join(work, "log")
+    accounts = sorted({account_for(n) for n in range(UPDATES)})
+    with logkit.Broker(data_dir) as broker, broker.serve_rest() as rest:
+        a = run.start_a(data_dir, work)
+        b = run.start_b(rest.url, a.url, work)
+        try:
+            hold_b_mid_batch(run, a, b, SETTLED, STUCK)
+            gone = urllib.request.Request(
+                f"{rest.url}/consumers/service-b/instances/service-b-1", method="DELETE",
+                headers={"Content-Type": "application/vnd.kafka.v2+json"})
+            with urllib.request.urlopen(gone, timeout=30) as reply:
+                assert reply.status == 204
+            a.process.send_signal(signal.SIGCONT)
+            for n in range(SETTLED + STUCK, UPDATES):
+                run.update(a, account_for(n), 1000 + n)
+            want = run.a_records(a, accounts)
+            run.wait_until(lambda: run.b_copies(b) == want, DEADLINE_S,
+                           "B's copy equal to A's records")
+            run.wait_until(lambda: not any(broker.group("service-b").lag().values()),
+                           DEADLINE_S, "no lag for the group service-b")
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+            b.stop()
+            a.stop()
+    assert len(want) == 10 and sum(r["version"] for r in want.values()) == UPDATES
