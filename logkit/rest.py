@@ -41,6 +41,7 @@ import hmac
 import json
 import logging
 import re
+import sys
 import threading
 import time
 import uuid
@@ -66,6 +67,7 @@ CONSUMER_REQUEST_TIMEOUT_MS = 1_000      # Confluent's consumer.request.timeout.
 MAX_POLL_RECORDS = 500                   # Kafka's max.poll.records
 WORKER_THREADS = 16                      # blocking broker calls in flight
 STREAM_BATCH_RECORDS = 4096              # records parsed before one append round
+STREAM_QUEUE_CHUNKS = 64                 # parsed chunks waiting for their append round
 LINGERING_S = 1.0                        # reading an unread body's rest before a close
 
 JSON = "application/json"
@@ -129,11 +131,22 @@ def _parse_timestamp(value: Any) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
+def _a2b_strict(data: bytes) -> bytes:
+    return binascii.a2b_base64(data, strict_mode=True)  # type: ignore[call-arg]
+
+
+def _a2b_checked(data: bytes) -> bytes:                  # before Python 3.11
+    return base64.b64decode(data, validate=True)
+
+
+_a2b = _a2b_strict if sys.version_info >= (3, 11) else _a2b_checked
+
+
 def _b64(data: Any, what: str) -> bytes:
     if not isinstance(data, str):
         raise _bad(f"{what} must be a base64 string, got {type(data).__name__}")
     try:
-        return base64.b64decode(data, validate=True)
+        return _a2b(data.encode("ascii"))
     except (binascii.Error, ValueError):
         raise _bad(f"{what} is not valid base64") from None
 
@@ -768,34 +781,51 @@ class RestServer:
 
     async def _produce_stream(self, request: web.Request, topic: str,
                               partitions: int) -> web.StreamResponse:
-        """Concatenated records, one report each, in order; HTTP 200 once started."""
+        """Concatenated records, one report each, in order; HTTP 200 once started.
+        A reader task parses chunks while the records parsed before them are appended
+        (one round at a time, in order), so reading and appending overlap."""
         response = web.StreamResponse(status=200, headers={"Content-Type": JSON})
         response.enable_chunked_encoding()
         await response.prepare(request)
-        parser = _StreamParser(self.max_body_bytes)
-        content = request.content
-        ended = False
-        while not ended:
-            try:
-                chunk = await asyncio.wait_for(content.readany(), self._idle_s)
-            except asyncio.TimeoutError:
-                await response.write(_compact({"error_code": 408, "message":
-                                               "No record arrived in time."}))
-                break
-            if not chunk:
-                ended = True
-            objects, error = parser.feed(chunk, final=ended)
-            while objects:
-                batch, objects = objects[:STREAM_BATCH_RECORDS], \
-                    objects[STREAM_BATCH_RECORDS:]
-                await response.write(await self._off_loop(self._stream_round, topic,
-                                                          partitions, batch))
-            if error is not None:
-                await response.write(_compact({"error_code": error.error_code,
-                                               "message": error.message}))
-                break
+        parsed: asyncio.Queue[tuple[list[Any], RestError | None, bool]] = \
+            asyncio.Queue(maxsize=STREAM_QUEUE_CHUNKS)
+        reader = asyncio.ensure_future(self._read_stream(request, parsed))
+        try:
+            done = False
+            while not done:
+                objects, error, done = await parsed.get()
+                while not done and error is None and len(objects) < STREAM_BATCH_RECORDS \
+                        and not parsed.empty():
+                    more, error, done = parsed.get_nowait()
+                    objects += more
+                for start in range(0, len(objects), STREAM_BATCH_RECORDS):
+                    await response.write(await self._off_loop(
+                        self._stream_round, topic, partitions,
+                        objects[start:start + STREAM_BATCH_RECORDS]))
+                if error is not None:
+                    await response.write(_compact({"error_code": error.error_code,
+                                                   "message": error.message}))
+                    done = True
+        finally:
+            reader.cancel()
         await response.write_eof()
         return response
+
+    async def _read_stream(self, request: web.Request, parsed: asyncio.Queue[Any]) -> None:
+        """Chunks to parsed records on `parsed`: (records, error ending it, last)."""
+        parser = _StreamParser(self.max_body_bytes)
+        while True:
+            try:
+                chunk = await asyncio.wait_for(request.content.readany(), self._idle_s)
+            except asyncio.TimeoutError:
+                await parsed.put(([], RestError(408, 408, "No record arrived in time."),
+                                  True))
+                return
+            final = not chunk
+            objects, error = parser.feed(chunk, final=final)
+            await parsed.put((objects, error, final or error is not None))
+            if final or error is not None:
+                return
 
     def _stream_round(self, topic: str, partitions: int, objects: list[Any]) -> bytes:
         prepared = [self._prepare(o, topic, partitions) for o in objects]
