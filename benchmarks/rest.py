@@ -180,17 +180,8 @@ def _profile_server(server) -> list:
 
 
 def _report_profile(server, profilers: list) -> None:
-    import threading
-    mine = threading.local()
-    by_thread = {}
-    for profiler in profilers:
-        by_thread[id(profiler)] = profiler
-
-    def stop() -> None:
-        import sys as _sys
-        _sys.setprofile(None)
-        mine.done = True
-    _on_every_thread(server, stop)
+    """Stop every thread's profiler (cProfile hooks sys.setprofile), print them merged."""
+    _on_every_thread(server, lambda: sys.setprofile(None))
     stats = pstats.Stats(profilers[0])
     for profiler in profilers[1:]:
         stats.add(profiler)

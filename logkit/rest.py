@@ -47,9 +47,12 @@ import time
 import uuid
 from typing import Any, Callable
 
-from aiohttp import web
+try:
+    from aiohttp import web
+except ImportError:                       # an optional dependency: logkit[rest]
+    web = None  # type: ignore[assignment]
 
-from .errors import (ConfigError, IllegalStateError, InvalidTopicError, LogkitError,
+from .errors import (CodecUnavailableError, ConfigError, IllegalStateError, InvalidTopicError, LogkitError,
                      SerializationError, TopicExistsError, UnknownTopicError)
 from .topic import TopicPartition
 
@@ -369,6 +372,9 @@ class RestServer:
                  idle_timeout_ms: int = IDLE_TIMEOUT_MS,
                  request_timeout_ms: int = REQUEST_TIMEOUT_MS,
                  consumer_instance_timeout_ms: int = CONSUMER_INSTANCE_TIMEOUT_MS) -> None:
+        if web is None:
+            raise CodecUnavailableError("the REST proxy needs aiohttp: pip install "
+                                        "'logkit[rest]'")
         for name, value in (("max_body_bytes", max_body_bytes),
                             ("max_connections", max_connections),
                             ("idle_timeout_ms", idle_timeout_ms),
@@ -416,13 +422,17 @@ class RestServer:
         log.info("REST proxy on %s", self.url)
 
     def __repr__(self) -> str:
-        return f"RestServer({self.url!r})"
+        return f"RestServer({getattr(self, 'url', None)!r})"
 
     # -- lifecycle --
 
     async def _start(self, host: str, port: int, ssl_context: Any) -> int:
+        guard = self._guard
+
+        async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+            return await guard(request, handler)
         app = web.Application(client_max_size=self.max_body_bytes,
-                              middlewares=[self._guard])
+                              middlewares=[web.middleware(middleware)])
         self._routes(app)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                      keepalive_timeout=self._idle_s,
@@ -480,7 +490,6 @@ class RestServer:
                 self._producer = self._broker.producer(acks=1, linger_ms=0)
             return self._producer
 
-    @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
         server = self._runner.server
         if server is not None and len(server.connections) > self._max_connections:

@@ -463,3 +463,24 @@ def test_cli_serve_rest_port_prints_the_url_and_serves(tmp_path):
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_the_curl_examples_in_docs_web_md_run_against_a_live_proxy(broker, rest):
+    import os
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "web.md").read_text()
+    section = text.split("## The REST proxy", 1)[1].split("\n## ", 1)[0]
+    [script] = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert script.count("curl") >= 10
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True,
+                          timeout=120, env={**os.environ, "REST": rest.url,
+                                            "CLUSTER": rest.cluster_id})
+    assert done.returncode == 0, done.stderr
+    answers = concatenated(done.stdout.replace(b"}{", b"}\n{"))
+    [fetched] = [a for a in answers if isinstance(a, list)]
+    assert sorted(json.dumps(r["value"]) for r in fetched) == \
+        sorted(['{"total": 12}', '"a"', '[2]', '{"total": 7}'])
+    assert {r["key"] for r in fetched} == {"o-1", "o-2", None}
+    assert broker.group("billing").committed()[TopicPartition("orders", 0)] == 1
+    assert sum(p.high_watermark for p in broker.topic("orders").partitions) == 4
