@@ -154,6 +154,10 @@ def test_b_retries_its_batch_while_a_restarts(tmp_path):
             want = run.a_records(a, accounts)
             run.wait_until(lambda: run.b_copies(b) == want, DEADLINE_S,
                            "B's copy equal to A's records")
+            # The copy can be equal before the last notifications are handled (B reads
+            # A's latest record): wait for the group to have committed them all.
+            run.wait_until(lambda: not any(broker.group("service-b").lag().values()),
+                           DEADLINE_S, "no lag for the group service-b")
             stats = run.call("GET", f"{b.url}/stats")
         finally:
             if a.process.poll() is None:
