@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import selectors
 import signal
+import subprocess
+import sys
+import time
 import urllib.request
 
 import pytest
@@ -205,3 +209,47 @@ def test_b_joins_again_when_its_consumer_instance_is_gone(tmp_path):
             b.stop()
             a.stop()
     assert len(want) == 10 and sum(r["version"] for r in want.values()) == UPDATES
+
+
+def test_the_manual_setup_with_logkit_serve(tmp_path):
+    """The README's setup by hand: `logkit serve DIR --rest-port` as its own process (the
+    proxy and the broker directory), A and B against it; B's copy follows A's updates."""
+    run = load_run()
+    work = str(tmp_path)
+    data_dir = os.path.join(work, "log")
+    logkit_cli = os.path.join(os.path.dirname(sys.executable), "logkit")
+    serve = subprocess.Popen([logkit_cli, "serve", data_dir, "--port", "0", "--rest-port", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        rest_url = read_rest_url(serve)
+        a = run.start_a(data_dir, work)
+        b = run.start_b(rest_url, a.url, work)
+        try:
+            for n in range(SETTLED):
+                run.update(a, account_for(n), 1000 + n)
+            want = run.a_records(a, sorted({account_for(n) for n in range(SETTLED)}))
+            run.wait_until(lambda: run.b_copies(b) == want, DEADLINE_S,
+                           "B's copy equal to A's records")
+        finally:
+            assert b.stop() == 0 and a.stop() == 0      # each shuts down cleanly
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0
+        serve.stdout.close()
+    assert len(want) == 10 and all(r["version"] == 2 for r in want.values())
+
+
+def read_rest_url(serve: subprocess.Popen) -> str:
+    """The URL `logkit serve` prints for its REST proxy, read with a deadline."""
+    deadline = time.monotonic() + DEADLINE_S
+    with selectors.DefaultSelector() as selector:
+        selector.register(serve.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(deadline - time.monotonic()):
+                break
+            line = serve.stdout.readline()
+            if not line:
+                break
+            if "REST proxy at " in line:
+                return line.rsplit(" ", 1)[1].strip()
+    raise TimeoutError(f"logkit serve printed no REST proxy URL (exit {serve.poll()})")
