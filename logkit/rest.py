@@ -299,8 +299,19 @@ def _headers(spec: Any) -> list[tuple[str, bytes | None]] | None:
 
 
 class _V3Record:
+    """One record ready to send, and what its delivery report says of key and value."""
+
     __slots__ = ("partition", "key", "value", "headers", "timestamp", "key_report",
                  "value_report")
+
+    @classmethod
+    def plain(cls, partition: int | None, key: bytes | None, value: bytes | None
+              ) -> "_V3Record":
+        """A v2 record: bytes already, no headers, no timestamp."""
+        item = cls.__new__(cls)
+        item.partition, item.key, item.value = partition, key, value
+        item.headers = item.timestamp = item.key_report = item.value_report = None
+        return item
 
     def __init__(self, body: Any, topic: str, partitions: int, encoders: _Encoders) -> None:
         if not isinstance(body, dict):
@@ -615,8 +626,7 @@ class RestServer:
     def _topic_json(self, base: str, name: str) -> dict[str, Any]:
         topic = self._broker.topic(name)
         t = f"{base}/v3/clusters/{self.cluster_id}/topics/{name}"
-        replication = int(topic.config.get("replication.factor", 1)) \
-            if isinstance(topic.config.get("replication.factor"), int) else 1
+        replication = topic.replication_factor
         return {"kind": "KafkaTopic",
                 "metadata": {"self": t, "resource_name":
                              f"crn:///kafka={self.cluster_id}/topic={name}"},
@@ -864,20 +874,12 @@ class RestServer:
                     partition, int) or not 0 <= partition < partitions):
                 raise RestError(404, 40402, f"Partition {partition!r} of topic {topic!r} "
                                             f"not found.")
-            item = _V3Record.__new__(_V3Record)
-            item.partition = partition
-            item.headers = None
-            item.timestamp = None
-            item.key_report = item.value_report = None
-            if fmt == "binary":
-                item.key = None if record.get("key") is None else _b64(record["key"], "key")
-                item.value = None if record.get("value") is None else \
-                    _b64(record["value"], "value")
-            else:
-                item.key = None if record.get("key") is None else _compact(record["key"])
-                item.value = None if record.get("value") is None else \
-                    _compact(record["value"])
-            prepared.append(item)
+            encode = (lambda v, what: _b64(v, what)) if fmt == "binary" else \
+                (lambda v, what: _compact(v))
+            key, value = record.get("key"), record.get("value")
+            prepared.append(_V3Record.plain(
+                partition, None if key is None else encode(key, "key"),
+                None if value is None else encode(value, "value")))
         results = await self._off_loop(self._append, topic, prepared)
         offsets = []
         for result in results:

@@ -484,3 +484,46 @@ def test_the_curl_examples_in_docs_web_md_run_against_a_live_proxy(broker, rest)
     assert {r["key"] for r in fetched} == {"o-1", "o-2", None}
     assert broker.group("billing").committed()[TopicPartition("orders", 0)] == 1
     assert sum(p.high_watermark for p in broker.topic("orders").partitions) == 4
+
+
+def test_v2_binary_produce_seek_and_pattern_subscription(broker, rest):
+    broker.create_topic("bin-a", 1)
+    broker.create_topic("bin-b", 1)
+    for topic in ("bin-a", "bin-b"):
+        status, body, _ = call(f"{rest.url}/topics/{topic}", "POST", {"records": [
+            {"key": base64.b64encode(b"k").decode(),
+             "value": base64.b64encode(f"{topic}-{i}".encode()).decode()}
+            for i in range(3)]}, V2_BINARY)
+        assert status == 200 and [o["offset"] for o in body["offsets"]] == [0, 1, 2]
+    assert broker.topic("bin-a").partition(0).read(0)[2].value == b"bin-a-2"
+    base = f"{rest.url}/consumers/seekers"
+    instance = call(base, "POST", {"name": "s", "auto.offset.reset": "earliest"},
+                    V2)[1]["base_uri"]
+    assert call(f"{instance}/subscription", "POST", {"topic_pattern": "bin-.*"},
+                V2)[0] == 204
+    seen, deadline = [], time.monotonic() + 15
+    while len(seen) < 6 and time.monotonic() < deadline:
+        seen += call(f"{instance}/records?timeout=200", accept=V2_BINARY)[1]
+    assert sorted((r["topic"], r["offset"]) for r in seen) == \
+        [(t, o) for t in ("bin-a", "bin-b") for o in range(3)]
+    assignment = call(f"{instance}/assignments")[1]["partitions"]
+    assert sorted(p["topic"] for p in assignment) == ["bin-a", "bin-b"]
+    assert call(f"{instance}/positions", "POST", {"offsets": [
+        {"topic": "bin-a", "partition": 0, "offset": 1}]}, V2)[0] == 204
+    again = call(f"{instance}/records?timeout=2000", accept=V2_BINARY)[1]
+    assert [(r["topic"], r["offset"]) for r in again] == [("bin-a", 1), ("bin-a", 2)]
+    assert call(f"{instance}/positions/beginning", "POST", {"partitions": [
+        {"topic": "bin-b", "partition": 0}]}, V2)[0] == 204
+    again = call(f"{instance}/records?timeout=2000", accept=V2_BINARY)[1]
+    assert [base64.b64decode(r["value"]) for r in again] == \
+        [b"bin-b-0", b"bin-b-1", b"bin-b-2"]
+    status, body, _ = call(f"{rest.url}/v3/clusters/{rest.cluster_id}/topics/bin-a")
+    assert body["replication_factor"] == 1 and body["partitions_count"] == 1
+
+
+def test_an_unknown_schema_id_or_subject_is_40403_and_writes_nothing(broker, rest):
+    broker.create_topic("sch", 1)
+    for value in ({"schema_id": 999, "data": {}}, {"subject": "nobody", "data": {}}):
+        status, body, _ = call(records_url(rest, "sch"), "POST", {"value": value})
+        assert (status, body["error_code"]) == (404, 40403)
+    assert broker.topic("sch").partition(0).high_watermark == 0
