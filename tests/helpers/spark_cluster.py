@@ -182,6 +182,32 @@ def run_jobs(spark: Any, jobs: list[dict[str, Any]], status: str) -> list[Any]:
                 results.append(None)
             except Exception as exc:          # noqa: BLE001 - the message is the result
                 results.append(str(exc))
+        elif job["kind"] == "scan":             # benchmarks: timed full scans
+            times = []
+            for _ in range(job["repeats"]):
+                began = time.perf_counter()
+                spark.read.format("logkit").options(**job["options"]).load() \
+                    .selectExpr("sum(length(value))", "count(*)").collect()
+                times.append(time.perf_counter() - began)
+            results.append(times)
+        elif job["kind"] == "lag":              # benchmarks: produce time to the sink
+            lags: list[float] = []
+
+            def arrived(df: Any, _batch: int) -> None:
+                now_ms = time.time() * 1000
+                lags.extend(now_ms - r[0].timestamp() * 1000
+                            for r in df.select("timestamp").collect())
+            query = (spark.readStream.format("logkit").options(**job["options"]).load()
+                     .writeStream.foreachBatch(arrived)
+                     .option("checkpointLocation", job["checkpoint"])
+                     .trigger(processingTime="100 milliseconds").start())
+            with open(status, "w") as f:
+                f.write("streaming")
+            deadline = time.monotonic() + job["timeout"]
+            while len(lags) < job["expect"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            query.stop()
+            results.append(lags)
         elif job["kind"] == "stream":
             seen: list[list[Any]] = []
 
