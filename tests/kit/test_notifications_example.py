@@ -253,3 +253,12 @@ def read_rest_url(serve: subprocess.Popen) -> str:
             if "REST proxy at " in line:
                 return line.rsplit(" ", 1)[1].strip()
     raise TimeoutError(f"logkit serve printed no REST proxy URL (exit {serve.poll()})")
+
+
+def test_the_timing_script_runs(tmp_path):
+    """measure.py (the source of docs/web.md's timings) runs end to end on a few updates."""
+    measure_py = os.path.join(os.path.dirname(RUN_PY), "measure.py")
+    out = subprocess.run([sys.executable, measure_py, "5"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("PUT p50 ") and "5 PUTs back to back" in out.stdout
