@@ -64,9 +64,12 @@ def test_a_cancellation_storm_loses_and_duplicates_nothing(broker, call):
         async with AIOProducer(broker) as producer, \
                 AIOConsumer(broker, "t", group_id="storm", auto_offset_reset="earliest",
                             enable_auto_commit=False) as consumer:
-            sending = asyncio.ensure_future(produce(producer, total))
+            sending = asyncio.ensure_future(produce(producer, total, every=5))
             cancelled = 0
+            deadline = time.monotonic() + 20
             while len(delivered) < total:
+                assert time.monotonic() < deadline, \
+                    f"delivered {len(delivered)} of {total}: records were lost"
                 if call == "getone":
                     task = asyncio.ensure_future(consumer.getone())
                 else:
@@ -90,7 +93,7 @@ def test_a_cancellation_storm_loses_and_duplicates_nothing(broker, call):
                     for records in result.values():
                         delivered.extend(records)
             metadata = await sending
-            assert cancelled > 10             # the storm did cancel calls mid-wait
+            assert cancelled > 0              # the storm did cancel calls mid-wait
             assert await consumer.getmany(timeout_ms=50) == {}
             for p in range(PARTITIONS):
                 assert await consumer.position(TP("t", p)) == \
