@@ -10,7 +10,8 @@ and -1 for latest. The names, types, defaults and bounds are the "spark read" an
 docs/configuration.md): the same coercion as every other setting, and an unknown option
 is refused as an unknown config key is; `kafka.isolation.level` is honoured, the other
 `kafka.*` options are accepted and ignored so a job written for Spark's Kafka source runs
-unchanged. Option names are case-insensitive,
+unchanged. Options prefixed `fs.` are an object store's storage options when
+`path` is a store's URL (objectstore.py, DESIGN §18). Option names are case-insensitive,
 as Spark's are.
 
 Invariant: a bad option raises `LogkitSparkError` with a message that names the option
@@ -126,6 +127,12 @@ class SourceOptions:
             if not os.path.isdir(self.path):
                 raise LogkitSparkError(f"logkit: path {self.path!r} is not a logkit "
                                        "directory")
+            if self.storage_options:
+                named = ", ".join(f"fs.{k}" for k in sorted(self.storage_options))
+                raise LogkitSparkError(
+                    f"logkit: options {named} are an object store's storage options; "
+                    f"path {self.path!r} is a directory. Give the store's URL as path, "
+                    "or drop them")
         chosen = [k for k in ("subscribe", "subscribePattern", "assign") if options[k]]
         if len(chosen) != 1:
             raise LogkitSparkError("logkit: set exactly one of 'subscribe', "

@@ -140,6 +140,14 @@ def test_fs_options_are_case_insensitive_strings_with_json_for_nested_values():
                    "client_kwargs": {"region_name": "eu-west-1"}}
 
 
+def test_fs_options_with_a_directory_path_are_refused(spark, tmp_path):
+    with logkit.Broker(tmp_path / "d") as broker:
+        broker.create_topic("t", 1)
+    with pytest.raises(Exception, match="fs.key"):
+        spark.read.format("logkit").options(path=str(tmp_path / "d"), subscribe="t",
+                                            **{"fs.key": "x"}).load().collect()
+
+
 def test_a_retired_chunk_is_replanned_from_the_newer_manifest(s3_server, tmp_path):  # noqa: F811
     from pyspark_logkit.objectstore import StoreBatchReader, read_store_range
     from pyspark_logkit.options import SourceOptions
