@@ -1,12 +1,17 @@
 """Test helper: a Spark standalone cluster on 127.0.0.1 — a master and two workers, each
 its own JVM started from PySpark's own jars (`$SPARK_HOME/bin/spark-class`, SPARK_HOME
-being the pyspark package directory), small memory, no UI.
+being the pyspark package directory), 1 core and 1 GiB per worker, web UIs on free ports.
 
-`SparkCluster.start()` waits (with a deadline) until the master's REST-less web-free
-status says both workers are ALIVE, by reading the workers' log lines "Successfully
-registered with master"; `session()` is a SparkSession on the cluster whose executors
-run this interpreter; `stop()` ends the three JVMs it started (by their process ids).
-`skip_reason()` says why the cluster cannot run here (no java, no pyspark), else None.
+`SparkCluster.start()` waits, with a deadline, for the master's "I have been elected
+leader" and each worker's "Successfully registered with master" log lines; `stop()`
+ends the three JVMs it started (by their process handles). `skip_reason()` says why the
+cluster cannot run here (no java, no pyspark), else None.
+
+The driver runs in its own process (`main`, started by `Driver`): a test process may
+already hold a local SparkContext, and one process has one. It warms its executors,
+waits for a jobs file, runs the jobs (`run_jobs`: batch reads, expected errors, a
+stream followed until it has the rows expected; the benchmarks' timed scans and lag)
+and writes their results as JSON.
 """
 
 from __future__ import annotations
