@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -153,6 +154,55 @@ class SparkCluster:
                 proc.kill()
                 proc.wait()
         self.procs = []
+
+
+class CountingProxy:
+    """A TCP forwarder on 127.0.0.1 to `target`, counting the bytes the target sends
+    back (what the store served)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.served = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pump, args=(client, upstream, False),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True),
+                             daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, count: bool) -> None:
+        try:
+            while True:
+                data = source.recv(1 << 16)
+                if not data:
+                    break
+                if count:
+                    with self._lock:
+                        self.served += len(data)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop = True
+        self._listener.close()
 
 
 # ---- the driver: a separate process, so its SparkContext is the cluster's --------------

@@ -173,3 +173,35 @@ def test_a_retired_chunk_is_replanned_from_the_newer_manifest(s3_server, tmp_pat
     offsets = [o for b in got for o in b.column("offset").to_pylist()]
     assert offsets == list(range(planned[0].start, planned[0].end))
 
+
+
+def test_a_task_reading_part_of_an_object_fetches_only_its_batches(s3_server, tmp_path):  # noqa: F811
+    """Counted at the S3 server (a TCP proxy in front of it): a range in the middle of one
+    object costs its batches plus one small GET per batch header walked, not the object."""
+    from pyspark_logkit.objectstore import StoreBatchReader, read_store_range
+    from pyspark_logkit.options import SourceOptions
+    url = s3_server.bucket() + "/ranges"
+    with logkit.Broker(tmp_path / "lead") as broker:
+        broker.create_topic("t", 1)
+        with broker.ship(url, storage_options=s3_server.storage_options) as ship:
+            with broker.producer(linger_ms=50) as producer:
+                for i in range(8000):
+                    producer.send("t", b"%0200d" % i, key=b"k%d" % i)
+            ship.flush()
+    proxy = spark_cluster.CountingProxy(int(s3_server.endpoint_url.rsplit(":", 1)[1]))
+    try:
+        options = {"path": url, "subscribe": "t", "minPartitions": "4",
+                   **fs_options(s3_server),
+                   "fs.endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+        parts = StoreBatchReader(SourceOptions(options, streaming=False)).partitions()
+        assert len(parts) == 4 and len(parts[1].objects) == 1
+        size = parts[1].objects[0]["size"]
+        proxy.served = 0
+        offsets = [o for batch in read_store_range(parts[1])
+                   for o in batch.column("offset").to_pylist()]
+        served = proxy.served
+    finally:
+        proxy.close()
+    assert offsets == list(range(parts[1].start, parts[1].end))
+    # a quarter of the records (and a batch at each edge), plus headers walked
+    assert served < size * 0.45, f"served {served} of an object of {size} bytes"
