@@ -60,7 +60,7 @@ JOIN_LIMIT_S = 30.0              # stop(): the longest it waits for the worker t
 COMPLETIONS_PER_CALLBACK = 1000
 # A worker gives up the GIL (sleep(0)) after this many sends or one fetch: a loop thread
 # waiting for it gets it at once instead of after Python's switch interval (5 ms).
-YIELD_EVERY = 256
+YIELD_EVERY = 1024
 _STOP = object()
 
 
@@ -204,6 +204,7 @@ class _ProducerWorker(_Worker):
         watched per batch, not per record: a batch resolves all its records at once, so
         one callback on the batch's last record of this drain reports them all."""
         popleft = sends.popleft
+        send = producer.send
         groups: dict[Any, list] = {}
         countdown = YIELD_EVERY
         while sends:
@@ -215,8 +216,11 @@ class _ProducerWorker(_Worker):
                 continue
             future, topic, value, key, partition, timestamp_ms, headers, size = item
             try:
-                pending = producer.send(topic, value, key, partition=partition,
-                                        headers=headers, timestamp_ms=timestamp_ms)
+                if partition is None and headers is None and timestamp_ms is None:
+                    pending = send(topic, value, key)     # the plain hot path's call
+                else:
+                    pending = send(topic, value, key, partition=partition,
+                                   headers=headers, timestamp_ms=timestamp_ms)
             except BaseException as exc:
                 self._finish(future, size, None, exc)
                 continue
