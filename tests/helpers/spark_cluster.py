@@ -36,6 +36,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _without_store_settings() -> dict[str, str]:
+    """This environment less AWS's and fsspec's variables: the cluster's JVMs, its
+    executors and the driver see none, so a read works from its `fs.*` options alone."""
+    return {k: v for k, v in os.environ.items()
+            if not k.upper().startswith(("AWS_", "FSSPEC_"))}
+
+
 def spark_home() -> str:
     import pyspark
     return os.path.dirname(os.path.abspath(pyspark.__file__))
@@ -62,7 +69,7 @@ class SparkCluster:
 
     def _env(self) -> dict[str, str]:
         home = spark_home()
-        return {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
+        return {**_without_store_settings(), "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
                 "SPARK_LOCAL_DIRS": os.path.join(self.workdir, "local"),
                 "SPARK_WORKER_DIR": os.path.join(self.workdir, "work"),
                 "SPARK_LOG_DIR": os.path.join(self.workdir, "logs"),
@@ -328,7 +335,7 @@ class Driver:
             self.proc = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), cluster.master_url, workdir],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+                env={**_without_store_settings(), "PYSPARK_PYTHON": sys.executable})
 
     def path(self, name: str) -> str:
         return os.path.join(self.workdir, name)
