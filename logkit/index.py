@@ -150,10 +150,12 @@ class _Index:
                 if attempt == 2:
                     raise ValueError(f"{path} keeps shrinking while it is mapped")
             self.capacity = size // self.entry_size
-        finally:
+            sealed = entries is None
+            if sealed:              # its size, less any zero padding a roller killed
+                entries = self._entries_before_padding(fd)   # before the trim left
+        finally:                                             # (or not trimmed yet)
             os.close(fd)
-        if entries is None:         # sealed: its size, less any zero padding a roller
-            entries = self._entries_before_padding()   # killed before the trim left
+        if sealed:
             entries = self._sealed_entries(entries)
         self.entries = min(entries, self.capacity)
 
@@ -180,20 +182,28 @@ class _Index:
             previous = entry
         return entries
 
-    def _entries_before_padding(self) -> int:
+    def _entries_before_padding(self, fd: int) -> int:
         """Entries of a sealed file: all of them, unless a roll died between publishing
-        the new segment and trimming this one, leaving preallocated zeros. A real entry
-        is never all zero (an offset entry's position is > 0), so binary-search for the
-        first all-zero entry."""
+        the new segment and trimming this one, leaving preallocated zeros — or is about
+        to trim it (a roll publishes the new segment first). A real entry is never all
+        zero (an offset entry's position is > 0), so binary-search for the first
+        all-zero entry. Read with pread, never through the map: a trim racing this
+        search shortens the file, and a read of the map past the new end would be a
+        SIGBUS; a short pread reads as padding instead."""
         if not self.capacity or self._mmap is None:
             return 0
-        mm, size, zero = self._mmap, self.entry_size, bytes(self.entry_size)
-        if mm[(self.capacity - 1) * size:self.capacity * size] != zero:
+        size, zero = self.entry_size, bytes(self.entry_size)
+
+        def is_zero(n: int) -> bool:
+            got = os.pread(fd, size, n * size)
+            return len(got) < size or got == zero
+
+        if not is_zero(self.capacity - 1):
             return self.capacity
         lo, hi = 0, self.capacity - 1          # the first zero entry is in [lo, hi]
         while lo < hi:
             mid = (lo + hi) >> 1
-            if mm[mid * size:(mid + 1) * size] == zero:
+            if is_zero(mid):
                 hi = mid
             else:
                 lo = mid + 1

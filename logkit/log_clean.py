@@ -534,6 +534,10 @@ class _LogClean:
                 self._sealed_sizes.pop(seg_base, None)
                 retire_segment(directory, seg_base)
                 retire_txn_index(directory, seg_base)
+            # The old names must be gone on disk before a new one appears: a power cut
+            # may keep directory changes in any order between two fsyncs, and the new
+            # base segment beside an old one it covers would overlap it.
+            _fsync_directory(directory)
             for suffix in _SUFFIXES:
                 if suffix in cleaned:
                     live = os.path.join(directory, segment_file_name(base, suffix))

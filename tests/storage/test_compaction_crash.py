@@ -45,12 +45,7 @@ POWERCUT_CUTS = 45
 POWERCUT_ANYWHERE = 15
 SEED = 32
 
-# An open finding of this file's trials (reported to the storage owner, /tmp/briefs/
-# requests.md); strict, so the fix turns the test red until its mark goes.
-OPEN_RETIRE_ORDER = ("a grouped swap renames its .swap files live with the old segments' "
-                     "retirement not yet synced: a power cut can keep the new segment "
-                     "live beside the old ones (overlapping segments, the partition "
-                     "unreadable)")
+
 
 def slice_plan(targets: dict) -> list:
     """PER_SYSCALL targets per system call, the modes cycled over them."""
@@ -357,7 +352,6 @@ class _SwapWithoutRetire(_Everything):
                 and not e.dest.endswith(".swap")}
 
 
-@pytest.mark.xfail(strict=True, reason=OPEN_RETIRE_ORDER)
 @needs_strace
 def test_a_power_cut_never_leaves_a_new_segment_live_beside_the_old_ones(recorded):
     """A cut after a group's `.swap` files were renamed live but before the directory
