@@ -35,6 +35,7 @@ from .records import BatchHeader, Record, RecordMetadata
 from .topic import Partition, Topic, TopicPartition
 from .replication import DirectorySource, Follower, ReplicaSource, TcpSource
 from .replication.objectstore import ObjectStoreSource
+from . import shipped
 
 # How a broker starts the servers that live above it (broker.py's table): this module is
 # the top of the package, so it may name every part; each server module is imported only
@@ -74,7 +75,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Broker", "Topic", "Partition", "TopicPartition", "Record", "RecordMetadata",
-    "CleanReport", "Fetched",
+    "CleanReport", "Fetched", "shipped",
     "Producer", "FutureRecordMetadata", "Consumer", "OffsetAndTimestamp", "ConsumerGroup",
     "ConsumerGroupMetadata",
     "MemberInfo", "OffsetAndMetadata", "murmur2", "resolve_config", "mirror", "mirror_from",

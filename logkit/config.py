@@ -508,7 +508,9 @@ _ROWS: tuple[Setting, ...] = (
 
     # ---- Spark source (reads): Spark's Kafka source names, case-insensitive
     _spark(SPARK_READ, "path", "str", None, "the broker directory, e.g. "
-           ".option('path', 'data/')", required=True),
+           ".option('path', 'data/'), or the URL a leader's broker.ship() writes to "
+           "(s3://bucket/prefix: options prefixed fs. go to fsspec; docs/spark.md)",
+           required=True),
     _spark(SPARK_READ, "subscribe", "str", None, "topics to read, comma-separated (one of "
            "subscribe, subscribePattern, assign)", nullable=True),
     _spark(SPARK_READ, "subscribePattern", "str", None, "a regular expression over topic "

@@ -36,9 +36,9 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
 import logkit
-from logkit.columns import Columns
-from logkit.records import RECORDS_OFFSET, decode_batch, iter_batches, read_header
-from logkit.replication.objectstore import may_have_gaps, read_manifest
+from logkit import Columns
+from logkit.shipped import (BATCH_HEADER_BYTES, decode_batch, iter_batches, may_have_gaps,
+                            read_header, read_manifest)
 
 from .options import EARLIEST, LATEST, LogkitSparkError
 
@@ -375,7 +375,7 @@ class _Fetcher:
         each (batches below `offset` are skipped, never fetched)."""
         pos, begin, base = 0, None, None
         while pos < size:
-            raw = self._cat(key, pos, min(size, pos + RECORDS_OFFSET))
+            raw = self._cat(key, pos, min(size, pos + BATCH_HEADER_BYTES))
             try:
                 header = read_header(raw, 0, size - pos, where)
             except logkit.CorruptRecordError as exc:
