@@ -102,6 +102,13 @@ class _Worker:
             error = None
         loop, done = self.loop, self.done
         assert loop is not None and done is not None
+        while True:                      # jobs left (a worker that died): answer them
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(job, tuple) and job[2] is not None:
+                self.reply(job[2], None, error or ClosedError(f"{self.name} ended"))
         try:
             loop.call_soon_threadsafe(_resolve, done, None, error)
         except RuntimeError:             # the loop is closed: nobody waits
@@ -203,8 +210,10 @@ class _ProducerWorker(_Worker):
         """Hand every queued send to the plain producer, in order. Completions are
         watched per batch, not per record: a batch resolves all its records at once, so
         one callback on the batch's last record of this drain reports them all."""
+        if not sends:
+            return
         popleft = sends.popleft
-        send = producer.send
+        send = None if producer is None else producer.send
         groups: dict[Any, list] = {}
         countdown = YIELD_EVERY
         while sends:
