@@ -312,3 +312,17 @@ def test_the_plugin_factories_make_clients_on_logkit_broker(broker, aio_producer
         leaked = aio_consumer("one")       # started, never stopped: the fixture stops it
         await leaked.start()
     run(main())
+
+
+def test_the_example_in_docs_web_md_runs():
+    import pathlib
+    import re
+    import subprocess
+    import sys
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "web.md").read_text()
+    section = text.split("## The asyncio clients (logkit.aio)", 1)[1].split("\n## ", 1)[0]
+    [script] = re.findall(r"```python\n(.*?)```", section, re.S)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1 more; 2 in the partition"
