@@ -622,6 +622,7 @@ class AIOConsumer:
         self._asked = False                 # a fetch is asked for and not answered
         self._waiters: list[asyncio.Future] = []
         self._error: BaseException | None = None
+        self._subscribed: set[str] = set(topics)
 
     def __repr__(self) -> str:
         return f"AIOConsumer(topics={self._topics!r}, {self._config!r})"
@@ -669,12 +670,40 @@ class AIOConsumer:
 
     def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None,
                   listener: Any = None) -> None:
+        """Subscribe (a plain call, as aiokafka's). `listener`: an object with
+        `on_partitions_revoked(tps)` and `on_partitions_assigned(tps)` (plain or async
+        methods, aiokafka's ConsumerRebalanceListener); they run on the loop while the
+        worker waits for them, so a rebalance completes after them."""
         self._check()
-        topics = list(topics)
-        self._post(lambda: self.consumer.subscribe(topics, pattern=pattern))
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        self._subscribed = set(topics)
+        hooks: dict[str, Any] = {}
+        if listener is not None:
+            hooks = {"on_revoke": self._on_loop(listener.on_partitions_revoked),
+                     "on_assign": self._on_loop(listener.on_partitions_assigned)}
+        self._post(lambda: self.consumer.subscribe(topics, pattern=pattern, **hooks))
+
+    def _on_loop(self, method: Callable[..., Any]) -> Callable[[Any], None]:
+        """`method` (plain or async) as a plain callable for the worker: run on the loop,
+        the worker waiting for it (not at all once the loop has closed)."""
+        loop = self._worker.loop
+        assert loop is not None
+
+        async def call(tps: Any) -> None:
+            result = method(set(tps))
+            if asyncio.iscoroutine(result):
+                await result
+
+        def hook(tps: Any) -> None:
+            try:
+                asyncio.run_coroutine_threadsafe(call(tps), loop).result(JOIN_LIMIT_S)
+            except RuntimeError:           # the loop closed: nobody to tell
+                pass
+        return hook
 
     def unsubscribe(self) -> None:
         self._check()
+        self._subscribed = set()
         self._drop(set(self._buffer))
         self._assignment = set()
         self._post(self.consumer.unsubscribe)
@@ -693,7 +722,7 @@ class AIOConsumer:
         return set(self._assignment)
 
     def subscription(self) -> set[str]:
-        return set(self._topics)
+        return set(self._subscribed)
 
     # ---- positions ---------------------------------------------------------------
 

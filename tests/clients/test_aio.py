@@ -326,3 +326,28 @@ def test_the_example_in_docs_web_md_runs():
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1 more; 2 in the partition"
+
+
+def test_subscribe_with_a_listener_runs_its_async_hooks_on_the_loop(broker):
+    produce(broker, "t", [{"value": b"x", "partition": p} for p in range(3)])
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls = []
+
+        class Listener:
+            async def on_partitions_revoked(self, revoked):
+                calls.append(("revoked", revoked, asyncio.get_running_loop() is loop))
+
+            async def on_partitions_assigned(self, assigned):
+                calls.append(("assigned", assigned, asyncio.get_running_loop() is loop))
+
+        async with AIOConsumer(broker, group_id="listening",
+                               auto_offset_reset="earliest") as consumer:
+            consumer.subscribe(["t"], listener=Listener())
+            assert consumer.subscription() == {"t"}
+            record = await consumer.getone()
+            assert record.value == b"x"
+            assert ("assigned", {TP("t", p) for p in range(3)}, True) in calls
+            assert consumer.assignment() == {TP("t", p) for p in range(3)}
+    run(main())
