@@ -19,7 +19,10 @@ from logkit.aio import AIOConsumer, AIOProducer
 TP = logkit.TopicPartition
 PARTITIONS = 3
 LIMIT_S = 50.0
-STALL_BOUND_S = 0.25            # a sanity bound, not the figure (see the docstring)
+# A sanity bound, not the figure (docs/benchmarks.md has it): a getmany that blocked the
+# loop would stall it for its whole timeout_ms (1 s here); scheduling noise on a loaded
+# two-core machine has reached 323 ms.
+STALL_BOUND_S = 0.9
 TICK_S = 0.001
 
 
