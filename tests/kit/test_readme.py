@@ -150,3 +150,15 @@ def test_the_replication_snippet_runs_as_written_twice(tmp_path):
     with logkit.Broker(tmp_path / "replica-data", read_only=True) as broker:
         values = [r.value for r in broker.topic("payments").partition(0).read(0)]
     assert values == [b"paid", b"refund"]
+
+
+def test_the_compaction_and_transactions_snippet_runs_as_written_twice(tmp_path):
+    """The compacted, transactional topic: a pass keeps each key's latest committed
+    record; run twice (it starts from a fresh directory each time)."""
+    script = tmp_path / "ledger.py"
+    script.write_text(block("python", "cleanup.policy"))
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == ["3 2", "[(b'bob', b'7'), (b'alice', b'90')]"]
