@@ -79,3 +79,13 @@ def check_directory(path: str, *, create: bool = False) -> None:
     if stat.S_ISLNK(mode):
         raise StorageError(f"refusing to use {path}: it is a symbolic link",
                            operation="open", path=path, errno=errno.ELOOP)
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory by name (a directory's fsync makes the renames,
+    creates and unlinks in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from ._clock import now_ms as _now_ms
+from ._files import fsync_path
 from .config import is_compacted
 from .records import iter_batches
 from .segment import (DELETED_SUFFIX, LogSegment, SegmentRecovery, parse_segment_name,
@@ -185,7 +186,7 @@ def finish_swaps(directory: str, name: str) -> int:
             index = txn_index_path(directory, other)
             if os.path.exists(index) and not os.path.exists(index + SWAP_SUFFIX):
                 os.rename(index, index + DELETED_SUFFIX)
-        _fsync_dir(directory)           # the old names gone on disk before the new one
+        fsync_path(directory)           # the old names gone on disk before the new one
         for suffix in (".txnindex", ".index", ".timeindex", ".log"):
             path = os.path.join(directory, segment_file_name(base, suffix))
             if os.path.exists(path + SWAP_SUFFIX):
@@ -202,16 +203,9 @@ def finish_swaps(directory: str, name: str) -> int:
                 pass
     shutil.rmtree(os.path.join(directory, CLEANER_STAGING), ignore_errors=True)
     if finished:
-        _fsync_dir(directory)
+        fsync_path(directory)
     return finished
 
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sweep_orphans(directory: str) -> None:

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ._clock import now_ms as _now_ms
-from ._files import open_file
+from ._files import fsync_path, open_file
 from .cleaner import CleanReport, OffsetMap
 from .config import is_compacted
 from .errors import ConfigError, CorruptRecordError, LogkitTimeoutError, storage_error
@@ -51,22 +51,6 @@ CLEANER_LOCK_FILE = "logkit.cleaner"
 CLEANER_LOCK_TIMEOUT_S = 120.0
 _SUFFIXES = (".txnindex", ".index", ".timeindex", ".log")   # the .log last: the marker
 _MAX_SPAN = (1 << 31) - 1                        # offsets relative to a base: int32
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def retire_txn_index(directory: str, base: int) -> None:
@@ -423,20 +407,7 @@ class _LogClean:
             out.flush()
         finally:
             out.close()
-        entries = [e for seg_base, _ in group
-                   for e in read_entries(txn_index_path(self.directory, seg_base))]
-        for entry in entries:          # the group's aborted transactions, in order
-            append_entry(txn_index_path(staging, base), entry)
-        if entries:
-            _fsync_file(txn_index_path(staging, base))
-        cleaned = {}
-        for suffix in _SUFFIXES:
-            if suffix == ".txnindex" and not entries:
-                continue
-            name = segment_file_name(base, suffix)
-            target = os.path.join(self.directory, name + CLEANED_SUFFIX)
-            os.replace(os.path.join(staging, name), target)
-            cleaned[suffix] = target
+        cleaned = self._place_cleaned(staging, base, [b for b, _ in group])
         try:
             swapped = self._swap(group, identities, cleaned)
         except BaseException:
@@ -446,6 +417,25 @@ class _LogClean:
             _unlink_all(cleaned.values())
             return None
         return before, after, bytes_before, position
+
+    def _place_cleaned(self, staging: str, base: int, bases: list[int]) -> dict[str, str]:
+        """Give the segment written in `staging` at `base` the `.txnindex` of the
+        segments it replaces (`bases`: their aborted transactions, in order) and move
+        its files into the partition directory as `.cleaned`; returns them by suffix."""
+        entries = [e for seg_base in bases
+                   for e in read_entries(txn_index_path(self.directory, seg_base))]
+        for entry in entries:
+            append_entry(txn_index_path(staging, base), entry)
+        if entries:
+            fsync_path(txn_index_path(staging, base))
+        cleaned = {}
+        for suffix in _SUFFIXES:
+            if suffix == ".txnindex" and not entries:
+                continue
+            name = segment_file_name(base, suffix)
+            cleaned[suffix] = os.path.join(self.directory, name + CLEANED_SUFFIX)
+            os.replace(os.path.join(staging, name), cleaned[suffix])
+        return cleaned
 
     def _cleaned_batch(self, buf: Any, pos: int, header: BatchHeader, path: str,
                        offset_map: OffsetMap, map_end: int, now_ms: int,
@@ -524,7 +514,7 @@ class _LogClean:
                 if suffix in cleaned:
                     os.replace(cleaned[suffix], cleaned[suffix][:-len(CLEANED_SUFFIX)]
                                + SWAP_SUFFIX)
-            _fsync_directory(directory)
+            fsync_path(directory)
             for seg_base, _ in group:
                 segment = self._segments.pop(seg_base, None)
                 if segment is not None:
@@ -537,7 +527,7 @@ class _LogClean:
             # The old names must be gone on disk before a new one appears: a power cut
             # may keep directory changes in any order between two fsyncs, and the new
             # base segment beside an old one it covers would overlap it.
-            _fsync_directory(directory)
+            fsync_path(directory)
             for suffix in _SUFFIXES:
                 if suffix in cleaned:
                     live = os.path.join(directory, segment_file_name(base, suffix))
@@ -545,7 +535,7 @@ class _LogClean:
             forget = getattr(self, "_txn_indexes", None)
             if forget is not None:
                 forget.forget()
-            _fsync_directory(directory)
+            fsync_path(directory)
             tail = tail._replace(segments_version=tail.segments_version + 1,
                                  clean_count=tail.clean_count + 1)
             self._tail_file.publish(tail)
@@ -628,19 +618,7 @@ class _LogClean:
             out.flush()
         finally:
             out.close()
-        entries = [e for seg_base in starts
-                   for e in read_entries(txn_index_path(self.directory, seg_base))]
-        for entry in entries:
-            append_entry(txn_index_path(staging, base), entry)
-        if entries:
-            _fsync_file(txn_index_path(staging, base))
-        cleaned = {}
-        for suffix in _SUFFIXES:
-            if suffix == ".txnindex" and not entries:
-                continue
-            name = segment_file_name(base, suffix)
-            cleaned[suffix] = os.path.join(self.directory, name + CLEANED_SUFFIX)
-            os.replace(os.path.join(staging, name), cleaned[suffix])
+        cleaned = self._place_cleaned(staging, base, starts)
         shutil.rmtree(staging, ignore_errors=True)
         if self._swap(group, identities, cleaned):
             log.info("%s: installed a copy of the leader's segment %d (offsets up to %d, "
