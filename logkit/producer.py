@@ -401,11 +401,12 @@ def _check_timestamp(timestamp_ms: Any) -> None:
         raise ConfigError(f"timestamp must be None or an int of milliseconds in "
                           f"[0, 2**63 - 1], got {timestamp_ms!r}")
     if timestamp_ms < SECONDS_LOOKALIKE_MS:
-        # stacklevel: _check_timestamp, _send_general, Producer.send, the caller
+        # stacklevel: _check_timestamp, _send_checked, _send_general, Producer.send,
+        # the caller
         warnings.warn(f"timestamp {timestamp_ms} looks like seconds, not milliseconds "
                       f"since the epoch (it is before 1973 in ms): Kafka timestamps are "
                       f"milliseconds, e.g. int(time.time() * 1000)", UserWarning,
-                      stacklevel=4)
+                      stacklevel=5)
 
 
 def _check_headers(headers: Any) -> list[tuple[str, bytes | None]]:
