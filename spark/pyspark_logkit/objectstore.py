@@ -26,7 +26,6 @@ columns (the schema registry lives in the leader's directory).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -40,43 +39,12 @@ from logkit import Columns
 from logkit.shipped import (BATCH_HEADER_BYTES, decode_batch, iter_batches, may_have_gaps,
                             read_header, read_manifest)
 
-from .options import EARLIEST, LATEST, LogkitSparkError
+from .options import FS_PREFIX, EARLIEST, LATEST, LogkitSparkError, is_store_url, storage_options
 
 __all__ = ["FS_PREFIX", "is_store_url", "storage_options", "Store", "StoreRange",
            "StoreBatchReader", "StoreStreamReader", "read_store_range"]
 
-FS_PREFIX = "fs."
 CHUNK_RECORDS = 20_000           # records per Arrow batch a task yields (about)
-
-
-def is_store_url(path: str) -> bool:
-    """Whether a `path` option names an object store (an fsspec URL) rather than a
-    logkit directory."""
-    return "://" in path
-
-
-def storage_options(given: Mapping[str, str]) -> dict[str, Any]:
-    """The `fs.*` options as fsspec storage options: the prefix dropped, keys lower-cased
-    (Spark's option keys ignore case), values strings, except a JSON object or list
-    (`fs.client_kwargs={"region_name": "eu-west-1"}`), which is parsed."""
-    out: dict[str, Any] = {}
-    for key, value in given.items():
-        if not key.lower().startswith(FS_PREFIX):
-            continue
-        name = key[len(FS_PREFIX):].lower()
-        if not name:
-            raise LogkitSparkError("logkit: option 'fs.' names no storage option; write "
-                                   "fs.<name>, e.g. fs.endpoint_url")
-        text = str(value)
-        if text.strip()[:1] in ("{", "["):
-            try:
-                out[name] = json.loads(text)
-                continue
-            except ValueError as exc:
-                raise LogkitSparkError(f"logkit: option {key!r} looks like JSON but does "
-                                       f"not parse: {exc}") from None
-        out[name] = text
-    return out
 
 
 def _join(url: str, key: str) -> str:

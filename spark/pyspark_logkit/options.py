@@ -111,13 +111,45 @@ def parse_offsets(name: str, raw: str, *, allow_latest: bool = True,
     return out
 
 
+FS_PREFIX = "fs."                 # options passed to fsspec as storage options
+
+
+def is_store_url(path: str) -> bool:
+    """Whether a `path` option names an object store (an fsspec URL) rather than a
+    logkit directory."""
+    return "://" in path
+
+
+def storage_options(given: Mapping[str, str]) -> dict[str, Any]:
+    """The `fs.*` options as fsspec storage options: the prefix dropped, keys lower-cased
+    (Spark's option keys ignore case), values strings, except a JSON object or list
+    (`fs.client_kwargs={"region_name": "eu-west-1"}`), which is parsed."""
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        if not key.lower().startswith(FS_PREFIX):
+            continue
+        name = key[len(FS_PREFIX):].lower()
+        if not name:
+            raise LogkitSparkError("logkit: option 'fs.' names no storage option; write "
+                                   "fs.<name>, e.g. fs.endpoint_url")
+        text = str(value)
+        if text.strip()[:1] in ("{", "["):
+            try:
+                out[name] = json.loads(text)
+                continue
+            except ValueError as exc:
+                raise LogkitSparkError(f"logkit: option {key!r} looks like JSON but does "
+                                       f"not parse: {exc}") from None
+        out[name] = text
+    return out
+
+
 class SourceOptions:
     """Read options, checked. `topics_now(broker)` lists the matching partitions."""
 
     def __init__(self, given: Mapping[str, str], *, streaming: bool) -> None:
         options = checked(given)
-        # an fsspec URL is a leader's shipped object store (DESIGN §18, objectstore.py)
-        from .objectstore import is_store_url, storage_options
+        # an fsspec URL is a leader's shipped object store (objectstore.py)
         self.store = bool(options["path"]) and is_store_url(options["path"])
         self.storage_options = storage_options(given)
         if self.store:
