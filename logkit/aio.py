@@ -33,6 +33,7 @@ thread to end; afterwards no thread or task of the client is left.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import logging
@@ -74,7 +75,7 @@ def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -
         future.set_result(result)
 
 
-class _Worker:
+class _Worker(abc.ABC):
     """One thread running jobs for one client, in order. `submit()` is called on the
     loop; `call()` is its awaitable form. Subclasses run `run()` on the thread."""
 
@@ -114,8 +115,9 @@ class _Worker:
         except RuntimeError:             # the loop is closed: nobody waits
             pass
 
-    def run(self) -> None:               # pragma: no cover - overridden
-        raise NotImplementedError
+    @abc.abstractmethod
+    def run(self) -> None:
+        """The worker thread's loop: take jobs until the end marker (each subclass)."""
 
     def reply(self, future: asyncio.Future, result: Any, error: BaseException | None
               ) -> None:
