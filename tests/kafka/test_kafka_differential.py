@@ -66,6 +66,21 @@ def create_topic(servers: str, topic: str, partitions: int, config=None) -> None
     future = admin(servers).create_topics([NewTopic(topic, partitions, 1,
                                                     config=config or {})])[topic]
     future.result(timeout=TIMEOUT_S)
+    wait_until_known(servers, topic, partitions)
+
+
+def wait_until_known(servers: str, topic: str, partitions: int) -> None:
+    """Kafka (KRaft) answers CreateTopics once its controller committed the topic; the
+    broker's metadata cache may learn of it a moment later, and a DescribeConfigs in
+    that moment gets UNKNOWN_TOPIC_OR_PART. Wait until metadata shows the topic whole."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        found = admin(servers).list_topics(topic=topic, timeout=TIMEOUT_S).topics.get(topic)
+        if found is not None and found.error is None and len(found.partitions) == partitions:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic} not in {servers}'s metadata after {TIMEOUT_S} s")
+        time.sleep(0.05)
 
 
 def error_name(call: Callable[[], object]) -> str:
