@@ -28,6 +28,10 @@ round by round, the median of --repeats kept, as `_common.interleaved_medians`):
 
 Run from the checkout's root (its own command line and JSON, not part of `all`):
     .venv/bin/python -m benchmarks.transactions [--json benchmarks/transactions.json]
+    .venv/bin/python -m benchmarks.transactions --cases consume --json benchmarks/transactions.json
+The second re-runs only the cases named and merges them into the JSON: the other
+cases keep their figures, each re-run case is stamped under "reruns" with its UTC
+time and load average, and the ratios are recomputed from the merged rows.
     .venv/bin/python -m benchmarks.transactions --profile transactional   # cProfile top
 `--quick` is a smoke size. Goals (issue 33): transactional >= 0.7x idempotent;
 idempotent >= 0.95x non-idempotent; read_committed >= 0.9x read_uncommitted; commit
@@ -63,6 +67,7 @@ GOALS = {"transactional_vs_idempotent": 0.7, "idempotent_vs_plain": 0.95,
 PER_TRANSACTION = 100
 COMMIT_RECORDS = 10
 PARTITIONS = 3
+CASES = ("produce", "consume", "commit", "recovery")
 _names = itertools.count()
 
 
@@ -322,15 +327,19 @@ def recovery(rounds: int, timeout_ms: int, directory: str | None = None
 # ---- the run ----------------------------------------------------------------------------
 
 def ratios(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    p, c, lat = doc["produce"], doc["consume"]["committed"], doc["commit"]
-    out = {
-        "transactional_vs_idempotent": p["transactional"]["records_per_s"]
-        / p["idempotent"]["records_per_s"],
-        "idempotent_vs_plain": p["idempotent"]["records_per_s"]
-        / p["non-idempotent"]["records_per_s"],
-        "read_committed_vs_uncommitted": c["read_committed"]["offsets_per_s"]
-        / c["read_uncommitted"]["offsets_per_s"],
-    }
+    """The goals' ratios from the cases `doc` holds (a case not run gives none)."""
+    out: dict[str, float] = {}
+    p = doc.get("produce")
+    if p:
+        out["transactional_vs_idempotent"] = p["transactional"]["records_per_s"] \
+            / p["idempotent"]["records_per_s"]
+        out["idempotent_vs_plain"] = p["idempotent"]["records_per_s"] \
+            / p["non-idempotent"]["records_per_s"]
+    if doc.get("consume"):
+        c = doc["consume"]["committed"]
+        out["read_committed_vs_uncommitted"] = c["read_committed"]["offsets_per_s"] \
+            / c["read_uncommitted"]["offsets_per_s"]
+    lat = doc.get("commit") or {}
     kafka = lat.get("confluent-kafka -> Kafka")
     if kafka:
         for q in ("p50", "p99"):
@@ -344,24 +353,46 @@ def ratios(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for name, value in out.items()}
 
 
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def run(args) -> dict[str, Any]:
-    doc: dict[str, Any] = {"date": datetime.date.today().isoformat(),
+    cases = args.cases
+    doc: dict[str, Any] = {"date": datetime.date.today().isoformat(), "utc": _utc_now(),
                            "quick": args.quick, "machine": {"cpus": os.cpu_count()}}
     load_before = os.getloadavg()[0]
     root = tempfile.mkdtemp(prefix="logkit-bench-txn-", dir=args.dir)
     try:
         with logkit.Broker(root) as broker:
-            _progress(f"produce: {args.records:,} records x3 systems x{args.repeats + 1}")
-            doc["produce"] = produce(broker, args.records, args.repeats)
-            _progress("consume")
-            doc["consume"] = consume(broker, args.records, args.repeats)
-            doc["commit"] = commit(broker, args.transactions, not args.no_kafka)
+            if "produce" in cases:
+                _progress(f"produce: {args.records:,} records x3 systems "
+                          f"x{args.repeats + 1}")
+                doc["produce"] = produce(broker, args.records, args.repeats)
+            if "consume" in cases:
+                _progress("consume")
+                doc["consume"] = consume(broker, args.records, args.repeats)
+            if "commit" in cases:
+                doc["commit"] = commit(broker, args.transactions, not args.no_kafka)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    _progress("recovery")
-    doc["recovery"] = recovery(args.recovery_rounds, args.recovery_timeout_ms, args.dir)
+    if "recovery" in cases:
+        _progress("recovery")
+        doc["recovery"] = recovery(args.recovery_rounds, args.recovery_timeout_ms,
+                                   args.dir)
     doc["ratios"] = ratios(doc)
     doc["machine"]["load_1m"] = [load_before, os.getloadavg()[0]]
+    return doc
+
+
+def merge(old: dict[str, Any], new: dict[str, Any], cases: tuple[str, ...]
+          ) -> dict[str, Any]:
+    """`old` (a whole run's JSON) with the `cases` of `new` in place of its own, each
+    stamped under "reruns" with when and under what load it ran; the ratios again."""
+    doc = {**old, **{case: new[case] for case in cases}}
+    stamp = {"utc": new["utc"], "quick": new["quick"], "load_1m": new["machine"]["load_1m"]}
+    doc["reruns"] = {**old.get("reruns", {}), **dict.fromkeys(cases, stamp)}
+    doc["ratios"] = ratios(doc)
     return doc
 
 
@@ -396,22 +427,22 @@ def profile(case: str, records: int) -> str:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    p, lat, rec = doc["produce"], doc["commit"], doc["recovery"]
+    p, lat, rec = doc.get("produce"), doc.get("commit"), doc.get("recovery")
     lines = ["| case | records/s | ratio | goal |", "|---|---:|---:|---|"]
     r = doc["ratios"]
     for name, key in (("non-idempotent", None), ("idempotent", "idempotent_vs_plain"),
                       ("transactional (100 per transaction)",
-                       "transactional_vs_idempotent")):
+                       "transactional_vs_idempotent")) if p else ():
         row = p[name.split(" ")[0]]
         ratio = f"{r[key]['ratio']:.2f}x" if key else ""
         goal = f">= {GOALS[key]}x: {'met' if r[key]['met'] else 'missed'}" if key else ""
         lines.append(f"| produce, {name} | {row['records_per_s']:,.0f} | {ratio} | {goal} |")
-    for per in (1000, 10000):
+    for per in (1000, 10000) if p else ():
         row = p[f"transactional, {per} per transaction"]
         value = row["records_per_s"] / p["idempotent"]["records_per_s"]
         lines.append(f"| produce, transactional ({per} per transaction) | "
                      f"{row['records_per_s']:,.0f} | {value:.2f}x | |")
-    for label, c in doc["consume"].items():
+    for label, c in doc.get("consume", {}).items():
         for name in ("read_uncommitted", "read_committed"):
             row = c[name]
             ratio = goal = ""
@@ -424,11 +455,14 @@ def markdown(doc: dict[str, Any]) -> str:
                     goal = f">= {GOALS[key]}x: {'met' if r[key]['met'] else 'missed'}"
             lines.append(f"| consume ({label}), {name} | {row['offsets_per_s']:,.0f} | "
                          f"{ratio} | {goal} |")
-    lines += ["", "| commit_transaction() latency, 10 records | p50 ms | p99 ms |",
-              "|---|---:|---:|"]
-    for name, row in lat.items():
+    if lat:
+        lines += ["", "| commit_transaction() latency, 10 records | p50 ms | p99 ms |",
+                  "|---|---:|---:|"]
+    for name, row in (lat or {}).items():
         if isinstance(row, dict):
             lines.append(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} |")
+    if not rec:
+        return "\n".join(lines)
     lines += ["", f"Recovery of a SIGKILLed producer's open transaction ({rec['rounds']} "
               f"rounds): by the next init_transactions() {rec['by_next_init_s']['median']:.2f}"
               f" s median ({rec['by_next_init_s']['max']:.2f} s max, a new process's start "
@@ -454,7 +488,14 @@ def main(argv: list[str] | None = None) -> int:
                                           "read_committed", "read_uncommitted",
                                           "read_committed+aborted", "commit"),
                     help="cProfile one case (+aborted: one transaction in ten aborted)")
+    ap.add_argument("--cases", default=",".join(CASES), metavar="CASE,...",
+                    help=f"a comma-separated subset of {','.join(CASES)} (default: all); "
+                         f"with --json an existing file keeps the cases not run")
     args = ap.parse_args(argv)
+    given = [c for c in args.cases.split(",") if c]
+    if not given or set(given) - set(CASES):
+        ap.error(f"--cases takes names among {','.join(CASES)}, not {args.cases!r}")
+    args.cases = tuple(c for c in CASES if c in given)
     if args.quick:
         args.records, args.repeats, args.transactions = 10_000, 1, 20
         args.recovery_rounds = 1
@@ -463,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     doc = run(args)
     print(markdown(doc))
+    if args.json and args.cases != CASES and os.path.exists(args.json):
+        with open(args.json, encoding="utf-8") as f:
+            doc = merge(json.load(f), doc, args.cases)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
