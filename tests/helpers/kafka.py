@@ -10,6 +10,12 @@ keeps every file (config, data, logs) under the directory it was given; `stop()`
 no JVM behind (SIGTERM for a controlled shutdown, then SIGKILL past a deadline) and is
 safe twice, and where util-linux's `setpriv` is found the JVM is also sent SIGTERM when
 the thread that started it ends (so start it from a thread that outlives its use). `skip_reason()` is the one place that says why these tests cannot run here.
+
+Kafka (KRaft) applies metadata asynchronously: CreateTopics and AlterConfigs are answered
+once the controller has committed them, and the broker's metadata cache (what Metadata,
+DescribeConfigs and DescribeTopics answer from) learns of them a moment later, as it
+learns of partition leaders after a restart. `create_topics` and `wait_until_known` are
+the one way the tests wait for that state (polled, with a deadline), never a sleep.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ _QUIET.propagate = False
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
+# a deadline on a metadata state the broker reaches in milliseconds when idle; generous
+# because a CI-like machine runs several JVMs on two cores (load average 6-10)
+METADATA_TIMEOUT_S = 60.0
 TOOL_TIMEOUT_S = 120.0
 BROKER_HEAP = "-Xmx512m"
 TOOL_HEAP = "-Xmx256m"
@@ -167,6 +176,46 @@ def run_tool(tool: str, *args: str, timeout_s: float = TOOL_TIMEOUT_S, check: bo
     return proc
 
 
+def wait_until_known(admin, topic: str, partitions: int, *,
+                     timeout_s: float = METADATA_TIMEOUT_S) -> None:
+    """Return once `admin`'s (a confluent-kafka AdminClient's) Metadata answer shows
+    `topic` with `partitions` partitions, each with a leader; AssertionError naming what
+    it last saw after `timeout_s`. KRaft answers CreateTopics once its controller has
+    committed the topic; until the broker's metadata cache learns of it, DescribeConfigs
+    gets UNKNOWN_TOPIC_OR_PART and kafka-topics --describe says it does not exist."""
+    deadline = time.monotonic() + timeout_s
+    seen: object = None
+    while True:
+        try:
+            seen = admin.list_topics(topic=topic, timeout=max(deadline - time.monotonic(),
+                                                              1.0)).topics.get(topic)
+        except Exception as exc:        # KafkaException: a timeout under load, ask again
+            seen = exc
+        else:
+            if seen is not None and seen.error is None \
+                    and len(seen.partitions) == partitions \
+                    and all(p.error is None and p.leader >= 0
+                            for p in seen.partitions.values()):
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic} with {partitions} partition(s), each with a "
+                                 f"leader, not in the metadata after {timeout_s} s; "
+                                 f"last seen: {seen!r}")
+        time.sleep(0.05)            # polling a state with a deadline, not a guess at a delay
+
+
+def create_topics(bootstrap_servers: str, new_topics: list, *,
+                  timeout_s: float = METADATA_TIMEOUT_S) -> None:
+    """CreateTopics of `new_topics` (confluent-kafka NewTopic objects), then wait until
+    the broker's metadata shows each of them (`wait_until_known`)."""
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    for future in admin.create_topics(new_topics, operation_timeout=timeout_s).values():
+        future.result(timeout=timeout_s)
+    for new in new_topics:
+        wait_until_known(admin, new.topic, new.num_partitions, timeout_s=timeout_s)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -267,7 +316,9 @@ class KafkaBroker:
 
     def _wait_ready(self, deadline: float) -> None:
         """Until a metadata request is answered (the broker is registered with its
-        controller and serving), the JVM exits, or the deadline passes."""
+        controller and serving) and shows a leader for every partition (after a restart
+        the controller elects them once the broker is unfenced, a moment after it
+        serves), the JVM exits, or the deadline passes."""
         from confluent_kafka.admin import AdminClient
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers,
                              "logger": _QUIET})
@@ -279,7 +330,10 @@ class KafkaBroker:
             except Exception:   # KafkaException while it starts: ask again
                 time.sleep(0.2)
                 continue
-            if metadata.brokers:
+            if metadata.brokers and all(
+                    t.error is None and all(p.error is None and p.leader >= 0
+                                            for p in t.partitions.values())
+                    for t in metadata.topics.values()):
                 return
             time.sleep(0.2)
         raise AssertionError(f"Kafka did not answer within the deadline:\n{self.log_tail()}")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 
 import logkit
-from tests.helpers.kafka import skip_reason
+from tests.helpers.kafka import skip_reason, wait_until_known
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
@@ -66,21 +66,9 @@ def create_topic(servers: str, topic: str, partitions: int, config=None) -> None
     future = admin(servers).create_topics([NewTopic(topic, partitions, 1,
                                                     config=config or {})])[topic]
     future.result(timeout=TIMEOUT_S)
-    wait_until_known(servers, topic, partitions)
-
-
-def wait_until_known(servers: str, topic: str, partitions: int) -> None:
-    """Kafka (KRaft) answers CreateTopics once its controller committed the topic; the
-    broker's metadata cache may learn of it a moment later, and a DescribeConfigs in
-    that moment gets UNKNOWN_TOPIC_OR_PART. Wait until metadata shows the topic whole."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while True:
-        found = admin(servers).list_topics(topic=topic, timeout=TIMEOUT_S).topics.get(topic)
-        if found is not None and found.error is None and len(found.partitions) == partitions:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{topic} not in {servers}'s metadata after {TIMEOUT_S} s")
-        time.sleep(0.05)
+    # KRaft answers CreateTopics before the broker's metadata cache knows the topic: a
+    # DescribeConfigs in that moment gets UNKNOWN_TOPIC_OR_PART (a CI run did)
+    wait_until_known(admin(servers), topic, partitions)
 
 
 def error_name(call: Callable[[], object]) -> str:

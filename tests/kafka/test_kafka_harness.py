@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from tests.helpers.kafka import LIB_DIR, TOOLS, run_tool, skip_reason
+from tests.helpers.kafka import LIB_DIR, TOOLS, run_tool, skip_reason, wait_until_known
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
@@ -23,9 +23,14 @@ def test_every_tool_the_helper_names_is_a_class_on_the_classpath():
 
 
 def test_kafka_topics_creates_and_describes_on_the_sessions_broker(kafka):
+    AdminClient = pytest.importorskip("confluent_kafka.admin").AdminClient
     servers = ("--bootstrap-server", kafka.bootstrap_servers)
     run_tool("kafka-topics", *servers, "--create", "--topic", "harness-topics",
              "--partitions", "3", "--config", "retention.ms=3600000")
+    # --create returns once the controller committed the topic; --describe asks the
+    # broker, whose metadata may not show it yet ("does not exist as expected")
+    wait_until_known(AdminClient({"bootstrap.servers": kafka.bootstrap_servers}),
+                     "harness-topics", 3)
     out = run_tool("kafka-topics", *servers, "--describe", "--topic", "harness-topics").stdout
     assert "PartitionCount: 3" in out and "retention.ms=3600000" in out
     assert [line.split()[3] for line in out.splitlines() if "Partition: " in line] == \
