@@ -25,11 +25,13 @@ _MODULES = {"kafka-python": "kafka", "confluent-kafka": "confluent_kafka",
             "aiokafka": "aiokafka"}
 
 
-def _member(client, bootstrap, topic, group, reports, stop):
+def _member(client, bootstrap, topic, group, reports, stop, log_path):
     """A consumer process: reports ("assigned", pid, partitions) whenever its assignment
-    changes, committing what it reads, until `stop` is set."""
+    changes, committing what it reads, until `stop` is set. The client library logs at
+    INFO to `log_path` (joins, assignments, errors), which a failed wait shows."""
     import logging
-    logging.disable(logging.CRITICAL)
+    logging.basicConfig(filename=log_path, level=logging.INFO,
+                        format="%(asctime)s %(threadName)s %(name)s %(message)s")
     pid = os.getpid()
     last = None
 
@@ -52,10 +54,12 @@ def _member(client, bootstrap, topic, group, reports, stop):
         consumer.close()
     elif client == "confluent-kafka":
         import confluent_kafka
+        logging.getLogger("librdkafka").setLevel(logging.DEBUG)     # its "cgrp" debug
         consumer = confluent_kafka.Consumer({
             "bootstrap.servers": bootstrap, "group.id": group,
             "session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": HEARTBEAT_MS,
-            "auto.offset.reset": "earliest"})
+            "auto.offset.reset": "earliest", "debug": "cgrp",
+            "logger": logging.getLogger("librdkafka")})
         consumer.subscribe([topic])
         while not stop.is_set():
             consumer.poll(0.1)
@@ -79,19 +83,45 @@ def _member(client, bootstrap, topic, group, reports, stop):
         asyncio.run(run())
 
 
-def _latest(reports, state, until, bound_s=60):
-    """Read reports until until(state) holds; state maps pid -> partitions."""
+# A bound on each wait for the group to settle, not an expected duration: about 5 s
+# each when idle; a loaded machine (load average 6-10) stretches a spawned process's
+# start (imports) and each rebalance.
+SETTLE_S = 120
+
+
+def _latest(reports, state, until, what, explain, bound_s=SETTLE_S):
+    """Read reports until until(state) holds; state maps pid -> partitions. Past the
+    bound, AssertionError naming `what`, the state and explain() (the listener's view
+    and the members' logs)."""
     end = time.monotonic() + bound_s
     while not until(state):
         remaining = end - time.monotonic()
         if remaining <= 0:
-            raise AssertionError(f"the group did not settle: {state}")
+            raise AssertionError(f"{what}: not within {bound_s} s; the members reported "
+                                 f"{state}\n{explain()}")
         try:
             _, pid, partitions = reports.get(timeout=remaining)
         except queue.Empty:
             continue
         state[pid] = partitions
     return state
+
+
+def _wire_members_show(broker, want, what, explain, bound_s=SETTLE_S):
+    """Wait until broker.group("billing").members(), which reads the listener's LMDB
+    snapshot (a member counts as live while its last stored heartbeat is within its
+    session timeout, stored about every second), shows one member per list in `want`
+    holding those partitions."""
+    end = time.monotonic() + bound_s
+    while True:
+        shown = sorted(sorted(tp.partition for tp in m.assignment)
+                       for m in broker.group("billing").members())
+        if shown == sorted(want):
+            return
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: broker.group() showed {shown}, not "
+                                 f"{sorted(want)}, within {bound_s} s\n{explain()}")
+        time.sleep(0.01)            # polling a state with a deadline
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -102,33 +132,52 @@ def test_two_processes_split_the_partitions_and_one_takes_over_from_a_killed_one
     with logkit.Broker(tmp_path / "data") as broker, broker.serve() as server:
         broker.create_topic("orders", 4)
         reports, stop = ctx.Queue(), ctx.Event()
-        args = (client, server.bootstrap_servers, "orders", "billing", reports, stop)
-        first = ctx.Process(target=_member, args=args)
-        first.start()
-        state = _latest(reports, {}, lambda s: s.get(first.pid) == [0, 1, 2, 3])
-        second = ctx.Process(target=_member, args=args)
-        second.start()
+        members = []
+
+        def start_member():
+            log_path = tmp_path / f"member-{len(members)}.log"
+            # daemon: a test that fails never leaves a member spinning, nor pytest's
+            # exit waiting for it
+            process = ctx.Process(target=_member, daemon=True, args=(
+                client, server.bootstrap_servers, "orders", "billing", reports, stop,
+                str(log_path)))
+            process.start()
+            members.append((process, log_path))
+            return process
+
+        def explain():
+            lines = [f"listener: {server.handlers.groups.describe('billing')}"]
+            for process, log_path in members:
+                text = log_path.read_text(errors="replace") if log_path.exists() else ""
+                lines.append(f"--- member pid {process.pid} (exit {process.exitcode}), "
+                             f"{log_path.name}, last lines:\n"
+                             + "\n".join(text.splitlines()[-30:]))
+            return "\n".join(lines)
+
         try:
+            first = start_member()
+            state = _latest(reports, {}, lambda s: s.get(first.pid) == [0, 1, 2, 3],
+                            "the first member assigned every partition", explain)
+            second = start_member()
             state = _latest(reports, state, lambda s: sorted(
                 s.get(first.pid, []) + s.get(second.pid, [])) == [0, 1, 2, 3]
-                and s.get(first.pid) and s.get(second.pid))
-            assert not set(state[first.pid]) & set(state[second.pid])
-            members = broker.group("billing").members()
-            assert len(members) == 2
-            assert sorted(tp.partition for m in members for tp in m.assignment) == \
-                [0, 1, 2, 3]
+                and s.get(first.pid) and s.get(second.pid),
+                "the two members splitting the partitions", explain)
+            _wire_members_show(broker, [state[first.pid], state[second.pid]],
+                               "the two wire members in broker.group()", explain)
             with pytest.raises(logkit.IllegalStateError, match="Kafka protocol listener"):
                 broker.consumer("orders", group_id="billing").poll(timeout_ms=100)
             os.kill(first.pid, signal.SIGKILL)
             first.join(10)
-            _latest(reports, state, lambda s: s.get(second.pid) == [0, 1, 2, 3])
+            _latest(reports, state, lambda s: s.get(second.pid) == [0, 1, 2, 3],
+                    "the second member taking over the killed one's partitions", explain)
         finally:
             stop.set()
-            second.join(30)
-            if second.is_alive():
-                second.kill()
-            if first.is_alive():
-                first.kill()
+            for process, _ in members:
+                process.join(30)
+                if process.is_alive():
+                    process.kill()
+                    process.join(10)
 
 
 def test_a_lone_consumer_is_assigned_at_its_first_join(tmp_path):
