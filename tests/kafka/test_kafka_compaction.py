@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 import logkit
-from tests.helpers.kafka import run_tool, skip_reason
+from tests.helpers.kafka import create_topics, run_tool, skip_reason
 from tests.helpers.kafka_ecosystem import kafka_rows, logkit_rows, unique, wait_for
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
@@ -51,7 +51,8 @@ TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
 # Kafka cleans a log whose dirty ratio is above this: never at 1.0, at once at 0.01, so
 # the test makes it clean once per round, as logkit's one p.compact() does
 IDLE_RATIO, CLEAN_RATIO = "1.0", "0.01"
-CLEANER_BACKOFF_MS = "100"            # Kafka's default is 15 s
+CLEANER_BACKOFF_MS = "100"
+DEFAULT_CLEANER_BACKOFF_MS = "15000"  # Kafka's
 
 
 def _key(n: int, segment: int, i: int) -> str:
@@ -148,23 +149,39 @@ def _kafka_checkpoint(kafka, topic: str) -> int | None:
     return None
 
 
-def _set_topic_config(admin, topic: str, name: str, value: str) -> None:
+def _config_value(admin, kind: str, name: str, config: str) -> str | None:
+    """`config`'s value as the broker's DescribeConfigs shows it now."""
+    from confluent_kafka.admin import ConfigResource
+    resource = ConfigResource(kind, name)
+    entries = admin.describe_configs([resource])[resource].result(timeout=30)
+    return entries[config].value if config in entries else None
+
+
+def _alter_config(admin, kind: str, name: str, config: str, value: str | None,
+                  applied: str) -> None:
+    """IncrementalAlterConfigs SET `value` (DELETE when None) of a topic's or the
+    broker's config, then wait until the broker shows `applied`: KRaft answers once the
+    controller committed the change and the broker applies it a moment later, so a
+    cleaner pass in that moment would still run on the old value (an extra pass)."""
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-    resource = ConfigResource("TOPIC", topic, incremental_configs=[
-        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+    op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+    resource = ConfigResource(kind, name, incremental_configs=[
+        ConfigEntry(config, value or "", incremental_operation=op)])
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
+    wait_for(lambda: _config_value(admin, kind, name, config) == applied,
+             f"the broker to apply {config}={applied} on {kind} {name}", timeout_s=60)
+
+
+def _set_topic_config(admin, topic: str, name: str, value: str) -> None:
+    _alter_config(admin, "TOPIC", topic, name, value, value)
 
 
 def _set_cleaner_backoff(admin, value: str | None) -> None:
     """log.cleaner.backoff.ms on the session's broker (a dynamic broker config; None
     deletes it, back to Kafka's default)."""
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-    op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
-    resource = ConfigResource("BROKER", "1", incremental_configs=[
-        ConfigEntry("log.cleaner.backoff.ms", value or "", incremental_operation=op)])
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(timeout=30)
+    _alter_config(admin, "BROKER", "1", "log.cleaner.backoff.ms", value,
+                  value or DEFAULT_CLEANER_BACKOFF_MS)
 
 
 @dataclass
@@ -187,8 +204,7 @@ def _clean_on_kafka(kafka, out: Cleaned) -> None:
         topic = unique("compacted")
         config = {**TOPIC_CONFIG, "segment.ms": str(SEGMENT_MS),
                   "min.cleanable.dirty.ratio": IDLE_RATIO}
-        for future in admin.create_topics([NewTopic(topic, 1, 1, config=config)]).values():
-            future.result(timeout=30)
+        create_topics(kafka.bootstrap_servers, [NewTopic(topic, 1, 1, config=config)])
         for segments, end in zip(ROUNDS, ENDS, strict=True):
             _produce(kafka.bootstrap_servers, topic, segments, lambda: None)
             _set_topic_config(admin, topic, "min.cleanable.dirty.ratio", CLEAN_RATIO)

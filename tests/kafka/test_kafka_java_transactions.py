@@ -16,7 +16,7 @@ import pytest
 
 import logkit
 from logkit import TopicPartition
-from tests.helpers.kafka import compile_java, java_command, skip_reason
+from tests.helpers.kafka import compile_java, create_topics, java_command, skip_reason
 from tests.helpers.kafka_ecosystem import kafka_rows, unique, without_offsets
 from tests.helpers.kafka_tools import QUICK_JVM_FLAGS, describe, scenario_lines, tool
 
@@ -70,15 +70,12 @@ def test_java_transactions_leave_the_same_offsets_as_at_kafka(served, kafka):
     both isolation levels, and the consumers end at the same positions, so each
     transaction left one marker per partition, at the same offsets."""
     pytest.importorskip("confluent_kafka")
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
     broker, servers = served
     answers = []
     for bootstrap in (kafka.bootstrap_servers, servers):
         out, source, group = unique("jt-out"), unique("jt-in"), unique("jt-group")
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for future in admin.create_topics([NewTopic(out, PARTITIONS, 1),
-                                           NewTopic(source, 1, 1)]).values():
-            future.result(timeout=30)
+        create_topics(bootstrap, [NewTopic(out, PARTITIONS, 1), NewTopic(source, 1, 1)])
         proc = _run("TransactionScenarios", "transactions", bootstrap, out, PARTITIONS,
                     source, group)
         assert proc.returncode == 0, describe(proc)
@@ -129,12 +126,9 @@ def test_kafka_transactions_tool_lists_and_describes_an_open_transaction(served)
 
 def _streams(servers, tmp_path, guarantee, records):
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
     source, sink = unique("eos-in"), unique("eos-out")
-    admin = AdminClient({"bootstrap.servers": servers})
-    for future in admin.create_topics([NewTopic(source, PARTITIONS, 1),
-                                       NewTopic(sink, PARTITIONS, 1)]).values():
-        future.result(timeout=30)
+    create_topics(servers, [NewTopic(source, PARTITIONS, 1), NewTopic(sink, PARTITIONS, 1)])
     producer = Producer({"bootstrap.servers": servers, "linger.ms": 5})
     for i in range(records):
         value = f"drop-{i}" if i % 5 == 0 else f"value-{i}"

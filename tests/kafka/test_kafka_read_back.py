@@ -16,7 +16,7 @@ import pytest
 
 import logkit
 from logkit.compression import codec_id
-from tests.helpers.kafka import run_java, skip_reason
+from tests.helpers.kafka import create_topics, run_java, skip_reason
 
 pytestmark = [
     pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason())),
@@ -50,14 +50,11 @@ def expected(topic: str, i: int) -> tuple:
 @pytest.fixture(scope="module")
 def kafka_dirs(kafka, tmp_path_factory) -> dict[str, Path]:
     """Each topic's partition directory, copied while the broker was stopped."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    from confluent_kafka.admin import NewTopic
     # retention.ms -1: the records' fixed timestamps are years old, and Kafka's retention
     # pass (every 5 min, from 30 s after start) would otherwise delete them under the test
     config = {"segment.bytes": str(ROLLED_SEGMENT_BYTES), "retention.ms": "-1"}
-    new = [NewTopic(t, 1, 1, config=config) for t in TOPICS]
-    for future in admin.create_topics(new, operation_timeout=30).values():
-        future.result(timeout=60)
+    create_topics(kafka.bootstrap_servers, [NewTopic(t, 1, 1, config=config) for t in TOPICS])
     specs = [f"{t}:{codec}:{str(idem).lower()}:{n}" for t, (codec, idem, n) in TOPICS.items()]
     out = run_java("ShapesProducer", kafka.bootstrap_servers, *specs).stdout
     for topic, (_, _, count) in TOPICS.items():

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import logkit
-from tests.helpers.kafka import compile_java, java_command, skip_reason
+from tests.helpers.kafka import compile_java, create_topics, java_command, skip_reason
 from tests.helpers.kafka_ecosystem import kafka_rows, unique, without_offsets
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
@@ -35,11 +35,8 @@ def _input(n):
 def _produce(bootstrap, source, sink):
     """The same topics and input records on either broker, through the same client."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(source, PARTITIONS, 1),
-                                       NewTopic(sink, PARTITIONS, 1)]).values():
-        future.result(timeout=30)
+    from confluent_kafka.admin import NewTopic
+    create_topics(bootstrap, [NewTopic(source, PARTITIONS, 1), NewTopic(sink, PARTITIONS, 1)])
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for n in range(RECORDS):
         key, value = _input(n)

@@ -22,7 +22,7 @@ from collections import Counter
 import pytest
 
 import logkit
-from tests.helpers.kafka import compile_java, java_command, skip_reason
+from tests.helpers.kafka import compile_java, create_topics, java_command, skip_reason
 from tests.helpers.kafka_ecosystem import kafka_rows, unique, wait_for
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
@@ -58,10 +58,8 @@ def _words(first: int, count: int) -> list[str]:
 
 
 def _create(bootstrap: str, *topics: str) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).values():
-        future.result(timeout=30)
+    from confluent_kafka.admin import NewTopic
+    create_topics(bootstrap, [NewTopic(t, PARTITIONS, 1) for t in topics])
 
 
 def _produce(bootstrap: str, topic: str, first: int, count: int) -> None:
