@@ -71,6 +71,19 @@ _broker.register_server("schema-registry", _start_schema_registry)
 _broker.register_server("shipper", _start_shipper)
 _broker.register_server("rest", _start_rest)
 
+# The public submodules DESIGN names as `logkit.aio`, `logkit.testing`, `logkit.serde`:
+# loaded on first use (PEP 562), so `import logkit` alone loads none of them (nor asyncio)
+# and `logkit.aio.AIOProducer` works after it whatever else was imported.
+_LAZY_SUBMODULES = frozenset({"aio", "testing", "serde"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_SUBMODULES:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -54,7 +54,9 @@ except ImportError:                       # an optional dependency: logkit[rest]
 
 from .errors import (CodecUnavailableError, ConfigError, IllegalStateError, InvalidTopicError, LogkitError,
                      SerializationError, TopicExistsError, UnknownTopicError)
-from .topic import TopicPartition
+from .broker import MAX_REPLICATION_FACTOR
+from .config import overrides_only, resolve_topic_config
+from .topic import MAX_PARTITIONS, TopicPartition, validate_topic_name
 
 __all__ = ["RestServer", "serve", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "IDLE_TIMEOUT_MS",
            "REQUEST_TIMEOUT_MS", "CONSUMER_INSTANCE_TIMEOUT_MS"]
@@ -623,17 +625,22 @@ class RestServer:
         self._check_cluster(request)
         return web.json_response(self._cluster_json(self._base(request)))
 
-    def _topic_json(self, base: str, name: str) -> dict[str, Any]:
-        topic = self._broker.topic(name)
+    def _topic_json(self, base: str, name: str,
+                    shape: tuple[int, int] | None = None) -> dict[str, Any]:
+        """A KafkaTopic: topic `name`, or one that would have `shape` (replication
+        factor, partition count) and does not exist (a validate_only create)."""
+        if shape is None:
+            topic = self._broker.topic(name)
+            shape = (topic.replication_factor, len(topic.partitions))
         t = f"{base}/v3/clusters/{self.cluster_id}/topics/{name}"
-        replication = topic.replication_factor
+        replication, count = shape
         return {"kind": "KafkaTopic",
                 "metadata": {"self": t, "resource_name":
                              f"crn:///kafka={self.cluster_id}/topic={name}"},
                 "cluster_id": self.cluster_id, "topic_name": name,
                 "is_internal": name.startswith("__"),
                 "replication_factor": replication,
-                "partitions_count": len(topic.partitions),
+                "partitions_count": count,
                 "partitions": {"related": f"{t}/partitions"},
                 "configs": {"related": f"{t}/configs"},
                 "partition_reassignments": {"related": f"{t}/partitions/-/reassignment"},
@@ -678,8 +685,14 @@ class RestServer:
                 isinstance(c, dict) and isinstance(c.get("name"), str) for c in configs):
             raise _bad("configs must be a list of {name, value}")
         config = {c["name"]: c.get("value") for c in configs}
+        validate_only = body.get("validate_only", False)
+        if not isinstance(validate_only, bool):
+            raise _bad("validate_only must be true or false")
 
         def run() -> dict[str, Any]:
+            if validate_only:         # Confluent's field: checked as a create, nothing made
+                return self._topic_json(self._base(request), name, self._would_create(
+                    name, partitions, replication, config))
             self._broker.create_topic(name, partitions, replication_factor=replication,
                                       config=config or None)
             return self._topic_json(self._base(request), name)
@@ -688,6 +701,26 @@ class RestServer:
         except TopicExistsError:
             raise RestError(400, 40002, f"Topic '{name}' already exists.") from None
         return web.json_response(data, status=201)
+
+    def _would_create(self, name: str, partitions: Any, replication: Any,
+                      config: dict[str, Any]) -> tuple[int, int]:
+        """(replication factor, partition count) of the topic create_topic would make,
+        raising as it would (InvalidTopicError, ConfigError, TopicExistsError); writes
+        nothing."""
+        validate_topic_name(name)
+        settings = self._broker.config
+        shape = (settings["default.replication.factor"] if replication is None
+                 else replication, settings["num.partitions"] if partitions is None
+                 else partitions)
+        for what, value, most in zip(("replication_factor", "partitions_count"), shape,
+                                     (MAX_REPLICATION_FACTOR, MAX_PARTITIONS)):
+            if isinstance(value, bool) or not isinstance(value, int) \
+                    or not 1 <= value <= most:
+                raise ConfigError(f"{what} must be an integer in 1..{most}, got {value!r}")
+        resolve_topic_config(overrides_only(config), settings)
+        if name in self._broker.topics():
+            raise TopicExistsError(f"topic {name!r} already exists")
+        return shape
 
     async def topics_v2(self, request: web.Request) -> web.Response:
         return web.json_response(await self._off_loop(self._broker.topics))
@@ -749,7 +782,8 @@ class RestServer:
         if isinstance(result, UnknownTopicError):
             return _compact({"error_code": 40401, "message": str(result)})
         if isinstance(result, BaseException):
-            code = 413 if type(result).__name__ == "RecordTooLargeError" else 500
+            # Confluent's mapper: a Kafka error it has no code for is 50002 (HTTP 500)
+            code = 413 if type(result).__name__ == "RecordTooLargeError" else 50002
             return _compact({"error_code": code, "message": str(result)})
         prefix = self._prefixes.get(topic)
         if prefix is None:
