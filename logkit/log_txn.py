@@ -536,9 +536,10 @@ class _LogTransactions:
         """`records` (offsets in [start, end), in order) without those of aborted
         transactions, decided per batch as Kafka's fetcher decides: a transactional
         batch is aborted when its base offset lies in one of its producer's aborted
-        transactions [first offset, marker]. One walk of the batch headers with a
-        cursor per producer, then the records cut around the aborted runs by
-        bisection: linear in batches, no record looked at one by one."""
+        transactions [first offset, marker]. Only the batches inside those
+        transactions' offset ranges are walked, with a cursor per producer; then the
+        records are cut around the aborted runs by bisection: linear in the batches
+        walked, no record looked at one by one."""
         by_producer: dict[int, list[AbortedTxn]] = {}
         for entry in aborted:
             by_producer.setdefault(entry.producer_id, []).append(entry)
@@ -546,31 +547,21 @@ class _LogTransactions:
         # are disjoint and in offset order, and its batches come in offset order.
         cursors = dict.fromkeys(by_producer, 0)
         runs: list[list[int]] = []       # [first, last] offsets, adjacent batches merged
-        bases = self._bases
-        i = self._first_segment(start, end)
-        position = -1                    # the first segment from `start`, the rest whole
-        while i < len(bases) and bases[i] < end:
-            segment, size = self._sized(bases[i], tail)
-            if position < 0:
-                position = segment.find(start, size)
-            for _, header in _producer_batches(segment.view(size), position, size, end,
-                                               segment.path):
-                producer_id = header.producer_id
-                entries = by_producer.get(producer_id)
-                if entries is None or not header.attributes & ATTR_TRANSACTIONAL:
-                    continue
-                base = header.base_offset
-                k = cursors[producer_id]
-                while k < len(entries) and entries[k].last_offset < base:
-                    k += 1
-                cursors[producer_id] = k
-                if k < len(entries) and entries[k].first_offset <= base:
-                    if runs and runs[-1][1] + 1 == base:
-                        runs[-1][1] = header.last_offset
-                    else:
-                        runs.append([base, header.last_offset])
-            position = 0
-            i += 1
+        for header in self._batches_within(tail, _spans(aborted, start, end), end):
+            producer_id = header.producer_id
+            entries = by_producer.get(producer_id)
+            if entries is None or not header.attributes & ATTR_TRANSACTIONAL:
+                continue
+            base = header.base_offset
+            k = cursors[producer_id]
+            while k < len(entries) and entries[k].last_offset < base:
+                k += 1
+            cursors[producer_id] = k
+            if k < len(entries) and entries[k].first_offset <= base:
+                if runs and runs[-1][1] + 1 == base:
+                    runs[-1][1] = header.last_offset
+                else:
+                    runs.append([base, header.last_offset])
         if not runs:
             return records
         kept: list[Record] = []
@@ -581,3 +572,45 @@ class _LogTransactions:
             n = bisect.bisect_right(records, last, cut, key=_record_offset)
         kept += records[n:]
         return kept
+
+    def _batches_within(self, tail: Tail, spans: list[tuple[int, int]], end: int
+                        ) -> Iterator[BatchHeader]:
+        """Headers of the producers' batches holding an offset of `spans` (disjoint
+        [lo, hi] offset ranges below `end`, in order), each once, in offset order: from
+        the batch holding `lo` (which may begin before it) to the last one beginning at
+        or before `hi`."""
+        bases = self._bases
+        walked = -1                      # the offset after the last batch yielded
+        for lo, hi in spans:
+            lo = max(lo, walked)
+            if lo > hi:
+                continue
+            i = self._first_segment(lo, end)
+            position = -1                # the first segment from `lo`, the next whole
+            while i < len(bases) and bases[i] <= hi:
+                segment, size = self._sized(bases[i], tail)
+                if position < 0:
+                    position = segment.find(lo, size)
+                for _, header in _producer_batches(segment.view(size), position, size,
+                                                   hi + 1, segment.path):
+                    walked = header.last_offset + 1
+                    yield header
+                position = 0
+                i += 1
+
+
+def _spans(aborted: list[AbortedTxn], start: int, end: int) -> list[tuple[int, int]]:
+    """The offsets of [start, end) inside aborted transactions, [first offset, marker]
+    clipped to the range, as disjoint [lo, hi] ranges in order (the transactions of
+    different producers overlap)."""
+    spans: list[tuple[int, int]] = []
+    for lo, hi in sorted((max(e.first_offset, start), min(e.last_offset, end - 1))
+                         for e in aborted):
+        if lo > hi:
+            continue
+        if spans and lo <= spans[-1][1] + 1:
+            if hi > spans[-1][1]:
+                spans[-1] = (spans[-1][0], hi)
+        else:
+            spans.append((lo, hi))
+    return spans
