@@ -119,10 +119,7 @@ class _LogAppends:
         """Encode records as one batch and append it; returns its base offset. A record
         without a key is refused on a compacted topic (InvalidRecordError)."""
         if is_compacted(self.config) and any(record[0] is None for record in records):
-            raise InvalidRecordError(
-                f"topic {self.topic!r} is compacted (cleanup.policy="
-                f"{self.config['cleanup.policy']}): every record needs a key",
-                path=self.directory, position=0)
+            raise self._keyless_refused()
         return self.append_batch(encode_batch(records, codec=codec, **batch_fields))
 
     def append_batch(self, batch: bytearray, *, verify: bool = False,
@@ -437,15 +434,20 @@ class _LogAppends:
                     raise storage_error(exc, "roll", self.directory) from exc
 
     def _refuse_keyless(self, batch: Any, header: BatchHeader) -> None:
-        """A compacted topic keeps the latest record of each key: a record without a
-        key has no place in it (Kafka's LogValidator refuses it the same way)."""
-        for record in decode_batch(batch, 0, header, self.topic, self.partition,
-                                   verify=False):
-            if record.key is None:
-                raise InvalidRecordError(
-                    f"topic {self.topic!r} is compacted (cleanup.policy="
-                    f"{self.config['cleanup.policy']}): every record needs a key",
-                    path=self.directory, position=0)
+        """The verified append's check of a batch for a compacted topic: any record
+        without a key refuses it whole (`_keyless_refused`)."""
+        if any(record.key is None for record in decode_batch(
+                batch, 0, header, self.topic, self.partition, verify=False)):
+            raise self._keyless_refused()
+
+    def _keyless_refused(self) -> InvalidRecordError:
+        """The refusal of a record without a key on this compacted topic: a compacted
+        topic keeps the latest record of each key, so a record without one has no place
+        in it (Kafka's LogValidator refuses it the same way)."""
+        return InvalidRecordError(
+            f"topic {self.topic!r} is compacted (cleanup.policy="
+            f"{self.config['cleanup.policy']}): every record needs a key",
+            path=self.directory, position=0)
 
     def append_replicated(self, data: Any, *, segment_bases: Container[int] = (),
                           lock_timeout_s: float | None = LOCK_TIMEOUT_S) -> int:
