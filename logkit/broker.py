@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 from . import _fork
 from ._clock import now_ms as _now_ms
 from .cleaner import LogCleaner
-from .config import (LONG_MAX, TOPIC, is_compacted, lookup, overrides_only,
-                     resolve_broker_config, resolve_topic_config)
+from .config import (LONG_MAX, TOPIC, check_topic_config, is_compacted, lookup,
+                     overrides_only, resolve_broker_config, resolve_topic_config)
 from .consumer import Consumer
 from ._threads import start_thread
 from .errors import (ClosedError, ConfigError, IncompatibleFormatError, LogkitError,
@@ -501,7 +501,7 @@ class Broker:
             raise ConfigError(f"replication_factor must be an integer in "
                               f"1..{MAX_REPLICATION_FACTOR}, got {replication_factor!r}")
         overrides = overrides_only(config)
-        resolve_topic_config(overrides, self.config)            # validates the whole set
+        check_topic_config(overrides, self.config)              # validates the whole set
         self._live_record(name)                 # finishes a deletion under way
         if exist_ok:
             existing = self._existing_topic(name, asked, overrides, asked_rf)
@@ -869,7 +869,7 @@ class Broker:
             record = decode(raw)
             overrides = {k: v for k, v in record["config"].items() if k not in removing}
             overrides.update(setting)
-            resolve_topic_config(overrides, self.config)     # the whole set still holds
+            check_topic_config(overrides, self.config)       # the whole set still holds
             record["config"] = overrides
             self.meta.put(txn, "topics", key, record)
             return overrides

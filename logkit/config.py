@@ -33,7 +33,7 @@ from .errors import ConfigError
 __all__ = ["Setting", "SETTINGS", "TABLE", "TOPIC_CONFIG", "BROKER_CONFIG",
            "BROKER_TO_TOPIC", "SCOPES", "HONOURED", "IGNORED", "REFUSED", "lookup",
            "coerce", "resolve", "resolve_config", "resolve_broker_config",
-           "resolve_topic_config", "topic_defaults", "is_compacted", "overrides_only",
+           "resolve_topic_config", "check_topic_config", "topic_defaults", "is_compacted", "overrides_only",
            "markdown",
            "markdown_flagged",
            "LONG_MAX", "INT_MAX"]
@@ -766,6 +766,19 @@ def resolve_topic_config(given: Mapping[str, Any] | None,
                          broker_config: Mapping[str, Any]) -> dict[str, Any]:
     """Topic settings: broker-implied defaults overlaid with `given`."""
     return resolve(TOPIC, given, defaults=topic_defaults(broker_config))
+
+
+def check_topic_config(given: Mapping[str, Any] | None,
+                       broker_config: Mapping[str, Any]) -> dict[str, Any]:
+    """resolve_topic_config for a create or an alter: also Kafka's rule across keys
+    (LogConfig's min.compaction.lag.ms <= max.compaction.lag.ms), ConfigError otherwise.
+    Opening a stored topic resolves without it, as Kafka loads a log."""
+    resolved = resolve_topic_config(given, broker_config)
+    least, most = resolved["min.compaction.lag.ms"], resolved["max.compaction.lag.ms"]
+    if least > most:
+        raise ConfigError(f"conflict topic config setting min.compaction.lag.ms ({least}) "
+                          f"> max.compaction.lag.ms ({most}), as Kafka refuses it")
+    return resolved
 
 
 def overrides_only(given: Mapping[str, Any] | None) -> dict[str, Any]:

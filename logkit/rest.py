@@ -55,7 +55,7 @@ except ImportError:                       # an optional dependency: logkit[rest]
 from .errors import (CodecUnavailableError, ConfigError, IllegalStateError, InvalidTopicError, LogkitError,
                      SerializationError, TopicExistsError, UnknownTopicError)
 from .broker import MAX_REPLICATION_FACTOR
-from .config import overrides_only, resolve_topic_config
+from .config import check_topic_config, overrides_only
 from .topic import MAX_PARTITIONS, TopicPartition, validate_topic_name
 
 __all__ = ["RestServer", "serve", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "IDLE_TIMEOUT_MS",
@@ -717,7 +717,7 @@ class RestServer:
             if isinstance(value, bool) or not isinstance(value, int) \
                     or not 1 <= value <= most:
                 raise ConfigError(f"{what} must be an integer in 1..{most}, got {value!r}")
-        resolve_topic_config(overrides_only(config), settings)
+        check_topic_config(overrides_only(config), settings)
         if name in self._broker.topics():
             raise TopicExistsError(f"topic {name!r} already exists")
         return shape

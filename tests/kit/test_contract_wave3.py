@@ -100,6 +100,24 @@ def test_import_logkit_then_logkit_aio_and_logkit_testing_work_without_a_second_
     assert done.returncode == 0, done.stderr
 
 
+# ---- §16: compaction ----------------------------------------------------------------------
+
+def test_a_topic_whose_min_compaction_lag_exceeds_its_max_is_refused_as_kafka_refuses_it(
+        broker):
+    """Kafka's LogConfig refuses min.compaction.lag.ms > max.compaction.lag.ms on create
+    and on alter ("conflict topic config setting"); nothing is stored."""
+    lags = {"cleanup.policy": "compact", "min.compaction.lag.ms": 1000,
+            "max.compaction.lag.ms": 500}
+    with pytest.raises(logkit.ConfigError, match="min.compaction.lag.ms"):
+        broker.create_topic("c", config=lags)
+    assert "c" not in broker.topics()
+    broker.create_topic("c", config={"cleanup.policy": "compact",
+                                     "max.compaction.lag.ms": 500})
+    with pytest.raises(logkit.ConfigError, match="max.compaction.lag.ms"):
+        broker.alter_topic_config("c", {"min.compaction.lag.ms": 501})
+    broker.alter_topic_config("c", {"min.compaction.lag.ms": 500})      # equal is fine
+
+
 # ---- §17: the REST proxy ------------------------------------------------------------------
 
 def test_a_kafka_error_in_a_v3_produce_report_carries_confluents_50002(broker):
