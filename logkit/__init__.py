@@ -36,6 +36,7 @@ from .topic import Partition, Topic, TopicPartition
 from .replication import DirectorySource, Follower, ReplicaSource, TcpSource
 from .replication.objectstore import ObjectStoreSource
 from . import shipped
+import typing as _typing
 
 # How a broker starts the servers that live above it (broker.py's table): this module is
 # the top of the package, so it may name every part; each server module is imported only
@@ -77,7 +78,7 @@ _broker.register_server("rest", _start_rest)
 _LAZY_SUBMODULES = frozenset({"aio", "testing", "serde"})
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> _typing.Any:
     if name in _LAZY_SUBMODULES:
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
