@@ -15,7 +15,7 @@ of Kafka's tiered storage, KIP-405):
 | `<topic>-<tid>/<p>/<base:020>.log.<from:020>-<to:020>` | a chunk of the active segment: its whole batches from offset `from` to `to` - 1; each `ship.interval.ms` the log moved adds one with the batches appended since; the newest merge by size tiers (`_tail_merge`), so they stay few; when the segment rolls it is uploaded whole and its chunks retire |
 | `<topic>-<tid>/<p>/<base:020>.log.tail.<end:020>` | the first layout's active segment, whole below `end`: still read, never written |
 | `<topic>-<tid>/<p>/<base:020>.log.<sha:24>` | a rolled segment shipped again with other bytes (a compacted topic's segment after a cleaning pass), named by the first 24 hex digits of its SHA-256, so no key a manifest names ever gets other bytes; uploaded once |
-| `manifest.json` | written last: topics (partitions, config overrides, ids, replication factor), committed group offsets, and per partition its log start and end, its leader epochs (the `leader-epoch-checkpoint` entries), the leader's clean count (cleaning swaps) and the objects in offset order with their size, SHA-256 and last batch's epoch and CRC |
+| `manifest.json` | written last: topics (partitions, config overrides, ids, replication factor), committed group offsets, and per partition its log start and end, its last stable offset and aborted transactions (for read_committed readers), its leader epochs (the `leader-epoch-checkpoint` entries), the leader's clean count (cleaning swaps) and the objects in offset order with their size, SHA-256 and last batch's epoch and CRC |
 
 A compacted topic: its objects may leave offset gaps between and inside them (records
 the leader's cleaner removed). When the partition's clean count moved since the last
@@ -23,6 +23,15 @@ manifest, each rolled segment's bytes are checksummed again and a segment whose 
 changed is shipped once more under its content key, replacing its old object in the
 manifest; when the count did not move nothing is read again, so a cleaned segment is
 shipped once.
+
+Transactions: the `.txnindex` files are not shipped; instead each partition entry
+records what a read_committed reader needs (Kafka's Fetch answer, fixed at the shipped
+end): `last_stable_offset`, the partition's LSO when the pass ran, never past the
+shipped log end, and `aborted_transactions`, `[producer id, first offset, last offset]`
+of each aborted transaction whose span meets the shipped [log start, log end) (last
+offset: its ABORT marker's), in first-offset order. A batch is aborted when it is transactional and its
+base offset lies in a span of its producer (`AbortedBatches`). Manifests written before
+these fields lack them: they read as before, and `committed_view` refuses them.
 
 Invariant: readers trust only the manifest, and an object only after its size and
 SHA-256 equal the manifest's record and every batch in it passed its CRC. The
@@ -56,7 +65,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Mapping, NamedTuple, TypeVar
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, TypeVar
 
 from ..broker import Broker
 from ..config import is_compacted, resolve_config
@@ -65,7 +74,7 @@ from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalState
                       NotLeaderError, OffsetOutOfRangeError, ResourceError, StorageError,
                       UnknownTopicError)
 from ..group import committed_offsets, list_groups
-from ..records import BatchHeader, iter_batches, read_header
+from ..records import ATTR_CONTROL, ATTR_TRANSACTIONAL, BatchHeader, iter_batches, read_header
 from ..topic import Partition, TopicPartition
 from .directory import _Epochs, last_offset_of
 from ..leader.epochs import EpochEntry
@@ -75,7 +84,8 @@ from ..leader.lease import (LEASE_FILE, RENEWALS_PER_TTL, Lease, read_lease, rel
 from .source import PartitionInfo, ReplicaSource, SegmentInfo, TopicInfo
 
 __all__ = ["ObjectStoreSource", "Shipper", "restore", "MANIFEST_KEY", "MANIFEST_FORMAT",
-           "read_manifest", "may_have_gaps"]
+           "read_manifest", "may_have_gaps", "AbortedTransaction", "AbortedBatches",
+           "committed_view"]
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +202,7 @@ def _validate(body: dict[str, Any]) -> None:
                 raise ValueError(f"object {obj['key']!r} does not follow the one before")
             end = last
             _Object(**obj)
+        _validate_transactions(entry)
         objects = entry["objects"]
         if (end if objects else int(entry["log_start_offset"])) != \
                 int(entry["log_end_offset"]) or \
@@ -199,6 +210,27 @@ def _validate(body: dict[str, Any]) -> None:
                  int(objects[0]["first_offset"]) > int(entry["log_start_offset"])):
             raise ValueError(f"{entry['topic']}-{entry['partition']}: the objects do not "
                              "cover the log start to the log end")
+
+
+def _validate_transactions(entry: Mapping[str, Any]) -> None:
+    """The read_committed fields of a partition entry, when it has them: the LSO within
+    [log start, log end], spans with first <= last in first-offset order."""
+    if "last_stable_offset" not in entry:
+        return                                    # a manifest from before them
+    lso = int(entry["last_stable_offset"])
+    if not int(entry["log_start_offset"]) <= lso <= int(entry["log_end_offset"]):
+        raise ValueError(f"{entry['topic']}-{entry['partition']}: last stable offset "
+                         f"{lso} outside the log start to the log end")
+    firsts = []
+    for producer_id, first, last in entry["aborted_transactions"]:
+        int(producer_id)
+        if not 0 <= int(first) <= int(last):
+            raise ValueError(f"{entry['topic']}-{entry['partition']}: aborted "
+                             f"transaction {first}..{last} of producer {producer_id}")
+        firsts.append(int(first))
+    if firsts != sorted(firsts):
+        raise ValueError(f"{entry['topic']}-{entry['partition']}: aborted transactions "
+                         "out of offset order")
 
 
 def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None
@@ -223,6 +255,61 @@ def _has_gaps(body: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
     topic = body["topics"].get(entry["topic"], {})
     return int(entry.get("clean_count", 0)) > 0 or \
         "compact" in str(topic.get("config", {}).get("cleanup.policy", ""))
+
+
+class AbortedTransaction(NamedTuple):
+    """One aborted transaction of a partition as the manifest records it (the fields of
+    Kafka's `.txnindex` entry a reader needs)."""
+
+    producer_id: int
+    first_offset: int       # its producer's first batch in the transaction
+    last_offset: int        # its ABORT marker
+
+
+def committed_view(manifest_url: str, entry: Mapping[str, Any]
+                   ) -> tuple[int, list[AbortedTransaction]]:
+    """(last stable offset, aborted transactions) a manifest partition entry records for
+    read_committed readers. A manifest written before they were shipped has neither:
+    ConfigError naming it (it stays readable read_uncommitted)."""
+    if "last_stable_offset" not in entry:
+        raise ConfigError(
+            f"the manifest at {manifest_url.rstrip('/')}/{MANIFEST_KEY} records no last "
+            f"stable offset or aborted transactions for {entry['topic']}-"
+            f"{entry['partition']} (shipped by a logkit before they were): it can be read "
+            "read_uncommitted only, until a newer shipper writes it again")
+    return int(entry["last_stable_offset"]), [
+        AbortedTransaction(int(pid), int(first), int(last))
+        for pid, first, last in entry["aborted_transactions"]]
+
+
+class AbortedBatches:
+    """Which batches a read_committed reader leaves out, from a partition's aborted
+    transactions: control batches, and a transactional batch whose base offset lies in
+    an aborted span [first offset, last offset] of its producer (a producer has one
+    transaction open at a time, so its batches between the two are that transaction's;
+    Kafka's consumer reaches the same answer by walking to the ABORT marker)."""
+
+    def __init__(self, aborted: Iterable[tuple[int, int, int]]) -> None:
+        spans: dict[int, list[tuple[int, int]]] = {}
+        for producer_id, first, last in aborted:
+            spans.setdefault(int(producer_id), []).append((int(first), int(last)))
+        self._firsts = {pid: [f for f, _ in sorted(s)] for pid, s in spans.items()}
+        self._lasts = {pid: [last for _, last in sorted(s)] for pid, s in spans.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self._firsts)
+
+    def skips(self, header: BatchHeader) -> bool:
+        """Whether read_committed leaves this batch out."""
+        if header.attributes & ATTR_CONTROL:
+            return True
+        if not header.attributes & ATTR_TRANSACTIONAL:
+            return False
+        firsts = self._firsts.get(header.producer_id)
+        if firsts is None:
+            return False
+        i = bisect.bisect_right(firsts, header.base_offset) - 1
+        return i >= 0 and header.base_offset <= self._lasts[header.producer_id][i]
 
 
 class _Object(NamedTuple):
@@ -661,6 +748,7 @@ class Shipper:
             kept = _still_in_log(p, start, known, gaps=gaps)
             if kept < len(known):            # truncated: the epochs may have changed too
                 known = known[:kept]
+                before = None                # ... and the aborted transactions' markers
                 cache = self._epochs[tp] = _Epochs()
                 epochs = cache.get(p, start, end)
             for i, base in enumerate(bases):
@@ -683,17 +771,21 @@ class Shipper:
                     objects.append(old)          # (a cleaning gap may start a segment)
                 else:
                     objects.append(self._upload_segment(p, key, base, low, upto))
+            shipped_end = objects[-1].end_offset if objects else start
+            lso, aborted = _transactions(p, min(start, shipped_end), shipped_end, before)
         except OffsetOutOfRangeError as exc:
             log.debug("%s-%d: changed while shipping (%s); shipped next pass", topic,
                       p.partition, exc)
             if before is not None:
                 return before
-            objects = []
-        shipped_end = objects[-1].end_offset if objects else start
+            objects, shipped_end, aborted = [], start, []
+            lso = start
         return {"topic": topic, "partition": p.partition, "topic_id": topic_id,
                 "clean_count": count,
                 "log_start_offset": min(start, shipped_end),
                 "log_end_offset": shipped_end,
+                "last_stable_offset": lso,
+                "aborted_transactions": aborted,
                 "epochs": [[e.epoch, e.start_offset] for e in epochs
                            if e.start_offset <= shipped_end],
                 # (a compacted log's: also an empty active segment's, so a follower
@@ -825,6 +917,62 @@ class Shipper:
             except FileNotFoundError:
                 pass
             del self._retired[key]
+
+
+def _transactions(p: Partition, start: int, end: int, before: Mapping[str, Any] | None
+                  ) -> tuple[int, list[list[int]]]:
+    """(last stable offset, aborted transactions) of `p` for a manifest whose objects
+    hold [start, end): the LSO clipped to that range, and `[producer id, first offset,
+    last offset]` of each aborted transaction meeting it, in first-offset order.
+
+    The LSO is read first: a transaction open then starts at or above it (readers stop
+    there), and one finished by then has its marker in the log, so the aborted list,
+    read after, names it. Partition lists (producer id, first offset); each ABORT
+    marker's offset is taken from `before` (the previous manifest's entry, None after a
+    truncation) or found once by walking the batches (`_abort_markers`)."""
+    lso = min(max(p.last_stable_offset, start), end)
+    listed = sorted((first, pid) for pid, first in p.aborted_transactions(start, end))
+    if not listed:
+        return lso, []
+    markers = {(int(pid), int(first)): int(last) for pid, first, last
+               in (before or {}).get("aborted_transactions", ())}
+    missing = [(first, pid) for first, pid in listed if (pid, first) not in markers]
+    if missing:
+        markers.update(_abort_markers(p, missing))
+    return lso, [[pid, first, markers[(pid, first)]] for first, pid in listed
+                 if markers[(pid, first)] >= start]
+
+
+def _abort_markers(p: Partition, pending: list[tuple[int, int]]
+                   ) -> dict[tuple[int, int], int]:
+    """{(producer id, first offset): its ABORT marker's offset} for aborted transactions
+    given as (first offset, producer id) in offset order: each producer's first control
+    batch at or past the first offset, found by one walk of the batches over the
+    transactions' spans (stretches between them are skipped). OffsetOutOfRangeError
+    when the log no longer holds a marker it listed (retention or a truncation raced
+    the pass: shipped next pass)."""
+    found: dict[tuple[int, int], int] = {}
+    waiting: dict[int, list[int]] = {}       # producer id -> first offsets, marker unseen
+    listed, at, end = 0, pending[0][0], p.log_end_offset
+    while listed < len(pending) or waiting:
+        if not waiting:
+            at = max(at, pending[listed][0])  # past a stretch no transaction spans
+        data = p.batches_since(at, upto=end, max_bytes=UPLOAD_CHUNK_BYTES)
+        if not data:
+            raise OffsetOutOfRangeError(f"{p}: no ABORT marker after offset {at} for "
+                                        f"producers {sorted(waiting)}")
+        for _, header in iter_batches(data, 0, len(data), p.directory, gaps=True):
+            while listed < len(pending) and pending[listed][0] <= header.last_offset:
+                first, pid = pending[listed]
+                waiting.setdefault(pid, []).append(first)
+                listed += 1
+            if header.attributes & ATTR_CONTROL and header.producer_id in waiting:
+                for first in waiting.pop(header.producer_id):
+                    found[(header.producer_id, first)] = header.base_offset
+            at = header.last_offset + 1
+            if not waiting:
+                break                         # jump to the next transaction's first
+    return found
 
 
 def _digest(p: Partition, low: int, upto: int) -> tuple[int, str]:
