@@ -18,9 +18,15 @@ never read it succeed. An object the task's plan names but the store no longer h
 (a tail chunk retired by a later upload) is re-planned from the newer manifest, from
 the offset the task has reached; only an object that the newer manifest still names is
 missing data (corrupt). A URL without a manifest is a `ConfigError` naming it.
-Not served here (refused on the driver with the reason): `kafka.isolation.level=
-read_committed` (the shipped objects carry no transaction index) and typed key/value
-columns (the schema registry lives in the leader's directory).
+
+`kafka.isolation.level=read_committed` reads as the directory source reads: the driver
+plans each partition's end at most at the last stable offset the manifest records
+(every 'latest' is that LSO), and each input partition carries the manifest's aborted
+transactions meeting its range, so a task leaves out their batches and every control
+batch (`logkit.shipped.AbortedBatches`) without reading anything more. A manifest
+shipped before it recorded them is refused for read_committed (`committed_view`: a
+`ConfigError` naming it). Not served here (refused on the driver with the reason):
+typed key/value columns (the schema registry lives in the leader's directory).
 """
 
 from __future__ import annotations
@@ -36,8 +42,8 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
 
 import logkit
 from logkit import Columns
-from logkit.shipped import (BATCH_HEADER_BYTES, decode_batch, iter_batches, may_have_gaps,
-                            read_header, read_manifest)
+from logkit.shipped import (BATCH_HEADER_BYTES, AbortedBatches, committed_view, decode_batch,
+                            iter_batches, may_have_gaps, read_header, read_manifest)
 
 from .options import FS_PREFIX, EARLIEST, LATEST, LogkitSparkError, is_store_url, storage_options
 
@@ -102,27 +108,31 @@ def _count(source: Any, topics: Mapping[str, Any], topic: str) -> int:
     return int(topics[topic]["partitions"])
 
 
-def _resolve(spec: Any, tps: list[logkit.TopicPartition], body: Mapping[str, Any], *,
-             default: int, name: str) -> dict[logkit.TopicPartition, int]:
+def _resolve(spec: Any, tps: list[logkit.TopicPartition], store: Store,
+             body: Mapping[str, Any], *, default: int, name: str, committed: bool,
+             cap: bool = False) -> dict[logkit.TopicPartition, int]:
     """Concrete offsets from the manifest: earliest is a partition's shipped log start,
-    latest its shipped log end (what the leader had published when it wrote it)."""
+    latest its shipped log end (what the leader had published when it wrote it), or
+    with read_committed (`committed`) its shipped last stable offset, which also holds
+    an ending offset (`cap`), as the directory source holds it at the leader's."""
     entries = _entries(body)
     out = {}
     for tp in tps:
         entry = entries.get(tp)
         start = int(entry["log_start_offset"]) if entry else 0
         end = int(entry["log_end_offset"]) if entry else 0
+        latest = committed_view(store.url, entry)[0] if committed and entry else end
         wanted = EARLIEST if spec == "earliest" else LATEST if spec == "latest" else \
             spec.get(tp.topic, {}).get(tp.partition, default)
         if wanted == EARLIEST:
             out[tp] = start
         elif wanted == LATEST:
-            out[tp] = end
+            out[tp] = latest
         elif wanted > end:
             raise LogkitSparkError(f"logkit: {name} offset {wanted} of {tp.topic}-"
                                    f"{tp.partition} is beyond its shipped end ({end})")
         else:
-            out[tp] = wanted
+            out[tp] = min(wanted, latest) if cap else wanted
     return out
 
 
@@ -141,15 +151,17 @@ class StoreRange(InputPartition):
     fail_on_data_loss: bool
     gaps: bool
     objects: list[dict[str, Any]]
+    aborted: list[list[int]] | None     # read_committed: [producer id, first, last]
 
     def __init__(self, url: str, options: dict[str, Any], topic: str, partition: int,
                  start: int, end: int, include_headers: bool, fail_on_data_loss: bool,
-                 gaps: bool, objects: list[dict[str, Any]]) -> None:
+                 gaps: bool, objects: list[dict[str, Any]],
+                 aborted: list[list[int]] | None = None) -> None:
         super().__init__((topic, partition, start, end))
         self.url, self.options, self.topic, self.partition = url, options, topic, partition
         self.start, self.end = start, end
         self.include_headers, self.fail_on_data_loss = include_headers, fail_on_data_loss
-        self.gaps, self.objects = gaps, objects
+        self.gaps, self.objects, self.aborted = gaps, objects, aborted
 
 
 def _covering(entry: Mapping[str, Any], start: int, end: int) -> list[dict[str, Any]]:
@@ -160,26 +172,30 @@ def _covering(entry: Mapping[str, Any], start: int, end: int) -> list[dict[str, 
 def _ranges(source: Any, store: Store, body: Mapping[str, Any],
             spans: list[tuple[logkit.TopicPartition, int, int]]) -> list[StoreRange]:
     """Input partitions for [start, end) spans, cut as the directory source cuts them
-    (minPartitions, maxRecordsPerPartition); each names only the objects it reads."""
+    (minPartitions, maxRecordsPerPartition); each names only the objects it reads and,
+    read_committed, the aborted transactions meeting its range."""
     from .reader import _ranges as cut
     entries = _entries(body)
     out = []
     for piece in cut(source, spans, {}):
         tp = logkit.TopicPartition(piece.topic, piece.partition)
         entry = entries[tp]
+        aborted = None
+        if _committed(source):
+            aborted = [list(t) for t in committed_view(store.url, entry)[1]
+                       if t.last_offset >= piece.start and t.first_offset < piece.end]
         out.append(StoreRange(store.url, store.options, piece.topic, piece.partition,
                               piece.start, piece.end, source.include_headers,
                               source.fail_on_data_loss, may_have_gaps(body, entry),
-                              _covering(entry, piece.start, piece.end)))
+                              _covering(entry, piece.start, piece.end), aborted))
     return out
 
 
+def _committed(source: Any) -> bool:
+    return source.isolation_level == "read_committed"
+
+
 def _refuse_unserved(source: Any) -> None:
-    if source.isolation_level == "read_committed":
-        raise LogkitSparkError("logkit: kafka.isolation.level=read_committed is not served "
-                               f"from an object store ({source.path}): its objects carry "
-                               "no transaction index. Read the leader's directory, or use "
-                               "read_uncommitted")
     if source.typed_options:
         raise LogkitSparkError("logkit: typed key/value columns are not served from an "
                                f"object store ({source.path}): the schema registry is in "
@@ -195,10 +211,11 @@ class StoreBatchReader(DataSourceReader):
         self.store = Store(source.path, source.storage_options)
         self.body = self.store.manifest()
         tps = store_partitions(source, self.body)
-        self.starts = _resolve(source.starting, tps, self.body, default=EARLIEST,
-                               name="startingOffsets")
-        self.ends = _resolve(source.ending, tps, self.body, default=LATEST,
-                             name="endingOffsets")
+        committed = _committed(source)
+        self.starts = _resolve(source.starting, tps, self.store, self.body,
+                               default=EARLIEST, name="startingOffsets", committed=committed)
+        self.ends = _resolve(source.ending, tps, self.store, self.body, default=LATEST,
+                             name="endingOffsets", committed=committed, cap=True)
 
     def partitions(self) -> list[StoreRange]:
         return _ranges(self.source, self.store, self.body,
@@ -222,7 +239,8 @@ class StoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from .reader import _to_json
         body = self.store.manifest()
         return _to_json(_resolve(self.source.starting, store_partitions(self.source, body),
-                                 body, default=LATEST, name="startingOffsets"))
+                                 self.store, body, default=LATEST, name="startingOffsets",
+                                 committed=_committed(self.source)))
 
     def getDefaultReadLimit(self) -> Any:
         limit = self.source.max_offsets_per_trigger
@@ -233,8 +251,8 @@ class StoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _latest(self) -> dict[logkit.TopicPartition, int]:
         body = self.store.manifest()
-        return _resolve("latest", store_partitions(self.source, body), body,
-                        default=LATEST, name="latest")
+        return _resolve("latest", store_partitions(self.source, body), self.store, body,
+                        default=LATEST, name="latest", committed=_committed(self.source))
 
     def latestOffset(self, start: dict, limit: Any) -> dict:
         from .reader import _cap, _from_json, _to_json
@@ -377,6 +395,7 @@ def read_store_range(part: StoreRange) -> Iterator[pa.RecordBatch]:
     from .reader import _arrow_schema
     arrow_schema = _arrow_schema(part.include_headers)
     fetcher = _Fetcher(part)
+    aborted = AbortedBatches(part.aborted or ())       # read_committed's, else none
     objects = list(part.objects)
     offset = part.start
     replans = 0
@@ -403,20 +422,22 @@ def read_store_range(part: StoreRange) -> Iterator[pa.RecordBatch]:
             objects = _covering(entry, offset, part.end)
             continue
         yield from _arrow(part, arrow_schema, data, batches, offset,
-                          _join(part.url, obj["key"]))
+                          _join(part.url, obj["key"]), aborted)
         offset = min(int(obj["end_offset"]), part.end)
         objects = objects[1:]
 
 
 def _arrow(part: StoreRange, arrow_schema: pa.Schema, data: bytes,
-           batches: list[tuple[int, Any]], offset: int, where: str
-           ) -> Iterator[pa.RecordBatch]:
-    """The records in [offset, part.end) of checked batches, as Arrow batches."""
+           batches: list[tuple[int, Any]], offset: int, where: str,
+           aborted: AbortedBatches) -> Iterator[pa.RecordBatch]:
+    """The records in [offset, part.end) of checked batches, as Arrow batches, without
+    control batches and the batches of `aborted` transactions."""
     from .reader import _binary, _repeat
     if part.include_headers:
         records: list[Any] = []
         for pos, header in batches:
-            if header.is_control or header.last_offset < offset:
+            if header.is_control or header.last_offset < offset or (
+                    aborted and aborted.skips(header)):
                 continue
             if header.base_offset >= part.end:
                 break
@@ -434,7 +455,8 @@ def _arrow(part: StoreRange, arrow_schema: pa.Schema, data: bytes,
     for i, (pos, header) in enumerate(batches):
         if header.base_offset >= part.end:
             break
-        if not header.is_control and header.last_offset >= offset:
+        if not header.is_control and header.last_offset >= offset and not (
+                aborted and aborted.skips(header)):
             columns.add_batch(data, pos, header, min_offset=offset, stop_offset=part.end,
                               path=where)
         if columns.count >= CHUNK_RECORDS or i == len(batches) - 1:

@@ -197,10 +197,6 @@ def test_a_compacted_topics_active_segment_rolls_once_older_than_max_compaction_
     assert topic.partition(0).segment_base_offsets() == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason="§15 says the Spark source honours "
-                   "kafka.isolation.level and §18 that it reads a shipped store as it "
-                   "reads a directory; the store reader refuses read_committed (shipped "
-                   "objects carry no transaction index): a feature, not a one-line fix")
 def test_spark_reads_a_shipped_store_read_committed_as_it_reads_the_directory(
         broker, tmp_path):
     pytest.importorskip("pyspark", reason="the spark extra is not installed")

@@ -791,3 +791,87 @@ def test_two_processes_racing_to_promote_through_the_store_one_wins_every_round(
             proc.stdin.close()
             proc.wait(timeout=60)
     assert sum(wins) == rounds
+
+
+# ---- transactions: what a read_committed reader of the store needs -----------------------
+
+def _markers(p):
+    """{producer id: [offsets of its control batches]} from the partition's headers."""
+    out = {}
+    for header in p.batch_headers(0):
+        if header.is_control:
+            out.setdefault(header.producer_id, []).append(header.base_offset)
+    return out
+
+
+def test_the_manifest_records_the_last_stable_offset_and_the_aborted_transactions(
+        tmp_path, local_store):
+    """Two producers' aborted transactions interleaved, one committed and one left open:
+    the entry's LSO is the partition's (the open transaction's first offset), each
+    aborted span runs from its first batch to its ABORT marker, and once retention moves
+    the log start past a span, the span leaves the manifest."""
+    url, _, fs, root = local_store
+    with logkit.Broker(tmp_path / "leader") as broker:
+        broker.create_topic("tx", 1, config={"segment.bytes": 1024})
+        p = broker.topic("tx").partition(0)
+        a = broker.producer(transactional_id="a")
+        b = broker.producer(transactional_id="b", transaction_timeout_ms=600_000)
+        a.init_transactions()
+        b.init_transactions()
+        a.begin_transaction()
+        b.begin_transaction()
+        for i in range(6):                      # interleaved batches, several segments
+            (a if i % 2 else b).send("tx", b"x" * 200)
+            (a if i % 2 else b).flush()
+        first_a = 1
+        a.abort_transaction()                   # a: offsets 1, 3, 5; marker at 6
+        b.commit_transaction()                  # b: 0, 2, 4; marker at 7
+        b.begin_transaction()
+        b.send("tx", b"b-aborted")
+        b.flush()
+        b.abort_transaction()                   # b: 8; marker at 9
+        b.begin_transaction()
+        b.send("tx", b"b-open")                 # 10, left open
+        b.flush()
+        a.begin_transaction()
+        a.send("tx", b"a-committed")
+        a.commit_transaction()                  # 11, marker 12
+        ids = {h.producer_id for h in p.batch_headers(0) if not h.is_control}
+        assert len(ids) == 2
+        markers = _markers(p)
+        pid_a = next(h.producer_id for h in p.batch_headers(first_a))
+        pid_b = next(i for i in ids if i != pid_a)
+        with broker.ship(url) as shipper:
+            shipper.flush()
+            entry = manifest(fs, root)["partitions"][0]
+            assert len(p.segment_base_offsets()) > 2
+            assert entry["last_stable_offset"] == p.last_stable_offset == 10
+            assert entry["log_end_offset"] == p.log_end_offset == 13
+            assert entry["aborted_transactions"] == [
+                [pid_a, 1, markers[pid_a][0]], [pid_b, 8, 9]]
+            assert markers[pid_a][0] == 6
+            b.commit_transaction()
+            shipper.flush()
+            entry = manifest(fs, root)["partitions"][0]
+            assert entry["last_stable_offset"] == p.high_watermark == 14
+            p.increase_log_start_offset(7)      # the first span lies wholly below it
+            shipper.flush()
+            entry = manifest(fs, root)["partitions"][0]
+            assert entry["log_start_offset"] == 7
+            assert entry["aborted_transactions"] == [[pid_b, 8, 9]]
+        a.close()
+        b.close()
+
+
+def test_a_manifest_with_a_malformed_aborted_transaction_is_refused(tmp_path, local_store):
+    url, options, fs, root = shipped(tmp_path, local_store)
+    body = manifest(fs, root)
+    body["partitions"][0]["aborted_transactions"] = [[7, 9, 3]]
+    fs.pipe_file(f"{root}/{MANIFEST_KEY}", json.dumps(body).encode())
+    with pytest.raises(logkit.CorruptRecordError, match="aborted transaction 9..3"):
+        objectstore.read_manifest(url)
+    body["partitions"][0]["aborted_transactions"] = []
+    body["partitions"][0]["last_stable_offset"] = body["partitions"][0]["log_end_offset"] + 1
+    fs.pipe_file(f"{root}/{MANIFEST_KEY}", json.dumps(body).encode())
+    with pytest.raises(logkit.CorruptRecordError, match="last stable offset"):
+        objectstore.read_manifest(url)
