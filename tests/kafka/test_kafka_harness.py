@@ -8,7 +8,8 @@ import zipfile
 
 import pytest
 
-from tests.helpers.kafka import LIB_DIR, TOOLS, run_tool, skip_reason, wait_until_known
+from tests.helpers.kafka import (LIB_DIR, TOOLS, create_topics, run_tool, skip_reason,
+                                 wait_until_known)
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
@@ -35,3 +36,22 @@ def test_kafka_topics_creates_and_describes_on_the_sessions_broker(kafka):
     assert "PartitionCount: 3" in out and "retention.ms=3600000" in out
     assert [line.split()[3] for line in out.splitlines() if "Partition: " in line] == \
         ["0", "1", "2"]
+
+
+def test_a_topic_create_topics_made_is_described_at_once(kafka):
+    """tests.helpers.kafka.create_topics returns once the broker's metadata shows each
+    topic, so a DescribeConfigs sent right after never gets UNKNOWN_TOPIC_OR_PART (after
+    a bare CreateTopics it often does: the broker learns of the topic a moment after
+    the controller answers)."""
+    admin_module = pytest.importorskip("confluent_kafka.admin")
+    admin = admin_module.AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    failed = []
+    for n in range(20):
+        topic = f"harness-known-{n}"
+        create_topics(kafka.bootstrap_servers, [admin_module.NewTopic(topic, 2, 1)])
+        resource = admin_module.ConfigResource("topic", topic)
+        try:
+            admin.describe_configs([resource])[resource].result(timeout=30)
+        except Exception as exc:        # KafkaException(UNKNOWN_TOPIC_OR_PART)
+            failed.append((topic, exc))
+    assert failed == []
