@@ -927,15 +927,26 @@ def _transactions(p: Partition, start: int, end: int, before: Mapping[str, Any] 
 
     The LSO is read first: a transaction open then starts at or above it (readers stop
     there), and one finished by then has its marker in the log, so the aborted list,
-    read after, names it. Partition lists (producer id, first offset); each ABORT
-    marker's offset is taken from `before` (the previous manifest's entry, None after a
-    truncation) or found once by walking the batches (`_abort_markers`)."""
+    read after, names it. `before` (the previous manifest's entry, None after a
+    truncation) saves work: its list holds every aborted transaction that ended below
+    its log end, so only [that end, end) is asked of the `.txnindex` files (one ending
+    later has its marker at or past it); each ABORT marker's offset (Partition lists
+    (producer id, first offset)) comes from it or is found once by walking the batches
+    (`_abort_markers`)."""
     lso = min(max(p.last_stable_offset, start), end)
-    listed = sorted((first, pid) for pid, first in p.aborted_transactions(start, end))
+    carried = (before or {}).get("aborted_transactions")
+    since = start
+    if carried is not None and int(before["log_start_offset"]) <= start and \
+            start <= int(before["log_end_offset"]) <= end:
+        since = int(before["log_end_offset"])
+    else:
+        carried = []
+    markers = {(int(pid), int(first)): int(last) for pid, first, last in carried}
+    listed = sorted({(first, pid) for pid, first in p.aborted_transactions(since, end)} |
+                    {(int(first), int(pid)) for pid, first, last in carried
+                     if int(last) >= start and int(first) < end})
     if not listed:
         return lso, []
-    markers = {(int(pid), int(first)): int(last) for pid, first, last
-               in (before or {}).get("aborted_transactions", ())}
     missing = [(first, pid) for first, pid in listed if (pid, first) not in markers]
     if missing:
         markers.update(_abort_markers(p, missing))

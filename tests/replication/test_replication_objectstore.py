@@ -850,15 +850,21 @@ def test_the_manifest_records_the_last_stable_offset_and_the_aborted_transaction
             assert entry["aborted_transactions"] == [
                 [pid_a, 1, markers[pid_a][0]], [pid_b, 8, 9]]
             assert markers[pid_a][0] == 6
-            b.commit_transaction()
-            shipper.flush()
+            b.commit_transaction()              # marker at 13
+            a.begin_transaction()
+            a.send("tx", b"a-aborted")
+            a.flush()
+            a.abort_transaction()               # a: 14; marker at 15
+            shipper.flush()                     # the spans shipped before are carried
             entry = manifest(fs, root)["partitions"][0]
-            assert entry["last_stable_offset"] == p.high_watermark == 14
+            assert entry["last_stable_offset"] == p.high_watermark == 16
+            assert entry["aborted_transactions"] == [
+                [pid_a, 1, 6], [pid_b, 8, 9], [pid_a, 14, 15]]
             p.increase_log_start_offset(7)      # the first span lies wholly below it
             shipper.flush()
             entry = manifest(fs, root)["partitions"][0]
             assert entry["log_start_offset"] == 7
-            assert entry["aborted_transactions"] == [[pid_b, 8, 9]]
+            assert entry["aborted_transactions"] == [[pid_b, 8, 9], [pid_a, 14, 15]]
         a.close()
         b.close()
 
