@@ -5,8 +5,8 @@ show in `broker.group(id)`; an embedded consumer may not join a group with live 
 members, and a lone consumer gets its first assignment without waiting."""
 
 import multiprocessing
+import multiprocessing.connection
 import os
-import queue
 import signal
 import threading
 import time
@@ -26,9 +26,15 @@ _MODULES = {"kafka-python": "kafka", "confluent-kafka": "confluent_kafka",
 
 
 def _member(client, bootstrap, topic, group, reports, stop, log_path):
-    """A consumer process: reports ("assigned", pid, partitions) whenever its assignment
-    changes, committing what it reads, until `stop` is set. The client library logs at
-    INFO to `log_path` (joins, assignments, errors), which a failed wait shows."""
+    """A consumer process: sends ("assigned", pid, partitions) on its own pipe `reports`
+    whenever its assignment changes, committing what it reads, until the `stop` pipe
+    ends. The client library logs at INFO to `log_path` (joins, assignments, errors),
+    which a failed wait shows.
+
+    Pipes, one per member, not a shared multiprocessing Queue or Event: those hold a
+    lock shared between processes, and a member killed by SIGKILL inside it (putting a
+    report, reading the event) leaves it held, so the survivor's reports never arrive
+    (seen under load: the survivor held every partition, the test never heard)."""
     import logging
     logging.basicConfig(filename=log_path, level=logging.INFO,
                         format="%(asctime)s %(threadName)s %(name)s %(message)s")
@@ -40,7 +46,7 @@ def _member(client, bootstrap, topic, group, reports, stop, log_path):
         partitions = sorted(partitions)
         if partitions != last:
             last = partitions
-            reports.put(("assigned", pid, partitions))
+            reports.send(("assigned", pid, partitions))
 
     if client == "kafka-python":
         import kafka
@@ -58,7 +64,7 @@ def _member(client, bootstrap, topic, group, reports, stop, log_path):
         while not consumer.partitions_for_topic(topic):
             assert time.monotonic() < deadline, f"kafka-python never saw {topic}'s metadata"
             time.sleep(0.05)        # polling a state with a deadline
-        while not stop.is_set():
+        while not stop.poll():
             consumer.poll(timeout_ms=100)
             report(tp.partition for tp in consumer.assignment())
         consumer.close()
@@ -71,7 +77,7 @@ def _member(client, bootstrap, topic, group, reports, stop, log_path):
             "auto.offset.reset": "earliest", "debug": "cgrp",
             "logger": logging.getLogger("librdkafka")})
         consumer.subscribe([topic])
-        while not stop.is_set():
+        while not stop.poll():
             consumer.poll(0.1)
             report(tp.partition for tp in consumer.assignment())
         consumer.close()
@@ -86,7 +92,7 @@ def _member(client, bootstrap, topic, group, reports, stop, log_path):
                 session_timeout_ms=SESSION_MS, heartbeat_interval_ms=HEARTBEAT_MS,
                 auto_offset_reset="earliest")
             await consumer.start()
-            while not stop.is_set():
+            while not stop.poll():
                 await consumer.getmany(timeout_ms=100)
                 report(tp.partition for tp in consumer.assignment())
             await consumer.stop()
@@ -99,21 +105,23 @@ def _member(client, bootstrap, topic, group, reports, stop, log_path):
 SETTLE_S = 120
 
 
-def _latest(reports, state, until, what, explain, bound_s=SETTLE_S):
-    """Read reports until until(state) holds; state maps pid -> partitions. Past the
-    bound, AssertionError naming `what`, the state and explain() (the listener's view
-    and the members' logs)."""
+def _latest(readers, state, until, what, explain, bound_s=SETTLE_S):
+    """Read the members' pipes (`readers`; one that ends is dropped) until until(state)
+    holds; state maps pid -> partitions. Past the bound, AssertionError naming `what`,
+    the state and explain() (the listener's view and the members' logs)."""
     end = time.monotonic() + bound_s
     while not until(state):
         remaining = end - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or not readers:
             raise AssertionError(f"{what}: not within {bound_s} s; the members reported "
                                  f"{state}\n{explain()}")
-        try:
-            _, pid, partitions = reports.get(timeout=remaining)
-        except queue.Empty:
-            continue
-        state[pid] = partitions
+        for reader in multiprocessing.connection.wait(readers, timeout=remaining):
+            try:
+                _, pid, partitions = reader.recv()
+            except EOFError:            # that member is gone (killed)
+                readers.remove(reader)
+                continue
+            state[pid] = partitions
     return state
 
 
@@ -141,17 +149,20 @@ def test_two_processes_split_the_partitions_and_one_takes_over_from_a_killed_one
     ctx = multiprocessing.get_context("spawn")
     with logkit.Broker(tmp_path / "data") as broker, broker.serve() as server:
         broker.create_topic("orders", 4)
-        reports, stop = ctx.Queue(), ctx.Event()
-        members = []
+        stop, stopping = ctx.Pipe(duplex=False)     # closing `stopping` ends the members
+        readers, members = [], []
 
         def start_member():
             log_path = tmp_path / f"member-{len(members)}.log"
+            reader, writer = ctx.Pipe(duplex=False)
             # daemon: a test that fails never leaves a member spinning, nor pytest's
             # exit waiting for it
             process = ctx.Process(target=_member, daemon=True, args=(
-                client, server.bootstrap_servers, "orders", "billing", reports, stop,
+                client, server.bootstrap_servers, "orders", "billing", writer, stop,
                 str(log_path)))
             process.start()
+            writer.close()                  # the member's end: its death ends the pipe
+            readers.append(reader)
             members.append((process, log_path))
             return process
 
@@ -166,10 +177,10 @@ def test_two_processes_split_the_partitions_and_one_takes_over_from_a_killed_one
 
         try:
             first = start_member()
-            state = _latest(reports, {}, lambda s: s.get(first.pid) == [0, 1, 2, 3],
+            state = _latest(readers, {}, lambda s: s.get(first.pid) == [0, 1, 2, 3],
                             "the first member assigned every partition", explain)
             second = start_member()
-            state = _latest(reports, state, lambda s: sorted(
+            state = _latest(readers, state, lambda s: sorted(
                 s.get(first.pid, []) + s.get(second.pid, [])) == [0, 1, 2, 3]
                 and s.get(first.pid) and s.get(second.pid),
                 "the two members splitting the partitions", explain)
@@ -179,10 +190,10 @@ def test_two_processes_split_the_partitions_and_one_takes_over_from_a_killed_one
                 broker.consumer("orders", group_id="billing").poll(timeout_ms=100)
             os.kill(first.pid, signal.SIGKILL)
             first.join(10)
-            _latest(reports, state, lambda s: s.get(second.pid) == [0, 1, 2, 3],
+            _latest(readers, state, lambda s: s.get(second.pid) == [0, 1, 2, 3],
                     "the second member taking over the killed one's partitions", explain)
         finally:
-            stop.set()
+            stopping.close()
             for process, _ in members:
                 process.join(30)
                 if process.is_alive():
