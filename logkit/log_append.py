@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from typing import Any, Container
+from typing import Any, Container, Mapping
 
 from ._clock import now_ms as _now_ms
 from ._native import appendpath
@@ -68,6 +68,16 @@ def _names_producer(batch: Any) -> bool:
     short to tell goes the checked way too."""
     head = batch[0] if type(batch) is list and batch else batch
     return len(head) < RECORDS_OFFSET or _producer_id_at(head, PRODUCER_ID_OFFSET)[0] >= 0
+
+
+def _roll_ms(config: Mapping[str, Any]) -> int:
+    """The age at which the active segment rolls: segment.ms, or for a compacted topic
+    max.compaction.lag.ms when smaller, so no record waits in the active segment (which
+    the cleaner never touches) longer than its compaction lag allows (Kafka's
+    LogConfig.maxSegmentMs, KIP-354)."""
+    if is_compacted(config):
+        return min(config["segment.ms"], config["max.compaction.lag.ms"])
+    return config["segment.ms"]
 
 
 class _Pieces:
@@ -242,7 +252,7 @@ class _LogAppends:
             return _append_common(
                 self._tail_file.mm, batch, *files, segment.base_offset,
                 self._segments_version, BOOT_ID, config["segment.bytes"],
-                config["segment.ms"], config["index.interval.bytes"],
+                _roll_ms(config), config["index.interval.bytes"],
                 config["flush.messages"])
         except OSError:
             tail = self._tail_file.read_locked()       # unchanged: nothing was published
@@ -273,7 +283,7 @@ class _LogAppends:
         self._appender = _Appender(
             self._pid, self._append_lock, self._thread_lock, tail_file.fd, tail_file.mm,
             *files, segment.base_offset, self._segments_version, BOOT_ID,
-            config["segment.bytes"], config["segment.ms"], config["index.interval.bytes"],
+            config["segment.bytes"], _roll_ms(config), config["index.interval.bytes"],
             config["flush.messages"], config["max.message.bytes"],
             -1 if codec == "producer" else CODEC_NAMES[codec], doorbell,
             change_offset(self._change_slot), self._cut_back_fast, self._funlock)
@@ -380,7 +390,7 @@ class _LogAppends:
         segment = self._segment(tail.active_base_offset)
         return (tail.active_size + size > config["segment.bytes"]
                 or segment.offset_index.is_full or segment.time_index.is_full
-                or now - tail.roll_time_ms > config["segment.ms"]
+                or now - tail.roll_time_ms > _roll_ms(config)
                 or tail.log_end_offset + count - tail.active_base_offset >= 2**31)
 
     def _roll(self, tail: Tail) -> Tail:

@@ -37,7 +37,7 @@ import struct
 from typing import Any, Iterator
 
 from ._clock import now_ms as _now_ms
-from .errors import CorruptRecordError, InvalidProducerEpochError, storage_error
+from .errors import ConfigError, CorruptRecordError, InvalidProducerEpochError, storage_error
 from .group_commit import SyncTicket
 from .partition_lock import LOCK_TIMEOUT_S
 from .producer_state import (
@@ -92,13 +92,14 @@ READ_COMMITTED_ROUNDS = 64      # reads a read_committed read() tries past abort
 
 
 def check_isolation_level(isolation_level: str) -> bool:
-    """True for read_committed; ValueError for a name Kafka does not have."""
+    """True for read_committed; ConfigError (a ValueError) for a name Kafka does not
+    have."""
     if isolation_level == READ_UNCOMMITTED:
         return False
     if isolation_level == READ_COMMITTED:
         return True
-    raise ValueError(f"isolation_level must be one of {ISOLATION_LEVELS}, not "
-                     f"{isolation_level!r}")
+    raise ConfigError(f"isolation_level must be one of {ISOLATION_LEVELS}, not "
+                      f"{isolation_level!r}")
 
 
 def _producer_batches(buf: Any, pos: int, size: int, end_offset: int, path: str
