@@ -152,13 +152,16 @@ def wait_for_no_lag(broker: Broker, group: str, timeout: float = 30.0) -> None:
 
 
 def assert_topic(broker: Broker, topic: str,
-                 expected: Sequence[Any] | Mapping[int, Sequence[Any]]) -> None:
+                 expected: Sequence[Any] | Mapping[int, Sequence[Any]], *,
+                 isolation_level: str = "read_uncommitted") -> None:
     """Assert that `topic` holds exactly the `expected` records, in order.
 
     `expected` is a list of `(key, value)` pairs for a one-partition topic, or
     `{partition: [(key, value), ...]}`; partitions left out of the dict must be empty.
-    str keys and values compare as their UTF-8 bytes. On a mismatch raises
-    AssertionError with a diff per partition that differs."""
+    str keys and values compare as their UTF-8 bytes. `isolation_level` as `read_all`'s:
+    `"read_committed"` compares what a read_committed consumer sees (up to the last
+    stable offset, aborted transactions left out). On a mismatch raises AssertionError
+    with a diff per partition that differs."""
     handle = broker.topic(topic)
     if isinstance(expected, Mapping):
         wanted = {int(p): list(rows) for p, rows in expected.items()}
@@ -177,7 +180,8 @@ def assert_topic(broker: Broker, topic: str,
     diffs = []
     for number in range(handle.num_partitions):
         want = [_as_pair(row, topic, number) for row in wanted.get(number, [])]
-        got = [(r.key, r.value) for r in read_all(broker, topic, partitions=[number])]
+        got = [(r.key, r.value) for r in read_all(broker, topic, partitions=[number],
+                                                  isolation_level=isolation_level)]
         if want != got:
             diffs.append(f"partition {number}: expected {len(want)} record(s), found "
                          f"{len(got)}\n" + "\n".join(difflib.unified_diff(

@@ -126,6 +126,29 @@ def test_assert_topic_passes_and_fails_with_a_diff(logkit_broker):
         assert_topic(logkit_broker, "one", [b"v1", b"v2"])
 
 
+def test_assert_topic_read_committed_leaves_out_aborted_and_open_transactions(
+        logkit_broker):
+    """With isolation_level="read_committed" it compares what a read_committed consumer
+    sees; the default still compares every record."""
+    logkit_broker.create_topic("tx", 1)
+    producer = logkit_broker.producer(transactional_id="kit")
+    producer.init_transactions()
+    for value, commit in ((b"kept", True), (b"dropped", False)):
+        producer.begin_transaction()
+        producer.send("tx", value)
+        (producer.commit_transaction if commit else producer.abort_transaction)()
+    producer.begin_transaction()
+    producer.send("tx", b"open")
+    producer.flush()
+    assert_topic(logkit_broker, "tx", [(None, b"kept")], isolation_level="read_committed")
+    assert_topic(logkit_broker, "tx", [(None, b"kept"), (None, b"dropped"), (None, b"open")])
+    with pytest.raises(AssertionError, match="partition 0"):
+        assert_topic(logkit_broker, "tx", [(None, b"kept"), (None, b"open")],
+                     isolation_level="read_committed")
+    producer.abort_transaction()
+    producer.close()
+
+
 def test_wait_for_no_lag_returns_when_caught_up_and_shows_the_table_when_not(
         logkit_broker):
     """It returns once the group has committed everything; on timeout the message is
