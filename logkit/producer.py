@@ -631,6 +631,20 @@ class Producer:
         batch.size += size
         return FutureRecordMetadata(batch, row, self._acks)
 
+    def _nonblocking_send(self) -> Callable[..., FutureRecordMetadata | None] | None:
+        """A send for a thread that must never wait (logkit.aio's event loop): the
+        compiled fast path alone. It adds a record to an open batch with room and
+        returns its future, or returns None having done nothing — a batch to seal, a
+        topic not used yet, anything the general path takes — and never looks for due
+        batches, so it takes no lock, touches no file and opens no batch. Same
+        arguments as `send(topic, value, key, partition=...)`. None when there is no
+        compiled path, or the producer is transactional or uses serializers. The
+        caller stops using it before `close()` (it does not see the close)."""
+        if _CSender is None or self._slow or self._transactional_id is not None:
+            return None
+        return _CSender(lambda *args, **kwargs: None, self._states, FutureRecordMetadata,
+                        self._acks, self._batch_size)
+
     def _rescue(self, state: _TopicState, p: int, batch: Batch, row: tuple,
                 size: int) -> FutureRecordMetadata:
         """`row` went into the inbox of a batch that was being sealed (pure Python):
