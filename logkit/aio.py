@@ -7,12 +7,19 @@ Invariant: the event loop never waits on a lock, a file or LMDB. Each client own
 worker thread, started by `start()` and joined by `stop()`, that makes, uses and closes
 its plain client; the loop hands it work through a `queue.SimpleQueue` (a put never
 blocks) and the worker answers with `loop.call_soon_threadsafe`. Every call of a plain
-client happens on its worker, in the order the loop made them, so the plain clients'
-one-thread rule holds.
+client happens on its worker, in the order the loop made them — but one: the loop adds
+a record to the plain producer's open batch itself when that cannot wait (below).
 
-Producer: `send()` appends the record to a queue the worker drains in order into the
-plain producer's `send`, and returns an `asyncio.Future` the loop resolves when the plain
-future does (completions come back in bunches: one loop wake-up for many records).
+Producer: `send()` puts the record straight into an open batch with room through the
+plain producer's non-blocking send (`Producer._nonblocking_send`: the compiled fast
+path, which takes no lock, touches no file and opens no batch) while the worker has
+nothing queued or in hand; otherwise (a full batch to seal, a topic not used yet,
+headers, a transactional producer, no compiled path) it appends the record to a queue
+the worker drains in order into the plain producer's `send`, and every later record
+follows it there until the worker has handled them all, so per partition the records
+keep their send order whichever path each took. Either way it returns an
+`asyncio.Future` the loop resolves when the plain future does (one callback per batch:
+completions come back in bunches, one loop wake-up for many records).
 `buffer_memory` bounds the bytes sent and not yet resolved; a `send()` that finds no
 room waits, then raises `LogkitTimeoutError` after `max_block_ms`, as Kafka's.
 
@@ -45,7 +52,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from ._threads import start_thread
 from .errors import ClosedError, ConfigError, IllegalStateError, LogkitError, LogkitTimeoutError
-from .records import Record
+from .records import Record, RecordMetadata
 from .topic import TopicPartition
 
 __all__ = ["AIOProducer", "AIOConsumer"]
@@ -179,6 +186,25 @@ def _run_job(worker: _Worker, job: Any) -> None:
 # ---- producer ----------------------------------------------------------------------
 
 
+def _join(groups: dict[Any, list], future: asyncio.Future, pending: Any, size: int,
+          marks_ok: bool) -> bool:
+    """Add a sent record to its batch's group: [bytes, a plain future of the batch,
+    then (asyncio future, mark) per record], where the mark is the record's place in
+    the batch's rows (an int: no object kept per record, so the garbage collector
+    has less to walk) or, when that is not known, the plain future. True when the
+    group is new."""
+    index = pending._index
+    mark = index if index >= 0 and marks_ok else pending
+    group = groups.get(pending._batch)
+    if group is None:
+        groups[pending._batch] = [size, pending, future, mark]
+        return True
+    group[0] += size
+    group.append(future)
+    group.append(mark)
+    return False
+
+
 class _ProducerWorker(_Worker):
     def __init__(self, owner: "AIOProducer") -> None:
         super().__init__("logkit-aio-producer")
@@ -187,6 +213,7 @@ class _ProducerWorker(_Worker):
         self.kicked = False           # a wake-up is in the queue (loop side sets it)
         self.done_rows: collections.deque = collections.deque()   # worker -> loop
         self.drain_scheduled = False
+        self.sent = 0                 # items of `sends` handled (worker side only)
 
     def kick(self) -> None:
         if not self.kicked:
@@ -223,7 +250,10 @@ class _ProducerWorker(_Worker):
             if callable(item):            # a call ordered among the sends
                 self._watch(groups)
                 groups = {}
-                item()
+                try:
+                    item()
+                finally:
+                    self.sent += 1
                 continue
             future, topic, value, key, partition, timestamp_ms, headers, size = item
             try:
@@ -233,43 +263,71 @@ class _ProducerWorker(_Worker):
                     pending = send(topic, value, key, partition=partition,
                                    headers=headers, timestamp_ms=timestamp_ms)
             except BaseException as exc:
+                self.sent += 1
                 self._finish(future, size, None, exc)
                 continue
+            self.sent += 1
             countdown -= 1
             if not countdown:              # let the loop thread take the GIL now and
                 countdown = YIELD_EVERY    # then: it waits no switch interval for it
                 time.sleep(0)
-            batch = pending._batch
-            group = groups.get(batch)
-            if group is None:
-                groups[batch] = [(future, pending, size)]
-            else:
-                group.append((future, pending, size))
+            _join(groups, future, pending, size, self.owner._marks_ok)
         self._watch(groups)
 
     def _watch(self, groups: dict[Any, list]) -> None:
         for group in groups.values():
-            last = group[-1][1]
+            first = group[1]
             report = partial(self._report, group)
-            last.add_callback(report)
-            last.add_errback(report)
+            first.add_callback(report)
+            first.add_errback(report)
 
     def _report(self, group: list, _outcome: Any) -> None:
-        """Any thread (the one that appended the batch): queue its records' outcomes."""
-        rows = []
-        for future, pending, size in group:
-            try:
-                rows.append((future, size, pending.result(), None))
-            except BaseException as exc:
-                rows.append((future, size, None, exc))
-        self.done_rows.extend(rows)
+        """Any thread (the one that appended the batch): queue its records' outcomes,
+        one row for the group. A batch stored whole (the common case) is reported
+        from its fields and each record's place in it; anything else (an error, a
+        split batch, a future made in Python) asks the batch or the future."""
+        batch = group[1]._batch
+        futures, marks = group[2::2], group[3::2]
+        results: list = []
+        errors: list | None = None
+        if batch.error is None and batch.outcomes is None:
+            name, partition, base = batch.state.name, batch.partition, batch.base_offset
+            stamp, count = batch.timestamp_ms, len(batch.rows)
+            append = results.append
+            for mark in marks:
+                if type(mark) is int:
+                    if mark >= count:
+                        break
+                    append(RecordMetadata(name, partition, base + mark, stamp))
+                    continue
+                outcome = mark.exception()    # done: no wait (a row made in Python)
+                if outcome is not None:
+                    break
+                append(mark.result())
+        if len(results) < len(marks):            # the slow way, record by record
+            results, errors = [], []
+            for mark in marks:
+                try:
+                    if type(mark) is int:
+                        outcome = batch.outcome(batch.rows[mark])
+                        if isinstance(outcome, BaseException):
+                            raise outcome
+                    else:
+                        outcome = mark.result()
+                except BaseException as exc:
+                    results.append(None)
+                    errors.append(exc)
+                else:
+                    results.append(outcome)
+                    errors.append(None)
+        self.done_rows.append((group[0], futures, results, errors))
         self._schedule()
 
     def _finish(self, future: asyncio.Future, size: int, metadata: Any,
                 error: BaseException | None) -> None:
         """Any thread (the worker, the plain producer's sender): queue a completion;
         one loop wake-up takes every completion queued before it runs."""
-        self.done_rows.append((future, size, metadata, error))
+        self.done_rows.append((size, [future], [metadata], [error]))
         self._schedule()
 
     def _schedule(self) -> None:
@@ -300,6 +358,15 @@ class AIOProducer:
         self._room: list[asyncio.Future] = []     # sends waiting for buffer room
         self._loop: Any = None
         self._kick_pending = False           # a call_soon(_kick) is scheduled
+        # The direct path (see send()): the plain producer's non-blocking send, the
+        # items ever handed to the worker (loop side; the worker counts those it
+        # handled in `sent`), and the direct sends' futures by batch, watched at the
+        # end of the loop's current callback (`_watch_pending`).
+        self._direct: Any = None
+        self._marks_ok = True                # acks != 0: a record's place names its offset
+        self._handed = 0
+        self._groups: dict[Any, list] = {}
+        self._watch_pending = False
 
     def __repr__(self) -> str:
         return f"AIOProducer({self._config!r})"
@@ -316,6 +383,8 @@ class AIOProducer:
             self.producer = await self._worker.submit(
                 lambda: self._broker.producer(**self._config))
             settings = self.producer.config
+            self._direct = self.producer._nonblocking_send()
+            self._marks_ok = settings["acks"] != 0
             self._buffer_memory = settings["buffer_memory"]
             self._max_block_s = settings["max_block_ms"] / 1000
             if settings.get("transactional_id") is not None:
@@ -341,7 +410,14 @@ class AIOProducer:
                    partition: int | None = None, timestamp_ms: int | None = None,
                    headers: Any = None) -> asyncio.Future:
         """Queue a record; returns an asyncio.Future of its RecordMetadata (or its
-        error). Waits while `buffer_memory` is full, at most `max_block_ms`."""
+        error). Waits while `buffer_memory` is full, at most `max_block_ms`.
+
+        Two paths, one order: while the worker has nothing queued or in hand, the
+        record goes straight into an open batch with room (the plain producer's
+        non-blocking send, on the loop: no lock, file or wait); anything else — a
+        batch to seal, a topic not used yet, headers — and every record after it until
+        the worker has handled them all, goes to the worker. So the records of one
+        AIOProducer keep their send order per partition whichever path each took."""
         if self._closed or self.producer is None:
             self._check()                          # raises
         if type(value) is bytes:
@@ -353,8 +429,30 @@ class AIOProducer:
         if self._buffer_bytes + size > self._buffer_memory and self._buffer_bytes:
             await self._wait_for_room(size)
         worker = self._worker
+        direct = self._direct
+        if direct is not None and self._handed == worker.sent and headers is None and \
+                timestamp_ms is None and not self._closed:
+            pending = direct(topic, value, key) if partition is None else \
+                direct(topic, value, key, partition=partition)
+            if type(pending) is tuple:         # it sealed a batch: the worker appends it
+                pending, drain = pending
+                if drain is not None:
+                    if pending is None:        # before the record: it frees room
+                        self._handed += 1
+                        worker.sends.append(drain)
+                    else:                      # a job: the direct path stays open
+                        worker.jobs.put((drain, (), None))
+            if pending is not None:
+                future = self._loop.create_future()
+                self._buffer_bytes += size
+                if _join(self._groups, future, pending, size, self._marks_ok) and \
+                        not self._watch_pending:
+                    self._watch_pending = True
+                    self._loop.call_soon(self._watch_direct)
+                return future
         future = self._loop.create_future()
         self._buffer_bytes += size
+        self._handed += 1
         worker.sends.append((future, topic, value, key, partition, timestamp_ms,
                              headers, size))
         if not self._kick_pending:
@@ -367,6 +465,15 @@ class AIOProducer:
     def _kick(self) -> None:
         self._kick_pending = False
         self._worker.kick()
+
+    def _watch_direct(self) -> None:
+        """On the loop: have the worker watch the batches the direct sends went into
+        since the last call (one callback per batch reports all its records). The
+        worker registers them: a batch already appended runs its report at once, and
+        that work (a RecordMetadata per record) stays off the loop."""
+        self._watch_pending = False
+        groups, self._groups = self._groups, {}
+        self._worker.jobs.put((self._worker._watch, (groups,), None))
 
     async def send_and_wait(self, topic: str, value: Any = None, key: Any = None,
                             partition: int | None = None, timestamp_ms: int | None = None,
@@ -395,27 +502,36 @@ class AIOProducer:
             self._check()
 
     def _completions(self) -> None:
-        """On the loop: resolve every future whose record is done."""
+        """On the loop: resolve every future whose record is done (a row per batch)."""
         worker = self._worker
         rows = worker.done_rows
         popleft = rows.popleft
         freed = 0
-        for _ in range(COMPLETIONS_PER_CALLBACK):
+        resolved = 0
+        while True:
             if not rows:
                 worker.drain_scheduled = False     # then look again: a row queued
                 if not rows:                       # before this saw the flag set
                     break
                 worker.drain_scheduled = True
-            future, size, metadata, error = popleft()
+            if resolved >= COMPLETIONS_PER_CALLBACK:    # the rest after other callbacks
+                worker.loop.call_soon(self._completions)   # type: ignore[union-attr]
+                break
+            size, futures, results, errors = popleft()
             freed += size
-            if future.done():
+            resolved += len(futures)
+            if errors is None:
+                for future, metadata in zip(futures, results):
+                    if not future.done():
+                        future.set_result(metadata)
                 continue
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(metadata)
-        else:                    # more left: the rest after other callbacks run
-            worker.loop.call_soon(self._completions)       # type: ignore[union-attr]
+            for future, metadata, error in zip(futures, results, errors):
+                if future.done():
+                    continue
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(metadata)
         self._buffer_bytes -= freed
         if self._room:
             for waiter in self._room:
@@ -434,6 +550,7 @@ class AIOProducer:
                 worker.reply(future, None, exc)
             else:
                 worker.reply(future, result, None)
+        self._handed += 1
         worker.sends.append(job)
         worker.kick()
         return await future
@@ -486,7 +603,10 @@ class AIOProducer:
         if producer is not None:
             # queued with the end of the worker at once: a stop() cancelled while it
             # waits still closes the producer and ends the thread
+            if self._watch_pending:     # before the close: its flush reports them
+                self._watch_direct()
             closing = self._worker.loop.create_future()     # type: ignore[union-attr]
+            self._handed += 1
             self._worker.sends.append(partial(_run_job, self._worker,
                                               (producer.close, (), closing)))
             self._worker.jobs.put(None)

@@ -631,19 +631,61 @@ class Producer:
         batch.size += size
         return FutureRecordMetadata(batch, row, self._acks)
 
-    def _nonblocking_send(self) -> Callable[..., FutureRecordMetadata | None] | None:
-        """A send for a thread that must never wait (logkit.aio's event loop): the
-        compiled fast path alone. It adds a record to an open batch with room and
-        returns its future, or returns None having done nothing — a batch to seal, a
-        topic not used yet, anything the general path takes — and never looks for due
-        batches, so it takes no lock, touches no file and opens no batch. Same
-        arguments as `send(topic, value, key, partition=...)`. None when there is no
-        compiled path, or the producer is transactional or uses serializers. The
-        caller stops using it before `close()` (it does not see the close)."""
+    def _nonblocking_send(self) -> Callable[..., Any] | None:
+        """A send for a thread that must never wait on I/O (logkit.aio's event loop),
+        for bytes records with the default partitioner. Same arguments as
+        `send(topic, value, key, partition=...)`; it returns one of:
+
+        - a future: the record is in an open batch (the compiled fast path: no lock);
+        - (future, drain): the record sealed a full batch and went into a new one
+          (the accumulator's lock, held by nobody across I/O or a wait); the caller
+          has `drain()` run on another thread soon — it appends the sealed batches;
+        - (None, drain) or None: nothing of the record is queued (no room in
+          `buffer_memory`, a topic not used yet, a record the general path checks):
+          the caller hands the record to `send()` on a thread that may wait, after
+          running `drain` there if one came.
+
+        It never looks for due batches, never appends and never waits for room.
+        None instead of a callable when there is no compiled path, or the producer is
+        transactional or uses serializers or another partitioner. The caller stops
+        using it before `close()`."""
         if _CSender is None or self._slow or self._transactional_id is not None:
             return None
-        return _CSender(lambda *args, **kwargs: None, self._states, FutureRecordMetadata,
-                        self._acks, self._batch_size)
+        states, accumulator = self._states, self._accumulator
+        batch_size, acks = self._batch_size, self._acks
+
+        def seal_and_add(topic: Any, value: Any = None, key: Any = None,
+                         partition: Any = None) -> Any:
+            state = states.get(topic)
+            if state is None or type(value) is not bytes or \
+                    not (key is None or type(key) is bytes) or \
+                    (key is None and state.compacted):
+                return None
+            size = len(value) + RECORD_OVERHEAD_BYTES + (0 if key is None else len(key))
+            if size > self._max_record_bytes or size + RECORDS_OFFSET > batch_size:
+                return None
+            if partition is not None:
+                if type(partition) is not int or not 0 <= partition < state.count:
+                    return None
+                p = partition
+            elif key is None:
+                p = state.sticky
+            else:
+                p = state.cache.get(key)
+                if p is None:
+                    p = state.keyed(key)
+            row = (key, value, None, None)
+            try:
+                batch, sealed = accumulator.add(state, p, row, size, 0.0, wait=False)
+            except ClosedError:
+                return None
+            drain = None if not sealed else (
+                lambda: self._drain(state, p, time.monotonic() + self._max_block_s))
+            if batch is None:
+                return None if drain is None else (None, drain)
+            return FutureRecordMetadata(batch, row, acks), drain
+
+        return _CSender(seal_and_add, states, FutureRecordMetadata, acks, batch_size)
 
     def _rescue(self, state: _TopicState, p: int, batch: Batch, row: tuple,
                 size: int) -> FutureRecordMetadata:
