@@ -31,6 +31,23 @@ which `complete_prepared()` (run by every writable Broker at open) finishes the 
 a marker is a no-op on a partition where the producer has no open transaction
 (`Partition.append_control`), so writing them again writes each once.
 
+Answering before the markers (Kafka's order): `end_txn(..., wait=False)` — the Kafka
+listener's EndTxn — returns once `PrepareX` is durable and leaves the markers, offsets
+and `CompleteX` to the coordinator's completion thread (one per coordinator, started on
+first use, stopped by `close()`; it completes in the order the ends were asked, each
+under the stripe lock as below). Until then the id is `Prepare*`: its next
+AddPartitions/AddOffsets/InitProducerId completes it itself under the lock
+(`_with_prepared_done`) or waits on the lock while the thread does, so the client never
+sees an error for it; `completing(producer_id)` tells the produce path that a
+producer's transaction is ending though its markers are not written yet. A failed
+background completion is logged and leaves `Prepare*`, which the next call for the id,
+the broker's expiry thread or the next open finishes. `close()` waits up to
+`close_timeout_s` for the queued completions; those it does not wait for stay
+`Prepare*` (finished at the next open). `before_complete(transactional_id)`, when set,
+is called by the thread under the stripe lock before each completion (a test hook:
+holding it holds the markers back, as a slow disk would; raising is a failed
+completion).
+
 Locking: the steps from `Prepare*` to `Complete*` of one transactional id run under a
 stripe lock — a thread lock and, with `lock_path`, a POSIX record lock on one byte of
 that file — so no process completes a transaction another live process is completing
@@ -55,6 +72,7 @@ import errno
 import fcntl
 import logging
 import os
+import queue
 import threading
 import time
 import zlib
@@ -62,9 +80,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from ._fork import at_fork_in_child
-from .errors import (ConcurrentTransactionsError, ConfigError, InvalidProducerIdMappingError,
+from .errors import (ClosedError, ConcurrentTransactionsError, ConfigError, InvalidProducerIdMappingError,
                      InvalidTransactionTimeoutError, InvalidTxnStateError,
-                     LogkitTimeoutError, ProducerFencedError, TransactionalIdNotFoundError,
+                     LogkitError, LogkitTimeoutError, ProducerFencedError, TransactionalIdNotFoundError,
                      storage_error)
 from .group import check_transactional_member, offset_key, validate_group_id
 from .meta import MAX_KEY_BYTES, MetaStore, decode
@@ -103,6 +121,7 @@ PRODUCER_ID_BLOCK = 64                  # ids an idempotent producer's process r
 LOCK_STRIPES = 256                      # bytes of the lock file, one per stripe
 LOCK_TIMEOUT_S = 30.0                   # a stripe held longer is a stalled process
 _LOCK_POLL_S = 0.001
+CLOSE_TIMEOUT_S = 10.0                  # close() waits this long for queued completions
 _NEXT_ID = b"next"                      # producer_ids: the next id nobody holds
 
 
@@ -252,13 +271,16 @@ class TransactionCoordinator:
     """Transaction state in LMDB, and the calls of Kafka's transaction APIs (see the
     module docstring). `write_markers(partitions, producer_id, epoch, commit)` appends
     one control batch to each partition (the broker's); `sync(partitions)` makes the
-    partitions a commit's offsets name durable before the offsets are (optional)."""
+    partitions a commit's offsets name durable before the offsets are (optional).
+    `before_complete(transactional_id)` is the completion thread's test hook (module
+    docstring)."""
 
     def __init__(self, meta: MetaStore, write_markers: Callable[..., Any], *,
                  lock_path: str | None = None,
                  sync: Callable[[list[TopicPartition]], None] | None = None,
                  max_timeout_ms: int = MAX_TRANSACTION_TIMEOUT_MS,
-                 offset_metadata_max_bytes: int = 4096) -> None:
+                 offset_metadata_max_bytes: int = 4096,
+                 before_complete: Callable[[str], None] | None = None) -> None:
         self.meta = meta
         self._write_markers = write_markers
         self._sync = sync
@@ -268,12 +290,92 @@ class TransactionCoordinator:
         self.offset_metadata_max_bytes = offset_metadata_max_bytes
         self._ids_lock = threading.Lock()
         self._ids: list[int] = []                   # reserved, not yet handed out
+        self.before_complete = before_complete
+        self.close_timeout_s = CLOSE_TIMEOUT_S
+        self._worker_lock = threading.Lock()        # guards the fields below
+        self._worker: threading.Thread | None = None
+        self._worker_pid = -1
+        self._queue: queue.SimpleQueue[tuple[bytes, int] | None] = queue.SimpleQueue()
+        self._completing: dict[int, int] = {}       # producer id -> completions queued
+        self._abandoned = False                     # close() stopped waiting for them
+        self._worker_done = False                   # the thread took the last item
 
     def close(self) -> None:
-        """Let go of the lock file (safe twice)."""
-        if not self._closed:
+        """Finish the queued completions (waiting up to `close_timeout_s`; the rest stay
+        `Prepare*` for the next open) and let go of the lock file (safe twice)."""
+        with self._worker_lock:
+            if self._closed:
+                return
             self._closed = True
-            _release_lock(self._lock)
+            worker = self._worker if self._worker_pid == os.getpid() else None
+            if worker is not None:
+                self._queue.put(None)
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(self.close_timeout_s)
+            with self._worker_lock:
+                if not self._worker_done:
+                    # the thread lets go of the lock file when it ends: it may be
+                    # holding a stripe of it now
+                    self._abandoned = True
+                    log.warning("%d transaction completion(s) still queued at close: "
+                                "they stay Prepare* until the next open",
+                                sum(self._completing.values()))
+                    return
+        _release_lock(self._lock)
+
+    # ---- the completion thread ---------------------------------------------------------
+
+    def completing(self, producer_id: int) -> bool:
+        """Whether an end of `producer_id`'s transaction was answered and its
+        completion is still queued in this process (its markers may be missing)."""
+        return producer_id in self._completing
+
+    def _complete_later(self, key: bytes, producer_id: int) -> None:
+        with self._worker_lock:
+            if self._closed:
+                raise ClosedError("the transaction coordinator is closed")
+            if self._worker_pid != os.getpid():     # first use, or a forked child
+                self._queue = queue.SimpleQueue()
+                self._completing = {}
+                self._worker = threading.Thread(target=self._run_completions,
+                                                name="logkit-txn-complete", daemon=True)
+                self._worker.start()
+                self._worker_pid = os.getpid()
+            self._completing[producer_id] = self._completing.get(producer_id, 0) + 1
+            self._queue.put((key, producer_id))
+
+    def _run_completions(self) -> None:
+        """The completion thread: each queued `Prepare*` in turn, under its stripe lock.
+        A failure is logged; the record stays `Prepare*` for the next call or open."""
+        work = self._queue
+        while (item := work.get()) is not None:
+            key, producer_id = item
+            try:
+                with self._lock.hold(key):
+                    if self.before_complete is not None and not self._abandoned:
+                        self.before_complete(key.decode("utf-8", "surrogatepass"))
+                    with self._worker_lock:
+                        abandoned = self._abandoned   # close() gave up: touch nothing
+                    if not abandoned:
+                        self._complete_if_prepared(key)
+            except (LogkitError, OSError) as exc:
+                log.warning("completing transaction %r in the background failed; it "
+                            "stays prepared until the next call for it or the next "
+                            "open: %s", key[:40], exc)
+            except Exception:                       # a bug: say so, keep completing
+                log.exception("completing transaction %r in the background failed",
+                              key[:40])
+            finally:
+                with self._worker_lock:
+                    left = self._completing.get(producer_id, 0) - 1
+                    if left > 0:
+                        self._completing[producer_id] = left
+                    else:
+                        self._completing.pop(producer_id, None)
+        with self._worker_lock:
+            self._worker_done = True
+            if self._abandoned:
+                _release_lock(self._lock)
 
     # ---- records -----------------------------------------------------------------------
 
@@ -513,11 +615,12 @@ class TransactionCoordinator:
         self._write(key, commit, "commit offsets")
 
     def end_txn(self, transactional_id: str, producer_id: int, epoch: int,
-                commit: bool) -> None:
+                commit: bool, *, wait: bool = True) -> None:
         """Commit or abort the open transaction: PrepareX (durable), the markers, the
-        pending offsets (commit), CompleteX. A retry of a finished end (the same
-        outcome) returns; the other outcome, or no open transaction, raises
-        InvalidTxnStateError."""
+        pending offsets (commit), CompleteX. With `wait=False` it returns once PrepareX
+        is durable and the completion thread does the rest (Kafka's EndTxn; module
+        docstring). A retry of a finished end (the same outcome) returns; the other
+        outcome, or no open transaction, raises InvalidTxnStateError."""
         key = _key(transactional_id)
         want = PREPARE_COMMIT if commit else PREPARE_ABORT
 
@@ -536,8 +639,11 @@ class TransactionCoordinator:
                 + (" (no transaction was begun)" if state in READY else ""))
 
         with self._lock.hold(key):
-            if self._write(key, prepare, "end"):
+            prepared = self._write(key, prepare, "end")
+            if prepared and wait:
                 self._complete_if_prepared(key)
+        if prepared and not wait:
+            self._complete_later(key, producer_id)
 
     # ---- completion --------------------------------------------------------------------
 

@@ -185,7 +185,8 @@ class TxnHandlers:
         verification guard lets the rest of a verified transaction through: its first
         batch was verified, and the transaction's end (a marker, which every fencing
         abort writes with a bumped epoch) closes it in the log before anything else
-        may begin there."""
+        may begin there. A transaction whose EndTxn was answered but whose markers are
+        still queued is asked about (it is Prepare*: INVALID_TXN_STATE)."""
         if batch is None or len(batch) < RECORDS_OFFSET:
             return E.NONE                  # refused whole by the produce path's checks
         producer_id, epoch = _BATCH_PRODUCER.unpack_from(batch, PRODUCER_ID_OFFSET)
@@ -193,10 +194,12 @@ class TxnHandlers:
         if not attributes & ATTR_TRANSACTIONAL:
             return E.NONE                  # an idempotent batch: no transaction to check
         try:
-            if producer_id in topic.partition(index).open_transactions():
-                return E.NONE
+            open_here = producer_id in topic.partition(index).open_transactions()
         except LogkitError:
             return E.NONE                  # answered by the produce path, which meets it too
+        if open_here and not self._handlers.broker.transaction_coordinator.completing(
+                producer_id):
+            return E.NONE
         return self._verify(txn_id, producer_id, epoch, TopicPartition(topic.name, index),
                             0, version)
 
@@ -210,10 +213,13 @@ class TxnHandlers:
         return {"error_code": code}
 
     def end_txn(self, request: Any, session: Any) -> dict[str, Any]:
+        """Answered once PrepareCommit/PrepareAbort is durable, as Kafka answers; the
+        markers, offsets and CompleteX follow on the coordinator's completion thread,
+        and the id's next call completes or waits for them (logkit/transactions.py)."""
         body = request.body
         code = self._call(26, request.version, lambda: self.coordinator.end_txn(
             body["transactional_id"], body["producer_id"], body["producer_epoch"],
-            body["committed"]))
+            body["committed"], wait=False))
         return {"error_code": code}
 
     def _call(self, api_key: int, version: int, call: Callable[[], Any]) -> int:

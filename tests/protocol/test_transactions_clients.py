@@ -15,6 +15,7 @@ import pytest
 
 import logkit
 from logkit import TopicPartition
+from tests.helpers.txn_waits import wait_all_completed, wait_completed, wait_stable
 
 PARTITIONS = 2
 _names = itertools.count()
@@ -57,7 +58,9 @@ def _embedded(broker, topic, isolation_level):
 def _check_log(broker, out, source, group, committed_values):
     """What any reader sees afterwards: read_committed the committed values alone,
     read_uncommitted every value, the LSO at the high watermark, the input offset
-    committed for the group, and one control record per partition per transaction."""
+    committed for the group, and one control record per partition per transaction.
+    The listener answers EndTxn before the markers and offsets: waits for them."""
+    wait_all_completed(broker)
     assert _embedded(broker, out, "read_committed") == sorted(committed_values)
     assert _embedded(broker, out, "read_uncommitted") == sorted(
         COMMITTED_1 + ABORTED + COMMITTED_2)
@@ -160,6 +163,7 @@ def test_confluent_kafka_a_second_producer_of_the_id_fences_the_first(broker, se
     new.begin_transaction()
     new.produce(out, b"live", b"k", partition=0)
     new.commit_transaction(30)
+    wait_stable(broker, out)
     assert _embedded(broker, out, "read_committed") == [b"live"]
     assert _embedded(broker, out, "read_uncommitted") == [b"live", b"zombie"]
 
@@ -277,6 +281,7 @@ def test_kafka_python_admin_lists_and_describes_an_open_transaction(broker, serv
         assert described.topic_partitions == {kafka.TopicPartition(out, 1)}
         assert described.transaction_start_time_ms > 0
         producer.commit_transaction()
+        wait_completed(broker, txn_id)       # EndTxn is answered at PrepareCommit
         described = admin.describe_transactions([txn_id])[txn_id]
         assert described.state.value == "CompleteCommit" and not described.topic_partitions
     finally:

@@ -15,6 +15,7 @@ import logkit
 from logkit.protocol import errors as E
 from logkit.records import ATTR_CONTROL, decode_batch, encode_batch, iter_batches
 from tests.helpers.raw_kafka import Raw
+from tests.helpers.txn_waits import wait_completed
 
 _ids = itertools.count()
 
@@ -245,7 +246,8 @@ def test_list_and_describe_transactions_use_kafkas_state_names(raw):
         "nobody", E.TRANSACTIONAL_ID_NOT_FOUND)
 
 
-def test_txn_offset_commit_is_pending_until_the_commit_and_dropped_by_an_abort(raw):
+def test_txn_offset_commit_is_pending_until_the_commit_and_dropped_by_an_abort(raw,
+                                                                              broker):
     """Offsets sent in a transaction: OffsetFetch with require_stable answers
     UNSTABLE_OFFSET_COMMIT while it is open; the commit makes them the group's, an
     abort drops them. The transaction APIs at v0, as aiokafka sends them."""
@@ -259,6 +261,7 @@ def test_txn_offset_commit_is_pending_until_the_commit_and_dropped_by_an_abort(r
         before = 5 if not commit else -1
         assert _offset_fetch(raw, "g", require_stable=False) == (E.NONE, before)
         assert _end(raw, txn_id, pid, epoch, commit, version=0) == E.NONE
+        wait_completed(broker, txn_id)        # EndTxn answers before the offsets move
         assert _offset_fetch(raw, "g", require_stable=True) == (E.NONE, 5)
 
 
@@ -297,6 +300,7 @@ def test_read_committed_fetch_stops_at_the_lso_and_lists_aborted_transactions(ra
     assert _produce(raw, txn_id, 0, _txn_batch(pid, epoch, 0, [b"a1", b"a2"]))[
         "error_code"] == E.NONE
     assert _end(raw, txn_id, pid, epoch, False) == E.NONE       # aborted: offsets 0-1, 2
+    wait_completed(broker, txn_id)
 
     assert _add(raw, txn_id, pid, epoch, [("t", [0])]) == {("t", 0): E.NONE}
     assert _produce(raw, txn_id, 0, _txn_batch(pid, epoch, 2, [b"c1"]))["error_code"] == 0
@@ -311,6 +315,7 @@ def test_read_committed_fetch_stops_at_the_lso_and_lists_aborted_transactions(ra
     assert uncommitted["last_stable_offset"] == 3
 
     assert _end(raw, txn_id, pid, epoch, True) == E.NONE           # marker at 4
+    wait_completed(broker, txn_id)
     done = _fetch(raw, 1, offset=3)
     assert done["last_stable_offset"] == done["high_watermark"] == 5
     assert done["aborted_transactions"] == []
@@ -359,6 +364,7 @@ def test_a_finished_or_fenced_transaction_takes_no_more_batches(raw, broker):
         assert _produce(raw, txn_id, 0, _txn_batch(pid, epoch, sequence, [b"x"]))[
             "error_code"] == E.NONE
     assert _end(raw, txn_id, pid, epoch, True) == E.NONE
+    wait_completed(broker, txn_id)
     end = partition.log_end_offset
     assert _produce(raw, txn_id, 0, _txn_batch(pid, epoch, 3, [b"late"]))[
         "error_code"] == E.INVALID_TXN_STATE
@@ -420,6 +426,7 @@ def test_txn_offset_commit_refuses_metadata_above_the_limit_per_partition(raw, b
     assert [p["error_code"] for p in answer["topics"][0]["partitions"]] == [
         E.OFFSET_METADATA_TOO_LARGE, E.NONE]
     assert _end(raw, txn_id, pid, epoch, True) == E.NONE
+    wait_completed(broker, txn_id)
     committed = broker.group("g").committed()
     assert committed == {logkit.TopicPartition("t", 1): 2}
 
