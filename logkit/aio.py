@@ -3,18 +3,22 @@
 Owns: `AIOProducer` and `AIOConsumer`, thin asyncio fronts over the plain `Producer` and
 `Consumer` (logkit/producer.py, logkit/consumer.py), and nothing of their semantics.
 
-Invariant: the event loop never waits on a lock, a file or LMDB. Each client owns one
+Invariant: the event loop never waits on a file, LMDB or a lock held across either (the
+one lock it may take is the producer accumulator's, to seal a full batch; its holders
+keep it for bookkeeping only, never across I/O or a wait). Each client owns one
 worker thread, started by `start()` and joined by `stop()`, that makes, uses and closes
 its plain client; the loop hands it work through a `queue.SimpleQueue` (a put never
 blocks) and the worker answers with `loop.call_soon_threadsafe`. Every call of a plain
 client happens on its worker, in the order the loop made them — but one: the loop adds
 a record to the plain producer's open batch itself when that cannot wait (below).
 
-Producer: `send()` puts the record straight into an open batch with room through the
-plain producer's non-blocking send (`Producer._nonblocking_send`: the compiled fast
-path, which takes no lock, touches no file and opens no batch) while the worker has
-nothing queued or in hand; otherwise (a full batch to seal, a topic not used yet,
-headers, a transactional producer, no compiled path) it appends the record to a queue
+Producer: `send()` puts the record straight into an open batch through the plain
+producer's non-blocking send (`Producer._nonblocking_send`: the compiled fast path,
+lock-free; a record that fills or does not fit the open batch seals it under the
+accumulator's lock and opens the next, and the sealed batch's append is a job for the
+worker) while the worker has nothing queued or in hand; otherwise (no room in
+`buffer_memory`, a topic not used yet, headers or a timestamp, a transactional producer
+or serializers, no compiled path) it appends the record to a queue
 the worker drains in order into the plain producer's `send`, and every later record
 follows it there until the worker has handled them all, so per partition the records
 keep their send order whichever path each took. Either way it returns an
