@@ -17,7 +17,10 @@ round by round, the median of --repeats kept, as `_common.interleaved_medians`):
                partition) for the embedded producer, for confluent-kafka's producer
                against logkit's listener, and for the same client against a
                single-node KRaft Apache Kafka (tests/helpers/kafka.py, `make kafka`'s
-               classpath): p50 and p99 in ms
+               classpath): p50 and p99 in ms; for confluent-kafka also the whole
+               transaction (begin, sends, flush, commit: `cycle_*`), since the listener
+               answers EndTxn at PrepareCommit, as Kafka does, and the next
+               transaction's AddPartitionsToTxn waits for the markers
   recovery     a child process with an open transaction (its records in the log) is
                SIGKILLed; how long until read_committed readers move again (the last
                stable offset reaches the high watermark): by the next
@@ -206,16 +209,22 @@ def commit_confluent(bootstrap: str, transactions: int, create) -> dict[str, flo
     producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
                             "transactional.id": f"lat-{topic}"})
     producer.init_transactions(60)
-    samples = []
+    samples, cycles = [], []
     for _ in range(transactions + 5):
+        began = time.perf_counter()
         producer.begin_transaction()
         for i in range(COMMIT_RECORDS):
             producer.produce(topic, b"v" * 100, b"k%d" % i, partition=0)
         producer.flush(30)
         started = time.perf_counter()
         producer.commit_transaction(30)
-        samples.append(time.perf_counter() - started)
-    return _summary_ms(samples[5:])           # the first ones find the coordinator
+        ended = time.perf_counter()
+        samples.append(ended - started)
+        cycles.append(ended - began)
+    out = _summary_ms(samples[5:])            # the first ones find the coordinator
+    cycle = _summary_ms(cycles[5:])
+    out.update(cycle_p50_ms=cycle["p50_ms"], cycle_p99_ms=cycle["p99_ms"])
+    return out
 
 
 def _kafka_create(bootstrap: str) -> Callable[[str], None]:
