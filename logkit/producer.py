@@ -648,7 +648,8 @@ class Producer:
         It never looks for due batches, never appends and never waits for room.
         None instead of a callable when there is no compiled path, or the producer is
         transactional or uses serializers or another partitioner. The caller stops
-        using it before `close()`."""
+        using it before `close()`, and does not use it in a forked child (the at-fork
+        hook does not route it to the checking path)."""
         if _CSender is None or self._slow or self._transactional_id is not None:
             return None
         states, accumulator = self._states, self._accumulator
