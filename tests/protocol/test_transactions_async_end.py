@@ -95,7 +95,7 @@ def _open_transaction(raw, txn_id, values):
     return pid, epoch
 
 
-def test_end_txn_is_answered_before_the_markers_and_the_next_call_waits_for_them(broker):
+def test_end_txn_is_answered_before_the_markers_and_the_next_call_after_them(broker):
     held = Held()
     broker.transaction_coordinator.before_complete = held
     partition = broker.topic("t").partition(0)
