@@ -80,10 +80,11 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from ._fork import at_fork_in_child
-from .errors import (ClosedError, ConcurrentTransactionsError, ConfigError, InvalidProducerIdMappingError,
-                     InvalidTransactionTimeoutError, InvalidTxnStateError,
-                     LogkitError, LogkitTimeoutError, ProducerFencedError, TransactionalIdNotFoundError,
-                     storage_error)
+from ._threads import start_thread
+from .errors import (ClosedError, ConcurrentTransactionsError, ConfigError,
+                     InvalidProducerIdMappingError, InvalidTransactionTimeoutError,
+                     InvalidTxnStateError, LogkitError, LogkitTimeoutError,
+                     ProducerFencedError, TransactionalIdNotFoundError, storage_error)
 from .group import check_transactional_member, offset_key, validate_group_id
 from .meta import MAX_KEY_BYTES, MetaStore, decode
 from .topic import TopicPartition
@@ -337,10 +338,11 @@ class TransactionCoordinator:
             if self._worker_pid != os.getpid():     # first use, or a forked child
                 self._queue = queue.SimpleQueue()
                 self._completing = {}
-                self._worker = threading.Thread(target=self._run_completions,
-                                                name="logkit-txn-complete", daemon=True)
-                self._worker.start()
-                self._worker_pid = os.getpid()
+                self._abandoned = self._worker_done = False
+                worker = threading.Thread(target=self._run_completions,
+                                          name="logkit-txn-complete", daemon=True)
+                start_thread(worker, "the transaction coordinator's completion thread")
+                self._worker, self._worker_pid = worker, os.getpid()
             self._completing[producer_id] = self._completing.get(producer_id, 0) + 1
             self._queue.put((key, producer_id))
 
