@@ -60,8 +60,11 @@ def test_records_keep_their_send_order_per_partition_across_the_direct_and_worke
             worker_handled = producer._worker.sent
             return [await f for f in futures], worker_handled
     metadata, worker_handled = run(main())
-    # about half went direct, from the loop; the rest (and the flushes) to the worker
-    assert total // 2 <= worker_handled < total * 3 // 4
+    # both paths were taken: after each flush the worker has caught up, so the next
+    # record goes direct; each header record goes to the worker. How the rest split
+    # depends on how fast the worker drains (about half direct on a quiet machine,
+    # fewer under load), so only that both saw records is pinned.
+    assert 0 < worker_handled < total
     stored = read_all(broker, "t")
     assert sum(map(len, stored.values())) == total
     for p, records in stored.items():
