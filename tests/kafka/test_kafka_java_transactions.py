@@ -19,6 +19,7 @@ from logkit import TopicPartition
 from tests.helpers.kafka import compile_java, create_topics, java_command, skip_reason
 from tests.helpers.kafka_ecosystem import kafka_rows, unique, without_offsets
 from tests.helpers.kafka_tools import QUICK_JVM_FLAGS, describe, scenario_lines, tool
+from tests.helpers.txn_waits import wait_all_completed
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
@@ -51,6 +52,7 @@ def test_java_transactions_commit_abort_and_read_committed(served):
     proc = _run("TransactionScenarios", "transactions", servers, out, PARTITIONS, source,
                 group)
     assert proc.returncode == 0, describe(proc)
+    wait_all_completed(broker)      # the listener answers EndTxn before the markers
     reads = {words[0]: sorted(words[1:]) for words in scenario_lines(proc, "READ")}
     committed = [f"c1-{i}" for i in range(6)] + [f"c2-{i}" for i in range(3)]
     aborted = [f"ab-{i}" for i in range(4)]
@@ -89,6 +91,7 @@ def test_java_a_second_producer_of_the_id_fences_the_first(served):
     broker.create_topic(topic, 1)
     proc = _run("TransactionScenarios", "fence", servers, topic)
     assert proc.returncode == 0, describe(proc)
+    wait_all_completed(broker)
     assert scenario_lines(proc, "FENCED") == [
         ["org.apache.kafka.common.errors.ProducerFencedException"]]
     partition = broker.topic(topic).partition(0)
