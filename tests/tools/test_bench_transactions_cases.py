@@ -30,7 +30,9 @@ def test_cases_consume_replaces_only_consume_in_the_json(tmp_path):
     assert consume["committed"]["read_committed"]["records_returned"] == 10_000
     stamp = doc["reruns"]["consume"]
     assert stamp["quick"] is True and stamp["utc"].endswith("Z") and stamp["load_1m"]
-    assert set(doc["reruns"]) == {"consume"}
+    # the other cases' earlier re-run stamps are kept as they were
+    others = {k: v for k, v in doc["reruns"].items() if k != "consume"}
+    assert others == {k: v for k, v in before.get("reruns", {}).items() if k != "consume"}
     c = consume["committed"]
     assert doc["ratios"]["read_committed_vs_uncommitted"]["ratio"] == round(
         c["read_committed"]["offsets_per_s"] / c["read_uncommitted"]["offsets_per_s"], 3)
