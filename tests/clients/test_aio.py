@@ -14,6 +14,7 @@ import threading
 import pytest
 
 import logkit
+from tests.helpers.aio_run import run_bounded
 from logkit.testing import produce
 from logkit.aio import AIOConsumer, AIOProducer
 
@@ -22,10 +23,7 @@ LIMIT_S = 30.0
 
 
 def run(coro):
-    """asyncio.run with a deadline: a hang fails the test instead of the suite."""
-    async def bounded():
-        return await asyncio.wait_for(coro, LIMIT_S)
-    return asyncio.run(bounded())
+    return run_bounded(coro, LIMIT_S)
 
 
 def aio_threads():

@@ -14,6 +14,7 @@ import time
 import pytest
 
 import logkit
+from tests.helpers.aio_run import run_bounded
 from logkit.aio import AIOConsumer, AIOProducer
 
 TP = logkit.TopicPartition
@@ -27,9 +28,7 @@ TICK_S = 0.001
 
 
 def run(coro):
-    async def bounded():
-        return await asyncio.wait_for(coro, LIMIT_S)
-    return asyncio.run(bounded())
+    return run_bounded(coro, LIMIT_S)
 
 
 @pytest.fixture
