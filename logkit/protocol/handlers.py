@@ -172,6 +172,7 @@ class Handlers:
             42: self.delete_groups, 44: self.incremental_alter_configs,
             24: self.txn.add_partitions_to_txn, 25: self.txn.add_offsets_to_txn,
             26: self.txn.end_txn, 28: self.txn.txn_offset_commit,
+            61: self.txn.describe_producers,
             65: self.txn.describe_transactions, 66: self.txn.list_transactions}
 
     def handle(self, request: Request, session: Session) -> dict[str, Any] | None:

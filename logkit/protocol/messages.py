@@ -685,6 +685,26 @@ DESCRIBE_TRANSACTIONS = (
                                      f("partitions", Array("int32")))))))),
     ))
 
+DESCRIBE_PRODUCERS = (
+    Struct(f("topics", Array(Struct(f("name", "string"),
+                                    f("partition_indexes", Array("int32")))))),
+    Struct(
+        f("throttle_time_ms", "int32"),
+        f("topics", Array(Struct(
+            f("name", "string"),
+            f("partitions", Array(Struct(
+                f("partition_index", "int32"),
+                f("error_code", "int16"),
+                f("error_message", "string", null="0+"),
+                f("active_producers", Array(Struct(
+                    f("producer_id", "int64"),
+                    f("producer_epoch", "int32"),
+                    f("last_sequence", "int32", default=-1),
+                    f("last_timestamp", "int64", default=-1),
+                    f("coordinator_epoch", "int32"),
+                    f("current_txn_start_offset", "int64", default=-1)))))))))),
+    ))
+
 LIST_TRANSACTIONS = (
     Struct(
         f("state_filters", Array("string")),
@@ -739,6 +759,7 @@ APIS: dict[int, Api] = {api.key: api for api in (
     _api(37, "CreatePartitions", "0-3", "2+", CREATE_PARTITIONS),
     _api(42, "DeleteGroups", "0-2", "2+", DELETE_GROUPS),
     _api(44, "IncrementalAlterConfigs", "0-1", "1+", INCREMENTAL_ALTER_CONFIGS),
+    _api(61, "DescribeProducers", "0", "0+", DESCRIBE_PRODUCERS),
     _api(65, "DescribeTransactions", "0", "0+", DESCRIBE_TRANSACTIONS),
     _api(66, "ListTransactions", "0-1", "0+", LIST_TRANSACTIONS),
 )}

@@ -4,7 +4,8 @@ object embedded producers use too: one namespace of transactional ids, one state
 
 Owns: InitProducerId, AddPartitionsToTxn (v0-3 one transaction, v4 batched and
 verify-only), AddOffsetsToTxn, EndTxn, TxnOffsetCommit (the KIP-447 generation and
-member checks), ListTransactions, DescribeTransactions, the verification of a
+member checks), ListTransactions, DescribeTransactions, DescribeProducers (KIP-664: a
+partition's producers as its log's producer state holds them), the verification of a
 transactional Produce (its partition must have been added), and Kafka's error code for
 each coordinator error (`txn_code`). The coordinator decides; this module only reads
 requests into its calls and its answers and errors into Kafka's fields.
@@ -320,6 +321,38 @@ class TxnHandlers:
             else:
                 out.append(_description(txn_id, found))
         return {"transaction_states": out}
+
+    # ---- DescribeProducers -----------------------------------------------------------
+
+    def describe_producers(self, request: Any, session: Any) -> dict[str, Any]:
+        """Each partition asked, in order: its producers from the local log's producer
+        state (any listener answers, as any Kafka replica with the log does), or the
+        partition's error code (UNKNOWN_TOPIC_OR_PARTITION for a topic or partition this
+        broker lacks, INVALID_TOPIC_EXCEPTION for a bad name)."""
+        return {"topics": [
+            {"name": t["name"], "partitions": [self._producers_of(t["name"], index)
+                                               for index in t["partition_indexes"]]}
+            for t in request.body["topics"]]}
+
+    def _producers_of(self, name: str, index: int) -> dict[str, Any]:
+        try:
+            states = self._handlers.broker.topic(name).partition(index).producer_states()
+        except LogkitError as exc:
+            return {"partition_index": index, "error_code": self._code_for(exc),
+                    "error_message": None, "active_producers": []}
+        return {"partition_index": index, "error_code": E.NONE, "error_message": None,
+                "active_producers": [_producer_state(*s) for s in sorted(states)]}
+
+
+def _producer_state(producer_id: int, epoch: int, last_sequence: int,
+                    txn_first_offset: int) -> dict[str, Any]:
+    """One ActiveProducers entry. The log's producer state gives the id, epoch, last
+    sequence and open transaction's first offset; the last timestamp and coordinator
+    epoch are not among what Partition.producer_states() returns, so they are Kafka's
+    "unknown", -1."""
+    return {"producer_id": producer_id, "producer_epoch": epoch,
+            "last_sequence": last_sequence, "last_timestamp": -1,
+            "coordinator_epoch": -1, "current_txn_start_offset": txn_first_offset}
 
 
 def _description(txn_id: str, d: Any,
