@@ -723,10 +723,14 @@ class Broker:
                 raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
             replication_factor = record.get("replication_factor", 1)
             handed[0] = first
+            # a partition opened later opens with the topic's config of that moment
+            # (`topic` is bound below, before any later open: `apply_config` may have
+            # replaced the config meanwhile)
             topic = Topic(name, record["partitions"],
-                          lambda n: self._open_partition(record, n, config),
+                          lambda n: self._open_partition(record, n, topic.config),
                           config, record["topic_id"], opened=handed,
                           replication_factor=replication_factor,
+                          overrides=record.get("config", {}),
                           **self._replicated(record["topic_id"], replication_factor))
             if cached is not None:                    # deleted and re-created elsewhere
                 self._topics.pop(name).close()
@@ -747,6 +751,10 @@ class Broker:
             raise UnknownTopicError(f"topic {name!r} does not exist in {self.path}")
         if cached is not None and cached.topic_id == record["topic_id"]:
             cached.grow_to(record["partitions"])      # create_partitions, anywhere
+            overrides = record.get("config", {})
+            if overrides != cached.overrides:         # alter_topic_config, anywhere
+                cached.apply_config(resolve_topic_config(overrides, self.config), overrides)
+                log.info("topic %s: applied its new config overrides %s", name, overrides)
             return cached
         if cached is not None:                        # deleted and re-created elsewhere
             self._topics.pop(name).close()
@@ -851,8 +859,14 @@ class Broker:
         Checked as create_topic checks (ConfigError, nothing stored). Returns the
         topic's overrides after the change.
 
-        Brokers that have the topic open (this one included) keep its settings until
-        they next open it; a new Broker, in any process, reads the new ones."""
+        The change takes effect at once in this broker's open partitions (appends,
+        rolls, retention, flushes and the cleaner read the new values from their next
+        call; `PartitionLog.apply_config`), as Kafka applies a topic config change to
+        its live logs. Another process's broker that has the topic open applies it at
+        its next `topic()` of that name — its background thread looks every
+        log.flush.scheduler.interval.ms after the doorbell's metadata counter moved,
+        its producers at their next batch, its retention check and cleaner each round
+        — and a new Broker reads it when it opens the topic."""
         self._check_writable("alter_topic_config")
         validate_topic_name(name)
         if not isinstance(config, Mapping):
@@ -872,11 +886,18 @@ class Broker:
             check_topic_config(overrides, self.config)       # the whole set still holds
             record["config"] = overrides
             self.meta.put(txn, "topics", key, record)
-            return overrides
+            return record
 
-        overrides = self.meta.write(alter, operation=f"alter the config of topic {name!r}")
+        record = self.meta.write(alter, operation=f"alter the config of topic {name!r}")
+        overrides = record["config"]
         log.info("topic %s: config overrides now %s", name, overrides)
-        return overrides
+        with self._lock:
+            cached = self._topics.get(name)
+            if cached is not None and cached.topic_id == record["topic_id"]:
+                cached.apply_config(resolve_topic_config(overrides, self.config), overrides)
+        if self.doorbell is not None:          # other processes' brokers apply it too
+            self.doorbell.metadata_changed()
+        return dict(overrides)
 
     def groups(self) -> list[str]:
         """The consumer group ids this broker knows, sorted: every group with members,
@@ -1047,12 +1068,28 @@ class Broker:
             for partition in topic.partitions:
                 partition.flush()
 
+    def _refresh_open_topics(self) -> None:
+        """Re-read the record of every topic this broker has open, applying what another
+        process changed (`_cached_or_record`: a config change, more partitions, a
+        deletion). One metadata read per open topic."""
+        with self._lock:
+            for name in list(self._topics):
+                try:
+                    self._cached_or_record(name)
+                except UnknownTopicError:
+                    pass                       # deleted: its handle was let go
+
     def _run_scheduler(self) -> None:
         retention_s = self.config["log.retention.check.interval.ms"] / 1000
         flush_s = self.config["log.flush.scheduler.interval.ms"] / 1000
         next_retention = time.monotonic() + retention_s
+        metadata_seen = self.doorbell.metadata_version()
         while not self._stop.wait(min(flush_s, retention_s)):
             try:
+                metadata_now = self.doorbell.metadata_version()
+                if metadata_now != metadata_seen:        # a config change, anywhere?
+                    metadata_seen = metadata_now
+                    self._refresh_open_topics()
                 with self._lock:
                     topics = list(self._topics.values())
                 for topic in topics:

@@ -226,6 +226,37 @@ class PartitionLog(_LogAppends, _PartitionLock, _SegmentCache, _GroupCommit, _Lo
         """True once the topic was deleted (by any process)."""
         return self._tail_file.deleted()
 
+    # ---- config ----------------------------------------------------------------------
+
+    def apply_config(self, config: Mapping[str, Any]) -> None:
+        """Take a topic's new resolved config at once (Kafka's LogManager updating a live
+        log's config; `Broker.alter_topic_config` in any process): appends, rolls,
+        retention, flushes and cleaning read `self.config` each time, so they follow it
+        from their next call. What was derived from the old one is dropped: the C
+        appender (`_arm` made it with that moment's segment.bytes, roll age,
+        index.interval.bytes, flush.messages, max.message.bytes and compression; the
+        next general append makes another), and a log turned compacted may have offset
+        gaps from its first cleaning on (a log that was compacted keeps allowing them).
+
+        The dict is replaced whole, so a reader sees the old config or the new one,
+        never a mix. The config goes in before the appender goes, and `_arm` drops an
+        appender made from a config that was replaced meanwhile, so none outlives it.
+        When no appender of this process holds the append lock, the fast segment goes
+        too, so the next append is a general one and arms a new appender at once;
+        otherwise that waits for the next roll (`_append_fast` reads the config live)."""
+        self.config = dict(config)
+        self._appender = None
+        if self._append_lock.acquire(blocking=False):
+            try:
+                self._arm(None)
+            finally:
+                self._append_lock.release()
+        if is_compacted(self.config) and not self._gaps:
+            with self._thread_lock:
+                self._gaps = True
+                for segment in (*self._segments.values(), *self._parked.values()):
+                    segment.gaps = True
+
     # ---- opening and recovery (loader.py does the work) ------------------------------
 
     def _open_checks(self) -> None:

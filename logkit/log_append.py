@@ -267,7 +267,8 @@ class _LogAppends:
         append back. It is made here, after a general append, with the handles and
         index reservations of that moment, and dropped with the segment. A topic that
         rewrites batches (LogAppendTime) gets none, nor one whose every append syncs
-        (flush.messages=1: each would be handed back)."""
+        (flush.messages=1: each would be handed back). A config change drops it
+        (`PartitionLog.apply_config`), and the next general append makes it again."""
         self._fast_segment = segment
         self._appender = None
         if segment is None or _Appender is None:
@@ -287,6 +288,8 @@ class _LogAppends:
             config["flush.messages"], config["max.message.bytes"],
             -1 if codec == "producer" else CODEC_NAMES[codec], doorbell,
             change_offset(self._change_slot), self._cut_back_fast, self._funlock)
+        if self.config is not config:       # replaced meanwhile (`apply_config`)
+            self._appender = None
 
     def _cut_back_fast(self, position: int) -> None:
         """The C appender's write failed at `position`: cut back (under the lock)."""

@@ -446,14 +446,18 @@ class Topic:
                  config: Mapping[str, Any], topic_id: str, *,
                  opened: Mapping[int, PartitionLog] | None = None,
                  replication_factor: int = 1,
-                 partition_class: Callable[..., Partition] = Partition) -> None:
+                 partition_class: Callable[..., Partition] = Partition,
+                 overrides: Mapping[str, Any] | None = None) -> None:
         """`opener(n)` opens partition n's log on first use; `opened` holds logs the
         caller has already opened (the broker opens partition 0 to look for an
         interrupted deletion). The partitions of a replicated topic are made by
         `partition_class` (logkit/leader/replicas.py: reads stop at the high
-        watermark the ISR allows)."""
+        watermark the ISR allows). `overrides`: the stored overrides `config` was
+        resolved from, which the broker compares with the stored record to see a config
+        change (`apply_config`)."""
         self.name = name
         self.config = dict(config)
+        self.overrides = dict(overrides or {})
         self.topic_id = topic_id
         self.replication_factor = replication_factor
         self._opener = opener
@@ -497,6 +501,18 @@ class Topic:
             make = self._partition_class
             self._partitions = have + [make(self.name, n, self._opener, None)
                                        for n in range(len(have), partitions)]
+
+    def apply_config(self, config: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+        """Take a new resolved config (`Broker.alter_topic_config`, in any process):
+        every opened partition's log applies it at once (`PartitionLog.apply_config`),
+        and a partition opened later opens with it (the broker's opener reads
+        `self.config`). Each dict is replaced whole; callers serialise appliers (the
+        broker calls it holding its lock)."""
+        self.config = dict(config)
+        self.overrides = dict(overrides)
+        for partition in self._partitions:
+            if partition.opened:
+                partition._log.apply_config(self.config)
 
     def mark_deleted(self) -> None:
         """Flag every partition deleted, the first step of `Broker.delete_topic` (which

@@ -148,7 +148,6 @@ def test_kafka_configs_alters_a_topic_config(served):
     assert stored_topic_config(broker, topic)["retention.ms"] == 1000
 
 
-@known("altering configs")
 def test_an_altered_topic_config_applies_at_once_in_the_serving_broker(served):
     broker, servers = served
     topic = fresh("tools-alter-live")
