@@ -1680,7 +1680,8 @@ TOPICS = (
             "new count from then on", "logkit topics alter data/ orders --partitions 6",
             add_topics_alter, cmd_topics_alter),
     Command("alter-config", "change a topic's config overrides (Kafka's kafka-configs "
-            "--alter); brokers already open keep the old values until they reopen it",
+            "--alter); brokers that have the topic open apply them too, within "
+            "log.flush.scheduler.interval.ms",
             "logkit topics alter-config data/ orders --add-config retention.ms=3600000",
             add_topics_alter_config, cmd_topics_alter_config),
 )
