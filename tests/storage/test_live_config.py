@@ -170,3 +170,17 @@ def test_a_partition_first_opened_after_the_change_opens_with_the_new_config(tmp
         broker.alter_topic_config("t", {"retention.ms": 60_000})
         assert topic.partition(1).config["retention.ms"] == 60_000
         assert topic.partition(0).config["retention.ms"] == 60_000
+
+
+def test_a_read_only_broker_applies_the_change_at_its_next_topic_call(tmp_path):
+    """A read-only Broker (inspection) that has the topic open sees the new config the
+    next time it asks for the topic, as it sees new partitions."""
+    with logkit.Broker(tmp_path, background=False) as broker:
+        broker.create_topic("t", 1)
+        broker.topic("t").partition(0).append([(b"k", b"v", None, None)])
+        with logkit.Broker(tmp_path, read_only=True) as reader:
+            p = reader.topic("t").partition(0)
+            assert p.config["segment.bytes"] == 1073741824
+            broker.alter_topic_config("t", {"segment.bytes": 1 << 20})
+            assert reader.topic("t").config["segment.bytes"] == 1 << 20
+            assert p.config["segment.bytes"] == 1 << 20
