@@ -28,6 +28,11 @@ check of what a kill or an injected error at any file or LMDB operation leaves.
   `init_transactions()`, one in the first phase and the other after the roll, which
   first by the ledger's length — and all of it is checked again, with no transaction
   open.
+* variant `txnsync` (the power-cut harness's, tests/powercut/): `txn` plus a
+  `broker.flush()` after the source records and after every third transaction, between
+  a `syncing` and a `synced` entry (as `acks1sync`'s), so the source records a
+  transaction's offsets name are durable at a known point; the source topic gets `x`'s
+  small segments and index. Same calls otherwise.
 """
 
 from __future__ import annotations
@@ -156,7 +161,11 @@ def txn_workload(root: str, variant: str, ledger_path: str) -> int:
     ok, broker = run.guard("open", logkit.Broker, root, background=False)
     if not ok:
         return 0
-    for name, count, config in ((TOPIC, PARTITIONS, CONFIG), (SOURCE, 1, {})):
+    synced = variant == "txnsync"
+    # txnsync: a small index for the source too (the power-cut trace holds each
+    # index's whole map at every msync)
+    for name, count, config in ((TOPIC, PARTITIONS, CONFIG),
+                                (SOURCE, 1, CONFIG if synced else {})):
         ok, _ = run.guard("create_topic", broker.create_topic, name, count, config=config)
         if ok:
             ledger.ack(kind="created", topic=name)
@@ -165,9 +174,13 @@ def txn_workload(root: str, variant: str, ledger_path: str) -> int:
         from .workload import produce
         produce(run, feeder, SOURCE, "src", 0, SOURCE_RECORDS)
         run.guard("producer.close", feeder.close)
+    if synced:
+        _flush(run, broker)
     txn = _Txn(run, broker, ledger_path)
     for number, (commit, fence) in enumerate(PLAN):
         txn.one(number, commit, source_offset=number + 1)
+        if synced and number % 3 == 2:
+            _flush(run, broker)
         if fence:        # a second producer of the id fences the first, aborting its txn
             old, txn.producer = txn.producer, None
             if txn.fresh() and old is not None:
@@ -180,6 +193,15 @@ def txn_workload(root: str, variant: str, ledger_path: str) -> int:
     if ok:
         ledger.ack(kind="closed")
     return 0
+
+
+def _flush(run, broker) -> None:
+    """`txnsync`'s sync point: everything acknowledged before `syncing` is durable once
+    `synced` is ledgered."""
+    run.ledger.ack(kind="syncing")
+    ok, _ = run.guard("flush", broker.flush)
+    if ok:
+        run.ledger.ack(kind="synced")
 
 
 def _tp(topic: str, partition: int):

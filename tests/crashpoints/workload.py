@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
     if variant in ("clean", "cleansync"):     # log compaction (compaction.py)
         from tests.crashpoints import compaction
         return compaction.clean_workload(root, variant, ledger_path)
-    if variant == "txn":                      # transactions (transactions.py)
+    if variant in ("txn", "txnsync"):         # transactions (transactions.py)
         from tests.crashpoints import transactions
         return transactions.txn_workload(root, variant, ledger_path)
     return main_workload(root, variant, ledger_path)

@@ -13,13 +13,20 @@ topic (`t` in the `flush1` workload); every record acknowledged before a
 then `closed`, for the partitions of `t` it appended to); every
 record of a partition below the base in a `rolled` entry (a roll synced it); group
 commits (an LMDB commit, synced before it returns); created and deleted topics
-(`create_topic` ends with a syncfs; a deletion is durable once it returned). Anything
-else may be lost, but never corrupted or reordered.
+(`create_topic` ends with a syncfs; a deletion is durable once it returned); a
+transaction whose `commit_transaction()` or `abort_transaction()` returned (the
+embedded producer: the coordinator syncs every partition it wrote a marker to before
+`Complete*`, docs/powercut.md), checked by tests/crashpoints/transactions.py's
+`check_transactions` (all or nothing under read_committed, offsets with the records).
+Anything else may be lost, but never corrupted or reordered.
 
 Failure classes: `lost` (a durable acknowledgement is missing), `integrity` (any other
 disagreement of the crash checker: a check() failure, a wrong record, a deleted topic
 back), `foreign` (a record no one wrote at that offset, or stored twice),
 `commit-past-end` (a group's committed offset past the partition's log end),
+`hanging` (a partition holds an open transaction of a producer the coordinator has no
+`Ongoing` transaction for, once the open finished the prepared ones: nothing will ever
+write its marker, and the last stable offset stays below it),
 `reopen-error` and `wedge` (the directory does not open without repair).
 """
 
@@ -30,12 +37,14 @@ import re
 
 import logkit
 from tests.crashpoints import check as cp
-from tests.crashpoints import compaction
+from tests.crashpoints import compaction, transactions
 from tests.crashpoints.workload import GROUP
 
-CLASSES = ("lost", "integrity", "foreign", "commit-past-end", "reopen-error", "wedge")
-_TAG = re.compile(rb"^(main|ret|tmp\d+|w2):\d+$")
+CLASSES = ("lost", "integrity", "foreign", "commit-past-end", "hanging", "reopen-error",
+           "wedge")
+_TAG = re.compile(rb"^((main|ret|tmp\d+|w2|src):\d+|tx\d+:\d+:\d+)$")
 _LOST = ("topic missing", "is gone", "acknowledged offset", "was acknowledged",
+         "committed (acknowledged) but",
          "(acknowledged), now")
 
 
@@ -117,6 +126,8 @@ class PowerCutChecker(cp.Checker):
                         if r.value == b"probe" and probes:
                             continue
                         tag = cp.tag_of(r.value)
+                        if tag.startswith(b"tx"):     # tx3:1:0, one record each
+                            tag = transactions.tag3(r.value).encode()
                         known = self.values.get((name, p.partition, r.offset))
                         if not _TAG.match(tag) or (known is not None and tag not in known
                                                    and name != "tmp"):
@@ -130,16 +141,37 @@ class PowerCutChecker(cp.Checker):
                         seen[tag] = r.offset
                 except BaseException as exc:  # noqa: BLE001
                     self.fail("integrity", f"{where}: read: {cp.describe(exc)}")
+        self.check_hanging(broker)
+        for group in (GROUP, transactions.GROUP):
+            try:
+                committed = broker.group(group).committed()
+            except BaseException:            # noqa: BLE001 — the crash checker reported
+                continue
+            for tp, offset in sorted(committed.items()):
+                offset = getattr(offset, "offset", offset)
+                end = ends.get((tp.topic, tp.partition))
+                if end is not None and offset is not None and offset > end:
+                    self.fail("commit-past-end", f"group {group}: {tp.topic}-"
+                              f"{tp.partition} committed {offset}, log end {end}")
+
+    def check_hanging(self, broker) -> None:
+        """No partition holds an open transaction the coordinator does not hold open:
+        the open has run complete_prepared, so nothing would write its marker."""
         try:
-            committed = broker.group(GROUP).committed()
-        except BaseException:                # noqa: BLE001 — the crash checker reported
-            return
-        for tp, offset in sorted(committed.items()):
-            offset = getattr(offset, "offset", offset)
-            end = ends.get((tp.topic, tp.partition))
-            if end is not None and offset is not None and offset > end:
-                self.fail("commit-past-end", f"group {GROUP}: {tp.topic}-{tp.partition} "
-                          f"committed {offset}, log end {end}")
+            coordinator = broker.transaction_coordinator
+            ongoing = {t.producer_id for t in coordinator.list_transactions(
+                states=["Ongoing"])}
+            for name in sorted(broker.topics()):
+                for p in broker.topic(name).partitions:
+                    for pid, first in sorted(p.open_transactions().items()):
+                        if pid not in ongoing:
+                            self.fail("hanging", f"{name}-{p.partition}: producer {pid}'s "
+                                      f"transaction open from {first}, the coordinator "
+                                      f"holds none (last stable offset "
+                                      f"{p.last_stable_offset}, high watermark "
+                                      f"{p.high_watermark})")
+        except BaseException as exc:          # noqa: BLE001
+            self.fail("integrity", f"open transactions: {cp.describe(exc)}")
 
 
 def check(root: str, durable: list[dict], written: list[dict]) -> list[dict]:

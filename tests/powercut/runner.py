@@ -1,8 +1,8 @@
 """Power-cut trials: record a workload once, then for each trial pick a moment and a
 mode, materialise what a power cut then could leave, and check the promise on it.
 
-Owns the workloads (`WORKLOADS`, and `COMPACTION_WORKLOADS` kept apart: a name -> the
-crash-point workload variant it runs),
+Owns the workloads (`WORKLOADS`, and `COMPACTION_WORKLOADS` and `TXN_WORKLOADS` kept
+apart: a name -> the crash-point workload variant it runs),
 the trial plan (seeded: a trial is reproducible from its workload, cut, mode and seed),
 and running trials in worker processes (each parses the trace once, and checks in a
 fresh directory per trial).
@@ -39,7 +39,14 @@ COMPACTION_WORKLOADS = {
     # passes, a broker.flush() before each
     "clean": "cleansync",
 }
-ALL_WORKLOADS = {**WORKLOADS, **COMPACTION_WORKLOADS}
+# transactions (tests/crashpoints/transactions.py): kept apart too; tests/tools/
+# test_powercut_txn.py runs it
+TXN_WORKLOADS = {
+    # transactional id `cp` over three partitions: commits, aborts, a fence, one left
+    # open, offsets sent in each; a broker.flush() after the source and every third
+    "txn": "txnsync",
+}
+ALL_WORKLOADS = {**WORKLOADS, **COMPACTION_WORKLOADS, **TXN_WORKLOADS}
 CHUNK = 20
 
 
