@@ -31,6 +31,21 @@ which `complete_prepared()` (run by every writable Broker at open) finishes the 
 a marker is a no-op on a partition where the producer has no open transaction
 (`Partition.append_control`), so writing them again writes each once.
 
+Power loss: two syncs (`sync`, the broker's `_sync_partitions`), whatever the topics'
+flush policy. Before `PrepareCommit`, the transaction's partitions: its records are
+durable before the decision (else a cut after it could keep some partitions' records
+and lose others', and the markers would commit a part). Before the `Complete*` write,
+every partition that got a marker and every partition the pending offsets name. That
+is what makes the crash argument hold for a power cut too: LMDB syncs each commit, so
+a cut before `Complete*` is durable leaves `Prepare*` (the next open writes the
+markers again: a marker is durable or rewritten), and a cut after it finds each
+marker on disk. Without the sync a cut could keep `Complete*` and the
+records (written back by the kernel) but not the marker: nothing would write it again,
+the partition's last stable offset would stay below those records for ever, and the
+producer's next marker would end both transactions as one. An embedded
+`commit_transaction()` that returned is therefore durable against power loss; a
+`wait=False` end is durable once its completion has run.
+
 Answering before the markers (Kafka's order): `end_txn(..., wait=False)` — the Kafka
 listener's EndTxn — returns once `PrepareX` is durable and leaves the markers, offsets
 and `CompleteX` to the coordinator's completion thread (one per coordinator, started on
@@ -641,6 +656,12 @@ class TransactionCoordinator:
                 + (" (no transaction was begun)" if state in READY else ""))
 
         with self._lock.hold(key):
+            if commit and self._sync is not None:
+                # the records durable before the decision: a power cut after a durable
+                # PrepareCommit must not leave some partitions' records and lose others'
+                current = self._read(key)
+                if current is not None and current["state"] == ONGOING:
+                    self._sync(sorted(_tps(current["partitions"])))
             prepared = self._write(key, prepare, "end")
             if prepared and wait:
                 self._complete_if_prepared(key)
@@ -662,12 +683,16 @@ class TransactionCoordinator:
         if partitions:
             self._write_markers(partitions, pid, epoch, commit)
         offsets = record["offsets"] if commit else {}
-        if offsets and self._sync is not None:
-            # as a group commit does: the offsets never point past the durable end of
-            # the logs they name (after a power cut, new appends would reuse offsets
-            # the group has passed)
-            self._sync(sorted({TopicPartition(t, p) for entries in offsets.values()
-                               for t, p, _, _ in entries}))
+        if self._sync is not None:
+            # Complete* (synced by LMDB) only once every marker is durable, so a power
+            # cut never keeps Complete* without its markers (module docstring); and, as
+            # a group commit does, the offsets never point past the durable end of the
+            # logs they name (after a power cut, new appends would reuse offsets the
+            # group has passed)
+            synced = set(partitions) | {TopicPartition(t, p) for entries in offsets.values()
+                                        for t, p, _, _ in entries}
+            if synced:
+                self._sync(sorted(synced))
 
         def complete(txn: Any) -> str | None:
             now = self._load(txn, key)

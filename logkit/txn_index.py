@@ -26,7 +26,7 @@ import os
 import struct
 from typing import NamedTuple
 
-from ._files import open_file
+from ._files import fsync_path, open_file
 
 __all__ = ["AbortedTxn", "TXN_INDEX_SUFFIX", "TXN_ENTRY_BYTES", "txn_index_path",
            "append_entry", "read_entries", "TxnIndexCache"]
@@ -52,7 +52,11 @@ def txn_index_path(directory: str, base_offset: int) -> str:
 
 
 def append_entry(path: str, entry: AbortedTxn, *, sync: bool = False) -> None:
-    """Append one entry (creating the file). Caller holds the partition's append lock."""
+    """Append one entry (creating the file). Caller holds the partition's append lock.
+    With `sync`, a file this call creates has its name synced too (its directory): a
+    flush may later put the recovery point past the marker, and recovery then no
+    longer re-adds the entry."""
+    created = sync and not os.path.exists(path)
     fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         data = _ENTRY.pack(TXN_INDEX_VERSION, *entry)
@@ -63,6 +67,8 @@ def append_entry(path: str, entry: AbortedTxn, *, sync: bool = False) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+    if created:
+        fsync_path(os.path.dirname(path) or ".")
 
 
 def _parse(data: bytes) -> list[AbortedTxn]:
