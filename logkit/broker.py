@@ -1134,9 +1134,11 @@ class Broker:
             partition.append_control(producer_id, epoch, commit=commit)
 
     def _sync_partitions(self, partitions: list[TopicPartition]) -> None:
-        """fsync the partitions a committing transaction's offsets name, before the
-        offsets commit: after a power cut they never point past durable records (the
-        rule group commits follow)."""
+        """fsync partitions for the transaction coordinator: a commit's partitions
+        before PrepareCommit, and every partition that got a marker or that the offsets
+        name before Complete* (transactions.py, "Power loss"): after a power cut no
+        marker is missing under a Complete*, no commit is visible in part, and the
+        offsets never point past durable records (the rule group commits follow)."""
         for tp in partitions:
             try:
                 self._topic(tp.topic).partition(tp.partition).flush()
