@@ -369,6 +369,9 @@ class Broker:
         except BaseException:
             self.meta.close()
             raise
+        # the counter before any topic is opened: a change after it is one an open
+        # topic may have missed (`_run_scheduler` compares)
+        self._metadata_seen = self.doorbell.metadata_version()
         self._topics: dict[str, Topic] = {}
         self._topics_closed = False               # close() has closed them: keep none
         self._replica_state: Any = None           # leader/replicas.py, on first use
@@ -1083,12 +1086,11 @@ class Broker:
         retention_s = self.config["log.retention.check.interval.ms"] / 1000
         flush_s = self.config["log.flush.scheduler.interval.ms"] / 1000
         next_retention = time.monotonic() + retention_s
-        metadata_seen = self.doorbell.metadata_version()
         while not self._stop.wait(min(flush_s, retention_s)):
             try:
                 metadata_now = self.doorbell.metadata_version()
-                if metadata_now != metadata_seen:        # a config change, anywhere?
-                    metadata_seen = metadata_now
+                if metadata_now != self._metadata_seen:  # a config change, anywhere?
+                    self._metadata_seen = metadata_now
                     self._refresh_open_topics()
                 with self._lock:
                     topics = list(self._topics.values())

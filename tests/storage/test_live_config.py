@@ -95,6 +95,42 @@ def test_lowered_retention_reaches_a_second_process_that_has_the_topic_open(tmp_
                 holder.wait()
 
 
+WATCHER = r"""
+import sys, time, logkit
+root = sys.argv[1]
+config = {"log.retention.check.interval.ms": 3600000, "log.flush.scheduler.interval.ms": 50,
+          "log.cleaner.enable": False}
+with logkit.Broker(root, config=config) as broker:
+    partition = broker.topic("t").partition(0)
+    print("ready", flush=True)
+    deadline = time.monotonic() + 20
+    while partition.config["segment.bytes"] != 4096 and time.monotonic() < deadline:
+        time.sleep(0.01)                    # its own background thread applies it
+    print("segment.bytes", partition.config["segment.bytes"], flush=True)
+"""
+
+
+def test_another_process_background_thread_applies_the_change_without_a_retention_check(
+        tmp_path):
+    """A second process's broker with no retention check due: its background thread
+    sees the doorbell's metadata counter move and applies the change within
+    log.flush.scheduler.interval.ms, with nothing else in that process asking."""
+    with logkit.Broker(tmp_path, background=False) as broker:
+        broker.create_topic("t", 1)
+        watcher = subprocess.Popen([sys.executable, "-c", WATCHER, str(tmp_path)],
+                                   stdout=subprocess.PIPE, text=True,
+                                   env={**os.environ, "PYTHONPATH": ROOT_DIR})
+        try:
+            assert watcher.stdout.readline().split() == ["ready"]
+            broker.alter_topic_config("t", {"segment.bytes": 4096})
+            assert watcher.stdout.readline().split() == ["segment.bytes", "4096"]
+            assert watcher.wait(timeout=30) == 0
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+                watcher.wait()
+
+
 def test_lowered_segment_bytes_makes_the_c_appender_roll_at_the_new_size(tmp_path):
     """segment.bytes lowered on an open topic: the armed C appender (made with the old
     size) is dropped, and the appends after the change roll at the new size."""
