@@ -3,8 +3,8 @@ each partition asked is answered in order with its producers as the log's produc
 state holds them — idempotent and transactional, an open transaction's first offset as
 CurrentTxnStartOffset and -1 once it is finished — an empty list for a partition no
 producer wrote to, and UNKNOWN_TOPIC_OR_PARTITION for a topic or partition the broker
-lacks. Kafka's own tool against the same API is tests/kafka/test_kafka_describe_producers.py.
-"""
+lacks; a follower's listener answers from its copy. Kafka's own tool against the
+same API: tests/kafka/test_kafka_describe_producers.py."""
 
 import pytest
 
@@ -139,3 +139,35 @@ def test_an_aborted_transaction_leaves_its_producer_with_no_open_offset(raw, bro
     assert wait_completed(broker, "ab") == "CompleteAbort"
     [(_, after)] = _describe(raw, [("t", [1])])
     assert _rows(after) == [(pid, epoch, 0, -1)]
+
+
+def test_a_followers_listener_describes_the_producers_of_its_copy(tmp_path):
+    """As any Kafka replica with the log answers from its own producer state, a
+    follower's listener answers from its copy: the same producers as the leader's,
+    the open transaction's first offset included."""
+    with logkit.Broker(tmp_path / "L", config={"broker.id": 1}) as leader, \
+            leader.serve() as leader_server:
+        leader.create_topic("t", 1)
+        with leader.producer(transactional_id="f-open") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("t", b"v", key=b"k", partition=0)
+            producer.flush()
+            follower = logkit.Follower(tmp_path / "F", logkit.DirectorySource(leader.path),
+                                       config={"broker.id": 2})
+            follower.start()
+            try:
+                follower.catch_up(timeout=20)
+                with follower.serve() as follower_server:
+                    theirs, ours = Raw(leader_server), Raw(follower_server)
+                    [(_, at_leader)] = _describe(theirs, [("t", [0])])
+                    [(_, at_follower)] = _describe(ours, [("t", [0])])
+                    theirs.close()
+                    ours.close()
+            finally:
+                follower.stop()
+            producer.abort_transaction()
+    assert at_leader["error_code"] == at_follower["error_code"] == E.NONE
+    assert _rows(at_follower) == _rows(at_leader)
+    [(_, epoch, last_sequence, first_offset)] = _rows(at_leader)
+    assert (last_sequence, first_offset) == (0, 0)
