@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import weakref
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from .cleaner import CleanReport
@@ -463,7 +465,11 @@ class Topic:
         self._opener = opener
         self._partition_class = partition_class
         opened = opened or {}
-        self._partitions = [partition_class(name, n, opener, opened.get(n))
+        # every log this topic's partitions opened, for `apply_config` (weak: a log a
+        # losing thread opened twice is the caller's to drop)
+        self._logs_lock = threading.Lock()
+        self._logs: weakref.WeakSet[PartitionLog] = weakref.WeakSet(opened.values())
+        self._partitions = [partition_class(name, n, self._open, opened.get(n))
                             for n in range(partitions)]
 
     def __repr__(self) -> str:
@@ -499,20 +505,34 @@ class Topic:
         have = self._partitions
         if partitions > len(have):
             make = self._partition_class
-            self._partitions = have + [make(self.name, n, self._opener, None)
+            self._partitions = have + [make(self.name, n, self._open, None)
                                        for n in range(len(have), partitions)]
+
+    def _open(self, number: int) -> PartitionLog:
+        """Open partition `number`'s log (`opener`), with the config of this moment: a
+        log is listed before its config is compared, and `apply_config` replaces the
+        config before it walks the list, so a change made while the log opened is
+        applied by one or the other."""
+        partition_log = self._opener(number)
+        with self._logs_lock:
+            self._logs.add(partition_log)
+        config = self.config
+        if partition_log.config != config:
+            partition_log.apply_config(config)
+        return partition_log
 
     def apply_config(self, config: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
         """Take a new resolved config (`Broker.alter_topic_config`, in any process):
         every opened partition's log applies it at once (`PartitionLog.apply_config`),
-        and a partition opened later opens with it (the broker's opener reads
-        `self.config`). Each dict is replaced whole; callers serialise appliers (the
-        broker calls it holding its lock)."""
+        and a partition opened later, or opening now, opens with it (`_open`). Each
+        dict is replaced whole; callers serialise appliers (the broker calls it holding
+        its lock)."""
         self.config = dict(config)
         self.overrides = dict(overrides)
-        for partition in self._partitions:
-            if partition.opened:
-                partition._log.apply_config(self.config)
+        with self._logs_lock:
+            logs = list(self._logs)
+        for partition_log in logs:
+            partition_log.apply_config(self.config)
 
     def mark_deleted(self) -> None:
         """Flag every partition deleted, the first step of `Broker.delete_topic` (which
