@@ -41,6 +41,7 @@ from .errors import ConfigError, CorruptRecordError, InvalidProducerEpochError, 
 from .group_commit import SyncTicket
 from .partition_lock import LOCK_TIMEOUT_S
 from .producer_state import (
+    ActiveProducer,
     KeptBatch,
     ProducerStateManager,
     delete_snapshots,
@@ -457,6 +458,15 @@ class _LogTransactions:
     def _producer_states(self, tail: Tail) -> list[tuple[int, int, int, int]]:
         self._refresh(tail)
         return list(self._producer_state(tail).describe())
+
+    def active_producers(self) -> list[ActiveProducer]:
+        """Every producer this partition knows, with all of DescribeProducers' fields
+        (last timestamp and coordinator epoch too), by producer id."""
+        return self._with_tail(self._active_producers)
+
+    def _active_producers(self, tail: Tail) -> list[ActiveProducer]:
+        self._refresh(tail)
+        return sorted(self._producer_state(tail).describe_active())
 
     def aborted_transactions(self, start_offset: int, end_offset: int
                              ) -> list[tuple[int, int]]:

@@ -40,7 +40,7 @@ from .crc import crc32c
 from .errors import InvalidProducerEpochError, InvalidTxnStateError, OutOfOrderSequenceError
 from .records import ATTR_CONTROL, ATTR_TRANSACTIONAL, BatchHeader
 
-__all__ = ["ProducerStateManager", "ProducerEntry", "BATCHES_KEPT", "SNAPSHOT_SUFFIX",
+__all__ = ["ProducerStateManager", "ProducerEntry", "ActiveProducer", "BATCHES_KEPT", "SNAPSHOT_SUFFIX",
            "snapshot_offsets", "snapshot_path", "read_snapshot", "write_snapshot",
            "delete_snapshots"]
 
@@ -68,6 +68,18 @@ class KeptBatch(NamedTuple):
 
 
 _kept = tuple.__new__          # KeptBatch without NamedTuple's slower constructor
+
+
+class ActiveProducer(NamedTuple):
+    """One producer as a partition knows it: the fields of Kafka's DescribeProducers
+    (`Admin.describeProducers()`'s ProducerState); -1 where there is none."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
 
 
 class ProducerEntry:
@@ -303,10 +315,17 @@ class ProducerStateManager:
     def describe(self) -> Iterator[tuple[int, int, int, int]]:
         """(producer id, epoch, last sequence or -1, open transaction's first offset or
         -1) per producer (DescribeProducers)."""
+        for active in self.describe_active():
+            yield active.producer_id, active.producer_epoch, active.last_sequence, \
+                active.current_txn_start_offset
+
+    def describe_active(self) -> Iterator[ActiveProducer]:
+        """Every producer's `ActiveProducer` (DescribeProducers' whole entry)."""
         for producer_id, entry in self.producers.items():
             last = entry.last_sequence()
-            yield producer_id, entry.epoch, -1 if last is None else last, \
-                entry.txn_first_offset
+            yield ActiveProducer(producer_id, entry.epoch, -1 if last is None else last,
+                                 entry.last_timestamp, entry.coordinator_epoch,
+                                 entry.txn_first_offset)
 
 
 # ---- snapshot files ------------------------------------------------------------------------

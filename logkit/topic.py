@@ -27,6 +27,7 @@ from .log import (BATCHES_SINCE_MAX_BYTES, LOCK_TIMEOUT_S, MAX_FETCH_BYTES, Part
                   RecoveryReport)
 from .log_read import Fetched
 from .murmur2 import partition_for_key
+from .producer_state import ActiveProducer
 from .records import BatchHeader, Record
 
 __all__ = ["Topic", "Partition", "TopicPartition", "validate_topic_name",
@@ -239,6 +240,13 @@ class Partition:
         """(producer id, epoch, last sequence, open transaction's first offset or -1)
         per producer this partition knows (DescribeProducers)."""
         return self._log.producer_states()
+
+    def active_producers(self) -> list[ActiveProducer]:
+        """Every producer this partition knows, as Kafka's DescribeProducers reports
+        it: `ActiveProducer(producer_id, producer_epoch, last_sequence, last_timestamp,
+        coordinator_epoch, current_txn_start_offset)`, -1 where there is none, by
+        producer id."""
+        return self._log.active_producers()
 
     def append_control(self, producer_id: int, producer_epoch: int, *, commit: bool,
                        coordinator_epoch: int = 0) -> int:

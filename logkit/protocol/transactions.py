@@ -336,23 +336,13 @@ class TxnHandlers:
 
     def _producers_of(self, name: str, index: int) -> dict[str, Any]:
         try:
-            states = self._handlers.broker.topic(name).partition(index).producer_states()
+            active = self._handlers.broker.topic(name).partition(index).active_producers()
         except LogkitError as exc:
             return {"partition_index": index, "error_code": self._code_for(exc),
                     "error_message": None, "active_producers": []}
+        # ActiveProducer's fields are the response's, in its order and with its names
         return {"partition_index": index, "error_code": E.NONE, "error_message": None,
-                "active_producers": [_producer_state(*s) for s in sorted(states)]}
-
-
-def _producer_state(producer_id: int, epoch: int, last_sequence: int,
-                    txn_first_offset: int) -> dict[str, Any]:
-    """One ActiveProducers entry. The log's producer state gives the id, epoch, last
-    sequence and open transaction's first offset; the last timestamp and coordinator
-    epoch are not among what Partition.producer_states() returns, so they are Kafka's
-    "unknown", -1."""
-    return {"producer_id": producer_id, "producer_epoch": epoch,
-            "last_sequence": last_sequence, "last_timestamp": -1,
-            "coordinator_epoch": -1, "current_txn_start_offset": txn_first_offset}
+                "active_producers": [p._asdict() for p in active]}
 
 
 def _description(txn_id: str, d: Any,

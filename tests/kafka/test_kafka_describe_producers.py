@@ -4,8 +4,9 @@ v0 sent to the partition's leader) against logkit's listener and against the rea
 Kafka 4.3.1, after the same producer actions from confluent-kafka: an idempotent
 producer, a committed transaction over two partitions and a transaction left open. Both
 print the same columns, the same producers per partition (epoch, last sequence) and the
-same CurrentTransactionStartOffset; the coordinator epoch and last timestamp columns are
-not compared (logkit answers -1 for both: docs/kafka-protocol.md, DescribeProducers).
+same CurrentTransactionStartOffset, and a last timestamp on every row; the coordinator
+epoch column is not compared (Kafka's is its transaction-log partition's leader epoch,
+which moves when the session's broker restarts).
 An unknown partition is tests/protocol/test_describe_producers.py's: the Admin client
 never sends it (its Metadata lookup retries it until default.api.timeout.ms)."""
 
@@ -72,12 +73,14 @@ def _describe(servers: str, topic: str, partition: int):
 
 def _seen(servers: str, topic: str) -> dict[int, object]:
     """Per partition: the printed columns and, per producer, (epoch, last sequence,
-    current transaction start offset), sorted (producer ids differ between brokers)."""
+    current transaction start offset, whether a last timestamp is given), sorted
+    (producer ids and times differ between brokers)."""
     out = {}
     for partition in (0, 1):
         header, rows = _describe(servers, topic, partition)
         out[partition] = (header, sorted(
-            (r["ProducerEpoch"], r["LastSequence"], r["CurrentTransactionStartOffset"])
+            (r["ProducerEpoch"], r["LastSequence"], r["CurrentTransactionStartOffset"],
+             int(r["LastTimestamp"]) > 0)
             for r in rows))
     return out
 
@@ -105,8 +108,9 @@ def test_describe_producers_prints_what_kafka_prints_for_the_same_producers(serv
     # transaction (3, its marker 4) and the open one's two records from 5; p1: the
     # committed transaction alone
     assert seen["logkit"] == {
-        0: (HEADERS, [("0", "0", "None"), ("0", "1", "5"), ("0", "2", "None")]),
-        1: (HEADERS, [("0", "1", "None")])}
+        0: (HEADERS, [("0", "0", "None", True), ("0", "1", "5", True),
+                      ("0", "2", "None", True)]),
+        1: (HEADERS, [("0", "1", "None", True)])}
 
 
 def test_describe_producers_of_a_partition_without_producers_prints_the_header_only(

@@ -6,6 +6,8 @@ producer wrote to, and UNKNOWN_TOPIC_OR_PARTITION for a topic or partition the b
 lacks; a follower's listener answers from its copy. Kafka's own tool against the
 same API: tests/kafka/test_kafka_describe_producers.py."""
 
+import time
+
 import pytest
 
 import logkit
@@ -88,6 +90,7 @@ def test_idempotent_and_transactional_producers_with_open_and_finished_transacti
     """Partition 0: an idempotent producer (two batches), a transaction still open and
     a committed one; each listed with its epoch, last sequence and the open one's first
     offset, the finished one's -1."""
+    started_ms = int(time.time() * 1000)
     idem_pid, idem_epoch = _init(raw, None)
     _produce(raw, None, 0, idem_pid, idem_epoch, 0, 3, transactional=False)
     _produce(raw, None, 0, idem_pid, idem_epoch, 3, 2, transactional=False)
@@ -112,8 +115,13 @@ def test_idempotent_and_transactional_producers_with_open_and_finished_transacti
         (open_pid, open_epoch, 3, open_first),
         (done_pid, done_epoch, 1, -1)])
     assert open_first == 5
+    # the last timestamp is the producer's last batch's (a marker's, for the finished
+    # one: a marker carries its coordinator's epoch too, here logkit's 0)
+    now_ms = int(time.time() * 1000)
     for p in part["active_producers"]:
-        assert (p["last_timestamp"], p["coordinator_epoch"]) == (-1, -1)
+        assert started_ms <= p["last_timestamp"] <= now_ms, p
+    assert {p["producer_id"]: p["coordinator_epoch"] for p in part["active_producers"]} == {
+        idem_pid: -1, open_pid: -1, done_pid: 0}
 
 
 def test_unknown_topics_and_partitions_are_answered_in_the_order_asked(raw):
