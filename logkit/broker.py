@@ -2,8 +2,9 @@
 
 Owns: `logkit.json` (the format version; an unknown major version is refused), the
 metadata store, the cache of open topics, topic create/open/list/delete, and the
-background scheduler that runs retention (`log.retention.check.interval.ms`) and the
-`flush.ms` policy. Several processes may open the same root at once; everything they
+background scheduler that runs retention (`log.retention.check.interval.ms`), the
+`flush.ms` policy and, when the doorbell's metadata counter moved, applies the topic
+config changes other processes made (`alter_topic_config`). Several processes may open the same root at once; everything they
 share lives in files (see log.py and meta.py), never in this object.
 
 Invariant: a topic's partition directories exist, initialised and stamped with the
