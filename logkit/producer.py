@@ -180,8 +180,9 @@ class _TopicState(TopicBatches):
     logkit/_sendpath.c reads (a C field when built); `cache` (key -> partition: murmur2
     is pure) serves this module's keyed sends (the compiled path hashes every key).
 
-    `compacted`: the topic's cleanup.policy includes compact, as read when the producer
-    first sent to it, so send() refuses a null key. Such a topic's `open` is a
+    `compacted`: the topic's cleanup.policy includes compact (read when the producer
+    first sent to it, and again at each metadata re-read: `set_compacted`), so send()
+    refuses a null key. Such a topic's `open` is a
     `_CheckedOpen`, which the compiled path (exact lists only) hands back to send()."""
 
     __slots__ = ("producer", "round_robin", "cache", "compacted")
@@ -195,6 +196,18 @@ class _TopicState(TopicBatches):
         self.compacted = is_compacted(topic.config)
         if self.compacted:
             self.open = _CheckedOpen(self.open)
+
+    def set_compacted(self, compacted: bool) -> None:
+        """The topic's cleanup.policy changed (accumulator lock held): `open` becomes
+        a `_CheckedOpen` (send() checks every key) or an exact list again (the compiled
+        path may take sends). The same batch objects move over; every writer of
+        `open[p]` holds the lock, and the lock-free path only adds rows to a batch it
+        read, so no batch is lost by the swap."""
+        self.compacted = compacted
+        if compacted and type(self.open) is list:
+            self.open = _CheckedOpen(self.open)
+        elif not compacted and type(self.open) is _CheckedOpen:
+            self.open = list(self.open)
 
     def keyed(self, key: bytes) -> int:
         if len(self.cache) >= KEY_CACHE_LIMIT:
@@ -796,6 +809,13 @@ class Producer:
             with self._accumulator.lock:
                 state.grow(count)
             log.debug("producer: topic %s has %d partition(s) now", name, count)
+        compacted = is_compacted(topic.config)
+        if compacted != state.compacted:      # cleanup.policy altered on the live topic
+            with self._accumulator.lock:
+                state.set_compacted(compacted)
+            log.info("producer: topic %s is %s now: records without a key are %s", name,
+                     "compacted" if compacted else "no longer compacted",
+                     "refused" if compacted else "accepted")
 
     def _choose(self, state: _TopicState, key: bytes | None) -> int:
         if self._custom is not None:

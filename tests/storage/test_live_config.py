@@ -179,6 +179,31 @@ def test_delete_to_compact_makes_the_background_cleaner_compact_and_back_stops_i
         p.check()
 
 
+def test_a_producer_already_sending_refuses_keyless_records_once_the_topic_compacts(
+        tmp_path):
+    """An embedded producer that sent to the topic before cleanup.policy became compact
+    refuses a keyless send at its next send after the change (its compiled path took
+    keyless sends until then), stores none, and takes them again once the topic is
+    back to delete; keyed sends go on throughout."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("t", 1)
+        producer = broker.producer(linger_ms=0)
+        for i in range(50):                   # warm: the compiled path takes these
+            producer.send("t", b"v%d" % i)
+        producer.flush()
+        broker.alter_topic_config("t", {"cleanup.policy": "compact"})
+        producer.send("t", b"keyed", key=b"k").result()     # a batch: metadata re-read
+        with pytest.raises(InvalidRecordError):
+            producer.send("t", b"keyless")
+        producer.send("t", b"keyed", key=b"k").result()
+        broker.alter_topic_config("t", {"cleanup.policy": "delete"})
+        producer.send("t", b"keyed", key=b"k").result()
+        producer.send("t", b"keyless again").result()
+        producer.close()
+        values = [r.value for r in broker.topic("t").partition(0).read(0, max_records=100)]
+        assert values[50:] == [b"keyed", b"keyed", b"keyed", b"keyless again"]
+
+
 def test_raised_max_message_bytes_lets_a_larger_batch_in_at_once(tmp_path):
     """max.message.bytes raised on an open topic: the batch it refused is taken by the
     very next append (the C appender had the old limit)."""
