@@ -375,6 +375,20 @@ class _LogAppends:
             log.warning("%s: could not cut %s back to %d after a failed append: %s",
                         self.name, segment.path, position, exc)
 
+    def cut_unpublished(self) -> int:
+        """Cut, under the append lock, the bytes a dead writer left past the committed
+        end of the active segment (its write landed, its publish did not: never
+        acknowledged, never readable). With the lock held no append is in flight, so
+        such bytes are garbage; the next append would overwrite them, but until then
+        the file would hold more than the log (a replica's file not a prefix of its
+        leader's; Kafka's tools, which read files whole, would see a batch the log
+        never had). Returns how many bytes were cut."""
+        with self._locked_tail("cut unpublished bytes") as tail:
+            segment = self._segment(tail.active_base_offset)
+            extra = segment.file_size() - tail.active_size
+            self._cut_unpublished(segment, tail)
+            return max(0, extra)
+
     def _cut_unpublished(self, segment: LogSegment, tail: Tail) -> None:
         """Cut bytes past the committed size: never acknowledged (a writer died between
         its write and its publish, or its write failed). Appends write at the committed

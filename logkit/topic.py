@@ -427,6 +427,14 @@ class Partition:
         Returns the new log end offset."""
         return self._log.append_replicated(data, segment_bases=frozenset(segment_base_offsets))
 
+    def cut_unpublished(self) -> int:
+        """Cut bytes past the log's committed end that a writer killed between its write
+        and its publish left in the active segment file (never acknowledged, never
+        readable), so the files hold exactly the log; returns how many bytes went. An
+        append does it too, the first in each process; a follower does it when it
+        starts copying, so its files are a byte prefix of its leader's at once."""
+        return self._log.cut_unpublished()
+
     def truncate_to(self, offset: int) -> int:
         """Remove the records from `offset` on (Kafka's truncateTo: a follower's tail
         that diverged from its leader's). A batch is removed whole, so the log ends at

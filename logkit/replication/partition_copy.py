@@ -107,6 +107,10 @@ class _PartitionCopy:
         info = self.source.partition(tp.topic, tp.partition)
         self._leader_ends[tp] = info.log_end_offset
         self._note_leader_epoch(tp, info)
+        if tp not in self._checked:
+            # a writer killed mid-append (this directory's old leader) may have left
+            # bytes past the end: the copy's files must hold only the log
+            p.cut_unpublished()
         end = self._align(tp, p, info)
         if tp not in self._checked:
             self._check_same_history(tp, p)

@@ -384,3 +384,50 @@ def test_a_symlink_planted_for_the_follower_state_file_is_refused(leader, tmp_pa
     with pytest.raises(logkit.StorageError, match="symbolic link"):
         with logkit.Follower(path, logkit.DirectorySource(leader.path)) as follower:
             follower.catch_up(timeout=30)
+
+
+def _leave_unpublished_bytes(partition) -> int:
+    """What a writer SIGKILLed between its write and its publish leaves: a whole valid
+    batch (a copy of the last one) past the committed end of the active segment file.
+    Returns the committed file size."""
+    base = partition.segment_base_offsets()[-1]
+    path = os.path.join(partition.directory, f"{base:020d}.log")
+    committed = os.path.getsize(path)
+    last = partition.batches_since(partition.log_end_offset - 1, max_bytes=1)
+    with open(path, "ab") as f:
+        f.write(last)
+    assert os.path.getsize(path) > committed
+    return committed
+
+
+def test_unpublished_bytes_a_killed_writer_left_are_cut_under_the_lock(tmp_path):
+    """Partition.cut_unpublished: the file ends where the log does again; the log reads
+    the same; a second call cuts nothing."""
+    with logkit.Broker(tmp_path) as broker:
+        broker.create_topic("t", 1)
+        produce(broker, "t", 20)
+        p = broker.topic("t").partition(0)
+        before = [r.value for r in p.read(0, max_records=100)]
+        committed = _leave_unpublished_bytes(p)
+        assert p.cut_unpublished() > 0
+        base = p.segment_base_offsets()[-1]
+        assert os.path.getsize(os.path.join(p.directory, f"{base:020d}.log")) == committed
+        assert [r.value for r in p.read(0, max_records=100)] == before
+        assert p.cut_unpublished() == 0
+
+
+def test_a_follower_over_a_killed_writers_directory_holds_only_the_log(leader, tmp_path):
+    """The directory of a leader killed mid-append (the bytes of an unpublished batch
+    past its end) rejoins as a follower of a leader with the same history: once caught
+    up, before anything new is copied, its files equal the leader's byte for byte
+    (the test of failover found the old leader's file longer than the new one's)."""
+    leader.create_topic("t", 1)
+    produce(leader, "t", 30)
+    with logkit.Follower(tmp_path / "f", logkit.DirectorySource(leader.path)) as follower:
+        follower.catch_up(timeout=30)
+    with logkit.Broker(tmp_path / "f", background=False) as copy:
+        _leave_unpublished_bytes(copy.topic("t").partition(0))
+    with logkit.Follower(tmp_path / "f", logkit.DirectorySource(leader.path)) as follower:
+        follower.catch_up(timeout=30)
+        with logkit.Broker(tmp_path / "f", read_only=True) as copy:
+            assert_same_files(leader.topic("t").partition(0), copy.topic("t").partition(0))
