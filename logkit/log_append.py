@@ -376,18 +376,25 @@ class _LogAppends:
                         self.name, segment.path, position, exc)
 
     def cut_unpublished(self) -> int:
-        """Cut, under the append lock, the bytes a dead writer left past the committed
-        end of the active segment (its write landed, its publish did not: never
-        acknowledged, never readable). With the lock held no append is in flight, so
-        such bytes are garbage; the next append would overwrite them, but until then
-        the file would hold more than the log (a replica's file not a prefix of its
-        leader's; Kafka's tools, which read files whole, would see a batch the log
-        never had). Returns how many bytes were cut."""
+        """Cut, under the append lock, what a dead writer left past the committed end:
+        bytes past the active segment's committed size (its write landed, its publish
+        did not) and the files of a segment a killed roll made but never named. Never
+        acknowledged, never readable; with the lock held no append or roll is in
+        flight, so they are garbage. The next append or roll would overwrite or remove
+        them, but until then the directory would hold more than the log (a replica's
+        files not a prefix of its leader's; Kafka's tools, which read files whole,
+        would see batches the log never had). Returns how many log bytes went."""
         with self._locked_tail("cut unpublished bytes") as tail:
             segment = self._segment(tail.active_base_offset)
-            extra = segment.file_size() - tail.active_size
+            cut = max(0, segment.file_size() - tail.active_size)
             self._cut_unpublished(segment, tail)
-            return max(0, extra)
+            for name in os.listdir(self.directory):    # a dead roller's, never named
+                base = parse_segment_name(name)
+                if base is not None and base > tail.active_base_offset:
+                    log.warning("%s: removing segment %d: a roll killed before it "
+                                "published the segment made its files", self.name, base)
+                    cut += unlink_segment(self.directory, base)
+            return cut
 
     def _cut_unpublished(self, segment: LogSegment, tail: Tail) -> None:
         """Cut bytes past the committed size: never acknowledged (a writer died between

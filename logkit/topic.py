@@ -428,11 +428,12 @@ class Partition:
         return self._log.append_replicated(data, segment_bases=frozenset(segment_base_offsets))
 
     def cut_unpublished(self) -> int:
-        """Cut bytes past the log's committed end that a writer killed between its write
-        and its publish left in the active segment file (never acknowledged, never
-        readable), so the files hold exactly the log; returns how many bytes went. An
-        append does it too, the first in each process; a follower does it when it
-        starts copying, so its files are a byte prefix of its leader's at once."""
+        """Cut what a writer killed between its write and its publish left past the
+        log's committed end — bytes in the active segment file, a killed roll's new
+        segment files — (never acknowledged, never readable), so the files hold exactly
+        the log; returns how many log bytes went. An append (a roll) does it too, the
+        first in each process; a follower does it when it starts copying, so its files
+        are a byte prefix of its leader's at once."""
         return self._log.cut_unpublished()
 
     def truncate_to(self, offset: int) -> int:

@@ -414,6 +414,15 @@ def test_unpublished_bytes_a_killed_writer_left_are_cut_under_the_lock(tmp_path)
         assert os.path.getsize(os.path.join(p.directory, f"{base:020d}.log")) == committed
         assert [r.value for r in p.read(0, max_records=100)] == before
         assert p.cut_unpublished() == 0
+        # a roll killed after making the next segment's files, before naming it
+        dead = os.path.join(p.directory, f"{p.log_end_offset:020d}.log")
+        with open(dead, "wb") as f:
+            f.write(b"\0" * 100)
+        assert p.cut_unpublished() == 100 and not os.path.exists(dead)
+        assert p.segment_base_offsets() == [base]
+        produce(broker, "t", 3)
+        assert [r.value for r in p.read(0, max_records=100)][:20] == before
+        p.check()
 
 
 def test_a_follower_over_a_killed_writers_directory_holds_only_the_log(leader, tmp_path):
@@ -426,7 +435,10 @@ def test_a_follower_over_a_killed_writers_directory_holds_only_the_log(leader, t
     with logkit.Follower(tmp_path / "f", logkit.DirectorySource(leader.path)) as follower:
         follower.catch_up(timeout=30)
     with logkit.Broker(tmp_path / "f", background=False) as copy:
-        _leave_unpublished_bytes(copy.topic("t").partition(0))
+        q = copy.topic("t").partition(0)
+        _leave_unpublished_bytes(q)
+        with open(os.path.join(q.directory, f"{q.log_end_offset + 5:020d}.log"), "wb"):
+            pass                                   # and a killed roll's new segment
     with logkit.Follower(tmp_path / "f", logkit.DirectorySource(leader.path)) as follower:
         follower.catch_up(timeout=30)
         with logkit.Broker(tmp_path / "f", read_only=True) as copy:
