@@ -344,7 +344,66 @@ class _ProducerWorker(_Worker):
                 pass
 
 
-class AIOProducer:
+class _AIOClient(abc.ABC):
+    """What the two asyncio clients share: start() on the running loop (the worker
+    thread started, the plain client made by `_open()`, stop() on any failure),
+    `async with`, the started/stopped check, and a stop from outside any loop. A
+    subclass names its plain client (`_plain`) and makes it in `_open`."""
+
+    _name = "AIO client"
+    _worker: _Worker
+    _started: bool
+    _closed: bool
+    _loop: Any
+
+    @property
+    @abc.abstractmethod
+    def _plain(self) -> Any:
+        """The plain client (None until `_open` made it)."""
+
+    @abc.abstractmethod
+    async def _open(self) -> None:
+        """Make the plain client on the worker and read what the client needs of it."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Close the plain client and end the worker; safe twice."""
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        if self._closed:
+            raise ClosedError(f"{self._name} is stopped")
+        self._loop = asyncio.get_running_loop()
+        self._worker.start(self._loop)
+        self._started = True
+        try:
+            await self._open()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def __aenter__(self) -> Any:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self._name} is stopped")
+        if not self._started or self._plain is None:
+            raise IllegalStateError(f"{self._name} is not started: await start() first")
+
+    def _stop_blocking(self) -> None:
+        """Stop from outside any event loop (a fixture whose test forgot stop())."""
+        self._closed = True
+        if self._plain is not None:
+            self._worker.stop_blocking(self._plain.close)
+
+
+class AIOProducer(_AIOClient):
     """`AIOProducer(broker, **producer_config)`: `await start()`, `await send(...)` ->
     asyncio.Future of RecordMetadata, `await stop()` (or `async with`). The options are
     the plain producer's (`broker.producer(...)`)."""
@@ -375,40 +434,22 @@ class AIOProducer:
     def __repr__(self) -> str:
         return f"AIOProducer({self._config!r})"
 
-    async def start(self) -> None:
-        if self._started:
-            return
-        if self._closed:
-            raise ClosedError("AIOProducer is stopped")
-        self._loop = asyncio.get_running_loop()
-        self._worker.start(self._loop)
-        self._started = True
-        try:
-            self.producer = await self._worker.submit(
-                lambda: self._broker.producer(**self._config))
-            settings = self.producer.config
-            self._direct = self.producer._nonblocking_send()
-            self._marks_ok = settings["acks"] != 0
-            self._buffer_memory = settings["buffer_memory"]
-            self._max_block_s = settings["max_block_ms"] / 1000
-            if settings.get("transactional_id") is not None:
-                await self._call(self.producer.init_transactions)
-        except BaseException:
-            await self.stop()
-            raise
+    _name = "AIOProducer"
 
-    async def __aenter__(self) -> "AIOProducer":
-        await self.start()
-        return self
+    @property
+    def _plain(self) -> Any:
+        return self.producer
 
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-
-    def _check(self) -> None:
-        if self._closed:
-            raise ClosedError("AIOProducer is stopped")
-        if not self._started or self.producer is None:
-            raise IllegalStateError("AIOProducer is not started: await start() first")
+    async def _open(self) -> None:
+        self.producer = await self._worker.submit(
+            lambda: self._broker.producer(**self._config))
+        settings = self.producer.config
+        self._direct = self.producer._nonblocking_send()
+        self._marks_ok = settings["acks"] != 0
+        self._buffer_memory = settings["buffer_memory"]
+        self._max_block_s = settings["max_block_ms"] / 1000
+        if settings.get("transactional_id") is not None:
+            await self._call(self.producer.init_transactions)
 
     async def send(self, topic: str, value: Any = None, key: Any = None,
                    partition: int | None = None, timestamp_ms: int | None = None,
@@ -629,12 +670,6 @@ class AIOProducer:
                 item[0].set_exception(ClosedError("AIOProducer stopped before the "
                                                   "record was sent"))
 
-    def _stop_blocking(self) -> None:
-        """Stop from outside any event loop (a fixture whose test forgot stop())."""
-        self._closed = True
-        if self.producer is not None:
-            self._worker.stop_blocking(self.producer.close)
-
 
 class _Transaction:
     def __init__(self, producer: AIOProducer) -> None:
@@ -721,7 +756,7 @@ class _ConsumerWorker(_Worker):
             pass
 
 
-class AIOConsumer:
+class AIOConsumer(_AIOClient):
     """`AIOConsumer(broker, *topics, **consumer_config)`: `await start()`, then
     `await getone()`, `await getmany(timeout_ms=...)`, `async for record in consumer`;
     `await stop()` (or `async with`). The options are the plain consumer's
@@ -753,34 +788,17 @@ class AIOConsumer:
     def __repr__(self) -> str:
         return f"AIOConsumer(topics={self._topics!r}, {self._config!r})"
 
-    async def start(self) -> None:
-        if self._started:
-            return
-        if self._closed:
-            raise ClosedError("AIOConsumer is stopped")
-        self._worker.start(asyncio.get_running_loop())
-        self._started = True
-        try:
-            self.consumer = await self._worker.submit(
-                lambda: self._broker.consumer(*self._topics, **self._config))
-            self._max_records = self.consumer.config["max_poll_records"]
-            self._spin_s = self.consumer.config["poll_spin_us"] / 1e6
-        except BaseException:
-            await self.stop()
-            raise
+    _name = "AIOConsumer"
 
-    async def __aenter__(self) -> "AIOConsumer":
-        await self.start()
-        return self
+    @property
+    def _plain(self) -> Any:
+        return self.consumer
 
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-
-    def _check(self) -> None:
-        if self._closed:
-            raise ClosedError("AIOConsumer is stopped")
-        if not self._started or self.consumer is None:
-            raise IllegalStateError("AIOConsumer is not started: await start() first")
+    async def _open(self) -> None:
+        self.consumer = await self._worker.submit(
+            lambda: self._broker.consumer(*self._topics, **self._config))
+        self._max_records = self.consumer.config["max_poll_records"]
+        self._spin_s = self.consumer.config["poll_spin_us"] / 1e6
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         self._check()
@@ -1091,12 +1109,6 @@ class AIOConsumer:
         await self._worker.join()
         self._buffer.clear()
         self._buffered = 0
-
-    def _stop_blocking(self) -> None:
-        """Stop from outside any event loop (a fixture whose test forgot stop())."""
-        self._closed = True
-        if self.consumer is not None:
-            self._worker.stop_blocking(self.consumer.close)
 
 
 def _log_failure(future: asyncio.Future) -> None:
