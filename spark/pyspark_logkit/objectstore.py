@@ -255,19 +255,15 @@ class StoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         default=LATEST, name="latest", committed=_committed(self.source))
 
     def latestOffset(self, start: dict, limit: Any) -> dict:
-        from .reader import _cap, _from_json, _to_json
-        begin = _from_json(start)
+        from .reader import _from_json, _next_end
         latest = self._target if self._target is not None else self._latest()
-        if any(tp not in begin for tp in latest):
-            body = self.store.manifest()
-            entries = _entries(body)
-            for tp in latest:                  # partitions that appeared: from the start
-                if tp not in begin:
-                    begin[tp] = int(entries[tp]["log_start_offset"]) if tp in entries else 0
-        end = {tp: max(begin[tp], latest.get(tp, begin[tp])) for tp in begin}
-        if isinstance(limit, ReadMaxRows):
-            end = _cap(begin, end, limit.max_rows)
-        return _to_json(end)
+        return _next_end(_from_json(start), latest, limit, self._log_start)
+
+    def _log_start(self, tp: Any) -> int:
+        """A partition that appeared starts at its log start in the manifest (one read
+        per new partition: rare)."""
+        entries = _entries(self.store.manifest())
+        return int(entries[tp]["log_start_offset"]) if tp in entries else 0
 
     def reportLatestOffset(self) -> dict:
         from .reader import _to_json

@@ -424,16 +424,12 @@ class LogkitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for tp in self.options.partitions(broker)}
 
     def latestOffset(self, start: dict, limit: Any) -> dict:
-        begin = _from_json(start)
         latest = self._target if self._target is not None else self._latest()
-        for tp in latest:                       # partitions that appeared: from the start
-            if tp not in begin:
-                broker = broker_for(self.options.path)
-                begin[tp] = broker.topic(tp.topic).partition(tp.partition).log_start_offset
-        end = {tp: max(begin[tp], latest.get(tp, begin[tp])) for tp in begin}
-        if isinstance(limit, ReadMaxRows):
-            end = _cap(begin, end, limit.max_rows)
-        return _to_json(end)
+        return _next_end(_from_json(start), latest, limit, self._log_start)
+
+    def _log_start(self, tp: logkit.TopicPartition) -> int:
+        broker = broker_for(self.options.path)
+        return broker.topic(tp.topic).partition(tp.partition).log_start_offset
 
     def reportLatestOffset(self) -> dict:
         return _to_json(self._latest())
@@ -451,6 +447,20 @@ class LogkitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Nothing to release: offsets live in Spark's checkpoint."""
+
+
+def _next_end(begin: dict, latest: dict, limit: Any,
+              log_start: Any) -> dict[str, dict[str, int]]:
+    """latestOffset's answer (both stream readers): a partition that appeared starts at
+    `log_start(tp)`; each end is its latest offset, never behind its start, and a
+    ReadMaxRows limit caps the batch."""
+    for tp in latest:
+        if tp not in begin:
+            begin[tp] = log_start(tp)
+    end = {tp: max(begin[tp], latest.get(tp, begin[tp])) for tp in begin}
+    if isinstance(limit, ReadMaxRows):
+        end = _cap(begin, end, limit.max_rows)
+    return _to_json(end)
 
 
 def _cap(begin: dict, end: dict, max_rows: int) -> dict:
