@@ -229,6 +229,25 @@ def _rows(df: Any) -> list[list[Any]]:
     return sorted(out, key=lambda r: (r[0], r[1], r[2]))
 
 
+def _stream(spark: Any, job: dict[str, Any], status: str, on_batch: Any, trigger: str,
+            collected: list[Any]) -> None:
+    """Run the job's streaming query, `on_batch` taking each micro-batch into
+    `collected`, until `job["expect"]` items are in, the query fails, or
+    `job["timeout"]` seconds pass; `status` says "streaming" once it runs."""
+    query = (spark.readStream.format("logkit").options(**job["options"]).load()
+             .writeStream.foreachBatch(on_batch)
+             .option("checkpointLocation", job["checkpoint"])
+             .trigger(processingTime=trigger).start())
+    with open(status, "w") as f:
+        f.write("streaming")
+    deadline = time.monotonic() + job["timeout"]
+    while len(collected) < job["expect"] and time.monotonic() < deadline:
+        if query.exception() is not None:
+            break
+        time.sleep(0.1)
+    query.stop()
+
+
 def run_jobs(spark: Any, jobs: list[dict[str, Any]], status: str) -> list[Any]:
     """Each job: {"kind": "batch"|"error"|"stream", "options": {...}}; a stream job
     also has "expect" (rows) and "timeout" (s), and writes "streaming" to `status`
@@ -259,34 +278,14 @@ def run_jobs(spark: Any, jobs: list[dict[str, Any]], status: str) -> list[Any]:
                 now_ms = time.time() * 1000
                 lags.extend(now_ms - r[0].timestamp() * 1000
                             for r in df.select("timestamp").collect())
-            query = (spark.readStream.format("logkit").options(**job["options"]).load()
-                     .writeStream.foreachBatch(arrived)
-                     .option("checkpointLocation", job["checkpoint"])
-                     .trigger(processingTime="100 milliseconds").start())
-            with open(status, "w") as f:
-                f.write("streaming")
-            deadline = time.monotonic() + job["timeout"]
-            while len(lags) < job["expect"] and time.monotonic() < deadline:
-                time.sleep(0.1)
-            query.stop()
+            _stream(spark, job, status, arrived, "100 milliseconds", lags)
             results.append(lags)
         elif job["kind"] == "stream":
             seen: list[list[Any]] = []
 
             def collect(df: Any, _batch: int) -> None:
                 seen.extend(_rows(df))
-            query = (spark.readStream.format("logkit").options(**job["options"]).load()
-                     .writeStream.foreachBatch(collect)
-                     .option("checkpointLocation", job["checkpoint"])
-                     .trigger(processingTime="200 milliseconds").start())
-            with open(status, "w") as f:
-                f.write("streaming")
-            deadline = time.monotonic() + job["timeout"]
-            while len(seen) < job["expect"] and time.monotonic() < deadline:
-                if query.exception() is not None:
-                    break
-                time.sleep(0.1)
-            query.stop()
+            _stream(spark, job, status, collect, "200 milliseconds", seen)
             results.append(sorted(seen, key=lambda r: (r[0], r[1], r[2])))
     return results
 

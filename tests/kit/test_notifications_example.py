@@ -99,10 +99,7 @@ def test_b_killed_mid_batch_resumes_from_its_committed_offsets(tmp_path):
             for n in range(SETTLED + STUCK, UPDATES):
                 run.update(a, account_for(n), 1000 + n)
             b = run.start_b(rest.url, a.url, work)
-            want = run.a_records(a, accounts)
-            run.wait_until(lambda: run.b_copies(b) == want, DEADLINE_S,
-                           "B's copy equal to A's records")
-            run.wait_until(no_lag, DEADLINE_S, "no lag for the group service-b")
+            want = wait_b_caught_up(run, broker, a, b, accounts)
             stats = run.call("GET", f"{b.url}/stats")
         finally:
             a.process.send_signal(signal.SIGCONT)
@@ -114,6 +111,19 @@ def test_b_killed_mid_batch_resumes_from_its_committed_offsets(tmp_path):
     assert logged == UPDATES                             # one notification per update
     assert sum(r["version"] for r in want.values()) == UPDATES and len(want) == 10
     assert stats["processed"] == UPDATES - resume_from   # from the committed offsets on
+
+
+def wait_b_caught_up(run, broker, a, b, accounts) -> dict:
+    """Wait until B's copy equals A's records and the group service-b has committed
+    every notification (the copy can be equal before the last ones are handled: B reads
+    A's latest record); returns A's records."""
+    want = run.a_records(a, accounts)
+    run.wait_until(lambda: run.b_copies(b) == want, DEADLINE_S,
+                   "B's copy equal to A's records")
+    group = broker.group("service-b")
+    run.wait_until(lambda: (lag := group.lag()) and not any(lag.values()),
+                   DEADLINE_S, "no lag for the group service-b")
+    return want
 
 
 def hold_b_mid_batch(run, a, b, first: int, count: int) -> None:
@@ -155,13 +165,7 @@ def test_b_retries_its_batch_while_a_restarts(tmp_path):
             a = run.start_a(data_dir, work, port=port)
             for n in range(SETTLED + STUCK, UPDATES):
                 run.update(a, account_for(n), 1000 + n)
-            want = run.a_records(a, accounts)
-            run.wait_until(lambda: run.b_copies(b) == want, DEADLINE_S,
-                           "B's copy equal to A's records")
-            # The copy can be equal before the last notifications are handled (B reads
-            # A's latest record): wait for the group to have committed them all.
-            run.wait_until(lambda: not any(broker.group("service-b").lag().values()),
-                           DEADLINE_S, "no lag for the group service-b")
+            want = wait_b_caught_up(run, broker, a, b, accounts)
             stats = run.call("GET", f"{b.url}/stats")
         finally:
             if a.process.poll() is None:
@@ -199,11 +203,7 @@ def test_b_joins_again_when_its_consumer_instance_is_gone(tmp_path):
             a.process.send_signal(signal.SIGCONT)
             for n in range(SETTLED + STUCK, UPDATES):
                 run.update(a, account_for(n), 1000 + n)
-            want = run.a_records(a, accounts)
-            run.wait_until(lambda: run.b_copies(b) == want, DEADLINE_S,
-                           "B's copy equal to A's records")
-            run.wait_until(lambda: not any(broker.group("service-b").lag().values()),
-                           DEADLINE_S, "no lag for the group service-b")
+            want = wait_b_caught_up(run, broker, a, b, accounts)
         finally:
             a.process.send_signal(signal.SIGCONT)
             b.stop()
