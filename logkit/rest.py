@@ -874,6 +874,11 @@ class RestServer:
                 await parsed.put(([], RestError(408, 408, "No record arrived in time."),
                                   True))
                 return
+            except Exception as exc:   # noqa: BLE001 - a reset, a body cut short:
+                # end the stream, or its writer would wait on `parsed` for ever
+                await parsed.put(([], RestError(400, 400, f"the request body could not "
+                                                          f"be read: {exc}"), True))
+                return
             final = not chunk
             objects, error = parser.feed(chunk, final=final)
             await parsed.put((objects, error, final or error is not None))

@@ -253,3 +253,28 @@ def test_garbage_on_the_socket_closes_that_connection_only(served):
     assert answer == b"" or answer.split(b" ")[1] == b"400"
     assert written(broker) == 0
     still_serving(server)
+
+
+def test_a_streamed_body_whose_connection_breaks_ends_the_stream(served):
+    """A client that goes away mid-stream (the body read raises) ends the stream with
+    an error item, so the writer waiting on the parsed records is not left waiting for
+    ever (a task and its request held per vanished client)."""
+    import asyncio
+
+    class _Broken:
+        async def readany(self):
+            raise ConnectionResetError("Connection lost")
+
+    class _Request:
+        content = _Broken()
+
+    _, server = served
+
+    async def read():
+        parsed = asyncio.Queue()
+        await asyncio.wait_for(server._read_stream(_Request(), parsed), 5)
+        return parsed.get_nowait()
+
+    objects, error, last = asyncio.run(read())
+    assert (objects, error.status, last) == ([], 400, True)
+    assert "could not be read" in error.message
