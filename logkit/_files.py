@@ -84,7 +84,7 @@ def check_directory(path: str, *, create: bool = False) -> None:
 def fsync_path(path: str) -> None:
     """fsync a file or a directory by name (a directory's fsync makes the renames,
     creates and unlinks in it durable)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import lmdb
 
+from ._files import fsync_path
 from ._fork import at_fork_in_child, check_owner, owner_pid
 from .errors import (ClosedError, ConfigError, DiskFullError, MetadataStoreError,
                      ReadOnlyError, TopicExistsError, UnknownTopicError)
@@ -400,8 +401,8 @@ def _create_store(path: str, options: dict[str, Any]) -> None:
         finally:
             env.close()
         for name in ("data.mdb", "lock.mdb"):
-            _fsync_path(os.path.join(tmp, name), os.O_RDONLY)
-        _fsync_path(tmp, os.O_RDONLY | os.O_DIRECTORY)
+            fsync_path(os.path.join(tmp, name))
+        fsync_path(tmp)
         try:
             os.rename(tmp, path)                  # onto nothing, or an empty directory
         except OSError as exc:
@@ -409,7 +410,7 @@ def _create_store(path: str, options: dict[str, Any]) -> None:
                 raise
             _remove_tree(tmp)                     # another process's store won
             return
-        _fsync_path(parent, os.O_RDONLY | os.O_DIRECTORY)
+        fsync_path(parent)
     except BaseException:
         _remove_tree(tmp)
         raise
@@ -441,14 +442,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _fsync_path(path: str, flags: int) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_tree(path: str) -> None:

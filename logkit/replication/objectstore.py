@@ -70,6 +70,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, TypeVar
 from ..broker import Broker
 from ..config import is_compacted, resolve_config
 from .._threads import start_thread
+from .._files import fsync_path
 from ..errors import (ClosedError, ConfigError, CorruptRecordError, IllegalStateError, LogkitError,
                       NotLeaderError, OffsetOutOfRangeError, ResourceError, StorageError,
                       UnknownTopicError)
@@ -1422,7 +1423,7 @@ def restore(url: str, directory: str | os.PathLike[str], *,
             if os.path.isdir(target):
                 os.rmdir(target)                      # empty, checked above
             os.rename(building, target)
-            _fsync_directory(parent)
+            fsync_path(parent)
         except BaseException:
             shutil.rmtree(building, ignore_errors=True)
             raise
@@ -1459,11 +1460,3 @@ def _manifest_with_retries(source: ObjectStoreSource) -> dict[str, Any]:
                 raise
             time.sleep(0.2)
     raise AssertionError("unreachable")
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
