@@ -428,7 +428,7 @@ def _arrow(part: StoreRange, arrow_schema: pa.Schema, data: bytes,
            aborted: AbortedBatches) -> Iterator[pa.RecordBatch]:
     """The records in [offset, part.end) of checked batches, as Arrow batches, without
     control batches and the batches of `aborted` transactions."""
-    from .reader import _binary, _repeat
+    from .reader import columns_batch
     if part.include_headers:
         records: list[Any] = []
         for pos, header in batches:
@@ -457,27 +457,11 @@ def _arrow(part: StoreRange, arrow_schema: pa.Schema, data: bytes,
                               path=where)
         if columns.count >= CHUNK_RECORDS or i == len(batches) - 1:
             if columns.count:
-                yield _columns_batch(part, arrow_schema, columns, _binary, _repeat)
+                yield columns_batch(part, arrow_schema, columns)
             columns = Columns()
     if columns.count:
-        yield _columns_batch(part, arrow_schema, columns, _binary, _repeat)
+        yield columns_batch(part, arrow_schema, columns)
 
-
-def _columns_batch(part: StoreRange, arrow_schema: pa.Schema, columns: Columns,
-                   binary: Any, repeat: Any) -> pa.RecordBatch:
-    count = columns.count
-    nulls = pa.Array.from_buffers(pa.uint8(), count, [None, pa.py_buffer(columns.nulls)])
-    return pa.RecordBatch.from_arrays([
-        binary(count, nulls, 1, columns.key_ends, columns.keys),
-        binary(count, nulls, 2, columns.value_ends, columns.values),
-        repeat(part.topic, pa.string(), count),
-        repeat(part.partition, pa.int32(), count),
-        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(columns.offsets)]),
-        pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), count,
-                              [None, pa.py_buffer(columns.timestamps)])
-        .cast(pa.timestamp("us", tz="UTC")),
-        repeat(0, pa.int32(), count),
-    ], schema=arrow_schema)
 
 
 def _records_batch(part: StoreRange, arrow_schema: pa.Schema, records: list[Any]

@@ -255,18 +255,7 @@ def _read_columns(partition: logkit.Partition, part: OffsetRange, offset: int,
             offset = after                       # past batches compaction emptied
             continue
         offset = after
-        nulls = pa.Array.from_buffers(pa.uint8(), count, [None, pa.py_buffer(columns.nulls)])
-        yield pa.RecordBatch.from_arrays([
-            _binary(count, nulls, 1, columns.key_ends, columns.keys),
-            _binary(count, nulls, 2, columns.value_ends, columns.values),
-            _repeat(part.topic, pa.string(), count),
-            _repeat(part.partition, pa.int32(), count),
-            pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(columns.offsets)]),
-            pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), count,
-                                  [None, pa.py_buffer(columns.timestamps)])
-            .cast(pa.timestamp("us", tz="UTC")),
-            _repeat(0, pa.int32(), count),
-        ], schema=arrow_schema)
+        yield columns_batch(part, arrow_schema, columns)
 
 
 def latest_offset(partition: logkit.Partition, isolation_level: str) -> int:
@@ -447,6 +436,25 @@ class LogkitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Nothing to release: offsets live in Spark's checkpoint."""
+
+
+def columns_batch(part: Any, arrow_schema: pa.Schema, columns: Any) -> pa.RecordBatch:
+    """One Arrow batch of the source's schema from `columns` (a `logkit.Columns`, whose
+    buffers are Arrow's layout as they stand) of `part`'s topic and partition: the
+    directory reader's and the object-store reader's."""
+    count = columns.count
+    nulls = pa.Array.from_buffers(pa.uint8(), count, [None, pa.py_buffer(columns.nulls)])
+    return pa.RecordBatch.from_arrays([
+        _binary(count, nulls, 1, columns.key_ends, columns.keys),
+        _binary(count, nulls, 2, columns.value_ends, columns.values),
+        _repeat(part.topic, pa.string(), count),
+        _repeat(part.partition, pa.int32(), count),
+        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(columns.offsets)]),
+        pa.Array.from_buffers(pa.timestamp("ms", tz="UTC"), count,
+                              [None, pa.py_buffer(columns.timestamps)])
+        .cast(pa.timestamp("us", tz="UTC")),
+        _repeat(0, pa.int32(), count),
+    ], schema=arrow_schema)
 
 
 def _next_end(begin: dict, latest: dict, limit: Any,
